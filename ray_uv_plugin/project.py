@@ -1,0 +1,142 @@
+"""The uv project on disk: its files, the extras and groups it offers, the Ray it pins."""
+
+from __future__ import annotations
+
+import re
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
+
+from ray_uv_plugin.spec import UvProjectSpec
+
+
+class ProjectError(ValueError):
+    """The project cannot give the environment asked for; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class ProjectFiles:
+    """The bytes that decide what a venv holds, read once per request."""
+
+    path: Path
+    pyproject: bytes
+    lock: bytes
+
+    @property
+    def lock_text(self) -> str:
+        return self.lock.decode("utf-8", errors="replace")
+
+
+def resolve_project_dir(spec: UvProjectSpec, working_dir: str | None) -> Path:
+    """`project` if given (relative to the working_dir), else the working_dir itself."""
+    if spec.project is not None:
+        project = Path(spec.project).expanduser()
+        if not project.is_absolute():
+            if working_dir is None:
+                raise ProjectError(
+                    f"uv_project.project {spec.project!r} is relative but the runtime_env has "
+                    "no working_dir to resolve it against: give an absolute path as seen on "
+                    "the node, or set working_dir."
+                )
+            project = Path(working_dir) / project
+        return project
+    if working_dir is None:
+        raise ProjectError(
+            "uv_project needs a project: set runtime_env 'working_dir' to the directory that "
+            "holds pyproject.toml and uv.lock (e.g. {'working_dir': '.', 'uv_project': {}}), "
+            "or set uv_project.project to that directory as seen on the node."
+        )
+    return Path(working_dir)
+
+
+def load_project(path: Path) -> ProjectFiles:
+    if not path.is_dir():
+        raise ProjectError(
+            f"uv_project: project directory {path} does not exist on this node; point "
+            "uv_project.project (or working_dir) at a directory that every node can see."
+        )
+    pyproject, lock = path / "pyproject.toml", path / "uv.lock"
+    if not pyproject.is_file():
+        raise ProjectError(
+            f"uv_project: {path} has no pyproject.toml; it must be a uv project "
+            "(`uv init`, then `uv lock`)."
+        )
+    if not lock.is_file():
+        raise ProjectError(
+            f"uv_project: {path} has no uv.lock; run `uv lock` in {path} and ship the lock "
+            "with the project (the environment is built from it)."
+        )
+    return ProjectFiles(path, pyproject.read_bytes(), lock.read_bytes())
+
+
+def _pyproject(files: ProjectFiles) -> dict:
+    try:
+        return tomllib.loads(files.pyproject.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ProjectError(f"uv_project: {files.path}/pyproject.toml is not valid TOML: {e}") from e
+
+
+def check_request(files: ProjectFiles, spec: UvProjectSpec) -> None:
+    """Fail fast, before uv runs, on what pyproject.toml alone shows is wrong."""
+    data = _pyproject(files)
+    project = data.get("project", {})
+    offered = {canonicalize_name(x) for x in project.get("optional-dependencies", {})}
+    unknown = [x for x in spec.extras if x not in offered]
+    if unknown:
+        raise ProjectError(
+            f"uv_project: unknown extra(s) {', '.join(unknown)} for {files.path}; the project "
+            f"offers {', '.join(sorted(offered)) or 'no extras'} "
+            "([project.optional-dependencies] in pyproject.toml)."
+        )
+    groups = {canonicalize_name(x) for x in data.get("dependency-groups", {})}
+    unknown = [g for g in spec.groups if g not in groups]
+    if unknown:
+        raise ProjectError(
+            f"uv_project: unknown group(s) {', '.join(unknown)} for {files.path}; the project "
+            f"has {', '.join(sorted(groups)) or 'no groups'} ([dependency-groups] in "
+            "pyproject.toml)."
+        )
+    requires = project.get("requires-python")
+    if requires:
+        try:
+            allowed = SpecifierSet(requires)
+        except InvalidSpecifier:
+            return  # uv will say what is wrong with it
+        here = ".".join(map(str, sys.version_info[:3]))
+        if not allowed.contains(here, prereleases=True):
+            raise ProjectError(
+                f"uv_project: {files.path} requires-python {requires!r}, but this node's Ray "
+                f"runs Python {here} ({sys.executable}); workers must use the node's "
+                "interpreter, so widen requires-python (and `uv lock`) or run Ray on a "
+                "matching Python."
+            )
+
+
+_RAY_IN_LOCK = re.compile(r'^\[\[package\]\]\nname = "ray"\nversion = "([^"]+)"', re.M)
+
+
+def check_ray_pin(files: ProjectFiles, node_ray: str) -> None:
+    """Workers import Ray from the venv: the lock must hold exactly the node's version."""
+    versions = sorted(set(_RAY_IN_LOCK.findall(files.lock_text)))
+    if not versions:
+        raise ProjectError(
+            f"uv_project: {files.path}/uv.lock holds no ray, but Ray workers need it in their "
+            f"venv: add `ray=={node_ray}` to the project's dependencies and run `uv lock`."
+        )
+    if versions != [node_ray]:
+        raise ProjectError(
+            f"uv_project: {files.path}/uv.lock pins ray {', '.join(versions)} but this node "
+            f"runs ray {node_ray}; pin `ray=={node_ray}` in pyproject.toml and run `uv lock`."
+        )
+
+
+_PATH_SOURCE = re.compile(r'source = \{ (?:editable|path|directory) = "(?!\.")')
+
+
+def refers_to_project_path(files: ProjectFiles, spec: UvProjectSpec) -> bool:
+    """Whether the venv will point into the project directory (so its path belongs in the key)."""
+    return spec.install_project or bool(_PATH_SOURCE.search(files.lock_text))

@@ -1,0 +1,58 @@
+"""Small uv projects that tests build for themselves: real pyproject.toml, real `uv lock`."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import ray
+
+from ray_uv_plugin.uv import find_uv
+
+RAY_PIN = f"ray=={ray.__version__}"
+
+
+def write_project(
+    path: Path,
+    dependencies: list[str] | None = None,
+    extras: dict[str, list[str]] | None = None,
+    groups: dict[str, list[str]] | None = None,
+    name: str = "testproj",
+    requires_python: str = ">=3.11",
+    with_ray: bool = True,
+    lock: bool = True,
+    files: dict[str, str] | None = None,
+) -> Path:
+    """Write a uv project at `path` (ray pinned to the node's version) and lock it."""
+    path.mkdir(parents=True, exist_ok=True)
+    deps = ([RAY_PIN] if with_ray else []) + list(dependencies or [])
+
+    def toml_list(items: list[str]) -> str:
+        return "[" + ", ".join(f'"{i}"' for i in items) + "]"
+
+    text = textwrap.dedent(
+        f"""\
+        [project]
+        name = "{name}"
+        version = "0.1.0"
+        requires-python = "{requires_python}"
+        dependencies = {toml_list(deps)}
+        """
+    )
+    if extras:
+        text += "\n[project.optional-dependencies]\n"
+        text += "".join(f"{k} = {toml_list(v)}\n" for k, v in extras.items())
+    if groups:
+        text += "\n[dependency-groups]\n"
+        text += "".join(f"{k} = {toml_list(v)}\n" for k, v in groups.items())
+    text += '\n[tool.uv]\nenvironments = ["sys_platform == \'linux\'"]\n'
+    (path / "pyproject.toml").write_text(text)
+    for rel, content in (files or {}).items():
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (path / rel).write_text(content)
+    if lock:
+        subprocess.run(
+            [find_uv(), "lock", "--project", str(path), "--quiet"], check=True, timeout=300
+        )
+    return path
