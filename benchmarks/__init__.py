@@ -1,0 +1,1 @@
+"""Startup benchmarks: `ray-uv bench` or `uv run python -m benchmarks.startup`."""
