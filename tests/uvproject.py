@@ -46,7 +46,7 @@ def write_project(
     if groups:
         text += "\n[dependency-groups]\n"
         text += "".join(f"{k} = {toml_list(v)}\n" for k, v in groups.items())
-    text += '\n[tool.uv]\nenvironments = ["sys_platform == \'linux\'"]\n'
+    text += "\n[tool.uv]\nenvironments = [\"sys_platform == 'linux'\"]\n"
     (path / "pyproject.toml").write_text(text)
     for rel, content in (files or {}).items():
         (path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -56,3 +56,19 @@ def write_project(
             [find_uv(), "lock", "--project", str(path), "--quiet"], check=True, timeout=300
         )
     return path
+
+
+class CountingUv:
+    """A uv wrapper for `RAY_UV_PLUGIN_UV` that logs each call, then runs the real uv."""
+
+    def __init__(self, directory: Path, sleep_after: float = 0.0) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.log = directory / "uv-calls.log"
+        self.path = directory / "uv-wrapper.sh"
+        self.log.touch()
+        after = f"rc=$?; sleep {sleep_after}; exit $rc" if sleep_after else ""
+        self.path.write_text(f'#!/bin/sh\necho "$1" >> {self.log}\n{find_uv()} "$@"\n{after}\n')
+        self.path.chmod(0o755)
+
+    def syncs(self) -> int:
+        return sum(1 for line in self.log.read_text().splitlines() if line == "sync")

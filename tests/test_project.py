@@ -1,0 +1,95 @@
+"""The project on disk: finding it, and the checks made before uv runs. No Ray."""
+
+from pathlib import Path
+
+import pytest
+import ray
+
+from ray_uv_plugin.project import (
+    ProjectError,
+    check_ray_pin,
+    check_request,
+    load_project,
+    refers_to_project_path,
+    resolve_project_dir,
+)
+from ray_uv_plugin.spec import parse_spec
+from tests.uvproject import write_project
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    return write_project(
+        tmp_path_factory.mktemp("p") / "proj",
+        ["six"],
+        extras={"fig": ["pyfiglet"]},
+        groups={"lint": ["tomli-w"]},
+    )
+
+
+def test_project_dir_comes_from_project_or_working_dir(tmp_path):
+    assert resolve_project_dir(parse_spec({}), "/wd") == Path("/wd")
+    assert resolve_project_dir(parse_spec({"project": "/abs"}), "/wd") == Path("/abs")
+    assert resolve_project_dir(parse_spec({"project": "sub"}), "/wd") == Path("/wd/sub")
+    with pytest.raises(ProjectError, match="set runtime_env 'working_dir'"):
+        resolve_project_dir(parse_spec({}), None)
+    with pytest.raises(ProjectError, match="is relative"):
+        resolve_project_dir(parse_spec({"project": "sub"}), None)
+
+
+def test_missing_pieces_are_named(tmp_path):
+    with pytest.raises(ProjectError, match="does not exist"):
+        load_project(tmp_path / "nope")
+    with pytest.raises(ProjectError, match="no pyproject.toml"):
+        load_project(tmp_path)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='x'\nversion='0'\n")
+    with pytest.raises(ProjectError, match="run `uv lock`"):
+        load_project(tmp_path)
+
+
+def test_unknown_extras_and_groups_list_what_exists(project):
+    files = load_project(project)
+    check_request(files, parse_spec({"extras": ["fig"], "groups": ["lint"]}))
+    with pytest.raises(ProjectError, match="unknown extra.*nope.*offers fig"):
+        check_request(files, parse_spec({"extras": ["nope"]}))
+    with pytest.raises(ProjectError, match="unknown group.*nope.*has lint"):
+        check_request(files, parse_spec({"groups": ["nope"]}))
+
+
+def test_requires_python_the_node_cannot_satisfy(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(
+        "[project]\nname='x'\nversion='0'\nrequires-python='>=3.99'\n"
+    )
+    (tmp_path / "uv.lock").write_text("")
+    with pytest.raises(ProjectError, match="requires-python '>=3.99'.*runs Python 3"):
+        check_request(load_project(tmp_path), parse_spec({}))
+
+
+def test_ray_pin_must_match_the_node(project, tmp_path):
+    check_ray_pin(load_project(project), ray.__version__)
+    with pytest.raises(ProjectError, match=f"pins ray {ray.__version__} but this node runs ray 0"):
+        check_ray_pin(load_project(project), "0.0.1")
+    no_ray = write_project(tmp_path / "noray", ["six"], with_ray=False)
+    with pytest.raises(ProjectError, match="holds no ray.*add `ray=="):
+        check_ray_pin(load_project(no_ray), ray.__version__)
+
+
+def test_project_path_matters_only_when_the_venv_points_into_it(project, tmp_path):
+    files = load_project(project)
+    assert not refers_to_project_path(files, parse_spec({}))
+    assert refers_to_project_path(files, parse_spec({"install_project": True}))
+    lib = write_project(tmp_path / "lib", name="lib", with_ray=False, lock=False)
+    app = tmp_path / "app"
+    write_project(
+        app,
+        ["lib"],
+        lock=False,
+    )
+    with (app / "pyproject.toml").open("a") as f:
+        f.write(f'\n[tool.uv.sources]\nlib = {{ path = "{lib}", editable = true }}\n')
+    import subprocess
+
+    from ray_uv_plugin.uv import find_uv
+
+    subprocess.run([find_uv(), "lock", "--project", str(app), "-q"], check=True)
+    assert refers_to_project_path(load_project(app), parse_spec({}))

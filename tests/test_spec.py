@@ -1,0 +1,87 @@
+"""The `uv_project` value: parsing, defaults, clear errors, the typed builder. No Ray."""
+
+import pytest
+
+from ray_uv_plugin.spec import (
+    FIELD_NAMES,
+    UvProject,
+    UvProjectSpec,
+    UvProjectSpecError,
+    UvProjectTypeError,
+    parse_spec,
+)
+
+
+def test_defaults_are_locked_default_groups_no_project_install():
+    spec = parse_spec({})
+    assert spec == UvProjectSpec()
+    assert spec.sync_args() == ["--locked", "--no-install-project"]
+
+
+def test_every_field_maps_to_uv_sync_flags():
+    spec = parse_spec(
+        {
+            "project": "/p",
+            "extras": ["vllm", "Flash_Attn"],
+            "groups": ["test"],
+            "no_default_groups": True,
+            "frozen": True,
+            "install_project": True,
+        }
+    )
+    assert spec.extras == ("flash-attn", "vllm")  # normalized and sorted: one key per meaning
+    assert spec.locked is False
+    assert spec.sync_args() == [
+        "--frozen",
+        "--extra",
+        "flash-attn",
+        "--extra",
+        "vllm",
+        "--group",
+        "test",
+        "--no-default-groups",
+    ]
+    assert parse_spec({"all_extras": True}).sync_args()[1] == "--all-extras"
+    assert parse_spec({"locked": False}).sync_args() == ["--no-install-project"]
+
+
+def test_same_meaning_same_spec():
+    assert parse_spec({"extras": ["b", "a", "a"]}) == parse_spec({"extras": ["A", "b"]})
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "words"),
+    [
+        ("vllm", UvProjectTypeError, "must be a dict"),
+        (["vllm"], UvProjectTypeError, "must be a dict"),
+        ({"extra": ["vllm"]}, UvProjectSpecError, "unknown field(s) 'extra'"),
+        ({"extras": "vllm"}, UvProjectTypeError, "extras must be a list of strings"),
+        ({"groups": [1]}, UvProjectTypeError, "non-empty strings"),
+        ({"extras": [""]}, UvProjectTypeError, "non-empty strings"),
+        ({"locked": "yes"}, UvProjectTypeError, "locked must be true or false"),
+        ({"project": 3}, UvProjectTypeError, "project must be a directory path"),
+        ({"locked": True, "frozen": True}, UvProjectSpecError, "exclusive"),
+        ({"all_extras": True, "extras": ["a"]}, UvProjectSpecError, "all_extras"),
+    ],
+)
+def test_bad_values_name_the_part_and_the_fix(value, error, words):
+    with pytest.raises(error) as info:
+        parse_spec(value)
+    assert words in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_type_errors_are_type_errors_too():
+    with pytest.raises(TypeError):
+        parse_spec({"extras": "x"})
+
+
+def test_typed_builder_is_a_plain_dict_of_non_defaults():
+    value = UvProject(extras=["vllm"], frozen=True)
+    assert value == {"extras": ["vllm"], "frozen": True}
+    assert type(value).__mro__[1] is dict
+    assert parse_spec(value).frozen
+    assert UvProject() == {}
+    assert set(UvProject(project="/p", groups=["g"], install_project=True)) <= set(FIELD_NAMES)
+    with pytest.raises(UvProjectSpecError):
+        UvProject(locked=True, frozen=True)

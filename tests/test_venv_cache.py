@@ -1,0 +1,125 @@
+"""Building, reusing and rebuilding venvs with the real uv, across processes. No Ray."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from ray_uv_plugin.project import ProjectError, load_project
+from ray_uv_plugin.spec import parse_spec
+from ray_uv_plugin.uv import UV_ENV_VAR, UvSyncError
+from ray_uv_plugin.venv_cache import MARKER, ensure_venv, read_marker
+from tests.uvproject import CountingUv, write_project
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    return write_project(
+        tmp_path_factory.mktemp("p") / "proj", ["six"], extras={"fig": ["pyfiglet"]}
+    )
+
+
+@pytest.fixture
+def counting_uv(tmp_path, monkeypatch) -> CountingUv:
+    uv = CountingUv(tmp_path / "uvbin")
+    monkeypatch.setenv(UV_ENV_VAR, str(uv.path))
+    return uv
+
+
+def _python_can_import(venv: Path, module: str) -> bool:
+    code = f"import {module}"
+    return (
+        subprocess.run([venv / "bin" / "python", "-c", code], capture_output=True).returncode == 0
+    )
+
+
+def test_build_once_then_reuse_without_uv(project, tmp_path, counting_uv):
+    spec = parse_spec({"extras": ["fig"]})
+    first = ensure_venv(spec, load_project(project), root=tmp_path / "venvs")
+    assert first.built and counting_uv.syncs() == 1
+    assert _python_can_import(first.path, "pyfiglet") and _python_can_import(first.path, "six")
+    assert not _python_can_import(first.path, "pytest")  # nothing of the caller's environment
+    meta = read_marker(first.path)
+    assert meta["extras"] == ["fig"] and meta["ray"] == ray.__version__
+    again = ensure_venv(spec, load_project(project), root=tmp_path / "venvs")
+    assert (again.path, again.built) == (first.path, False)
+    assert counting_uv.syncs() == 1
+    assert again.seconds < 0.05
+    other = ensure_venv(parse_spec({}), load_project(project), root=tmp_path / "venvs")
+    assert other.path != first.path and not _python_can_import(other.path, "pyfiglet")
+    assert counting_uv.syncs() == 2
+
+
+def _ensure_in_child(project: str, root: str) -> str:
+    return str(ensure_venv(parse_spec({}), load_project(Path(project)), root=Path(root)).path)
+
+
+def test_processes_racing_for_one_key_sync_once(project, tmp_path, counting_uv):
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(6) as pool:
+        paths = pool.starmap(_ensure_in_child, [(str(project), str(tmp_path / "v"))] * 6)
+    assert len(set(paths)) == 1
+    assert counting_uv.syncs() == 1
+
+
+def test_a_sync_killed_half_way_is_rebuilt(project, tmp_path, monkeypatch):
+    slow = CountingUv(tmp_path / "slow", sleep_after=60)  # uv finishes, then the build hangs
+    root = tmp_path / "venvs"
+    code = (
+        "import sys; from pathlib import Path; from tests.test_venv_cache import _ensure_in_child;"
+        f"_ensure_in_child({str(project)!r}, {str(root)!r})"
+    )
+    env = {**os.environ, UV_ENV_VAR: str(slow.path)}
+    child = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=Path(__file__).parents[1])
+    deadline = time.monotonic() + 60
+    while not list(root.glob("*/bin/python")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)  # uv has written the venv; the marker has not been written
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    (venv,) = [p for p in root.iterdir() if p.is_dir()]
+    assert not (venv / MARKER).exists()
+
+    counting = CountingUv(tmp_path / "count")
+    monkeypatch.setenv(UV_ENV_VAR, str(counting.path))
+    outcome = ensure_venv(parse_spec({}), load_project(project), root=root)
+    assert outcome.built and outcome.path == venv and counting.syncs() == 1
+    assert (venv / MARKER).exists() and _python_can_import(venv, "six")
+
+
+def test_a_failed_sync_leaves_nothing_and_says_what_to_do(project, tmp_path):
+    stale = tmp_path / "stale"
+    write_project(stale, ["six"])
+    write_project(stale, ["six", "pyfiglet"], lock=False)  # pyproject changed, lock did not
+    root = tmp_path / "venvs"
+    with pytest.raises(UvSyncError, match=r"uv.lock is out of date.*run `uv lock`") as info:
+        ensure_venv(parse_spec({}), load_project(stale), root=root)
+    assert "uv output" in str(info.value)
+    assert not [p for p in root.iterdir() if p.is_dir()]
+    # frozen uses the lock as it is.
+    assert ensure_venv(parse_spec({"frozen": True}), load_project(stale), root=root).built
+
+
+def test_ray_missing_from_the_chosen_environment(tmp_path):
+    proj = write_project(
+        tmp_path / "p", ["six"], extras={"ray": [f"ray=={ray.__version__}"]}, with_ray=False
+    )
+    root = tmp_path / "venvs"
+    with pytest.raises(UvSyncError, match=f"got ray none but this node runs ray {ray.__version__}"):
+        ensure_venv(parse_spec({}), load_project(proj), root=root)
+    assert not [p for p in root.iterdir() if p.is_dir()]
+    assert ensure_venv(parse_spec({"extras": ["ray"]}), load_project(proj), root=root).built
+
+
+def test_checks_before_uv_runs(project, tmp_path, counting_uv):
+    with pytest.raises(ProjectError, match="unknown extra"):
+        ensure_venv(parse_spec({"extras": ["gpu"]}), load_project(project), root=tmp_path)
+    assert counting_uv.syncs() == 0
