@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 PLUGIN_CLASS = "ray_uv_plugin.UvProjectPlugin"
 
-__all__ = ["PLUGIN_CLASS", "UvProjectPlugin", "plugin_config"]
+__all__ = ["PLUGIN_CLASS", "UvProject", "UvProjectPlugin", "plugin_config"]
 
 if TYPE_CHECKING:
     from ray_uv_plugin.plugin import UvProjectPlugin
+    from ray_uv_plugin.spec import UvProject
 
 
 def plugin_config() -> str:
@@ -29,4 +30,8 @@ def __getattr__(name: str) -> Any:
         from ray_uv_plugin.plugin import UvProjectPlugin
 
         return UvProjectPlugin
+    if name == "UvProject":
+        from ray_uv_plugin.spec import UvProject
+
+        return UvProject
     raise AttributeError(f"module 'ray_uv_plugin' has no attribute {name!r}")
