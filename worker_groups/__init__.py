@@ -1,0 +1,44 @@
+"""Tied GPU worker groups on Ray (the API of NeMo RL's ``nemo_rl.distributed.worker_groups``),
+every worker in the uv environment its class is registered for.
+
+    ACTOR_ENVIRONMENT_REGISTRY["my_rl.policy.PolicyWorker"] = {"extras": ["torch"]}
+    cluster = RayVirtualCluster([2, 2], num_gpus_per_node=2)
+    group = RayWorkerGroup(cluster, RayWorkerBuilder("my_rl.policy.PolicyWorker", lr=1e-5),
+                           bundle_indices_list=[(0, [0, 1]), (1, [0, 1])])
+"""
+
+from worker_groups.builder import RayWorkerBuilder
+from worker_groups.cluster import (
+    InfeasibleClusterError,
+    PlacementGroupTimeoutError,
+    RayVirtualCluster,
+    ResourceInsufficientError,
+)
+from worker_groups.futures import MultiWorkerFuture
+from worker_groups.group import RayWorkerGroup, UnknownWorkerMethodError
+from worker_groups.registry import (
+    ACTOR_ENVIRONMENT_REGISTRY,
+    PY_EXECUTABLES,
+    UnregisteredWorkerError,
+    get_actor_uv_project,
+    register_actor_environment,
+)
+from worker_groups.sharding import NamedSharding, ShardingError
+
+__all__ = [
+    "ACTOR_ENVIRONMENT_REGISTRY",
+    "PY_EXECUTABLES",
+    "InfeasibleClusterError",
+    "MultiWorkerFuture",
+    "NamedSharding",
+    "PlacementGroupTimeoutError",
+    "RayVirtualCluster",
+    "RayWorkerBuilder",
+    "RayWorkerGroup",
+    "ResourceInsufficientError",
+    "ShardingError",
+    "UnknownWorkerMethodError",
+    "UnregisteredWorkerError",
+    "get_actor_uv_project",
+    "register_actor_environment",
+]

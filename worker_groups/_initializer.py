@@ -1,0 +1,128 @@
+"""The body of `RayWorkerBuilder.IsolatedWorkerInitializer`, an actor that runs in the worker's own
+uv environment, imports the worker class there by name, and creates the real worker actor.
+
+This module imports only Ray and the standard library, and the builder ships it to Ray by value:
+the target environment needs Ray and the worker's own packages, not this package.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+import logging
+import sys
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+logger = logging.getLogger("worker_groups.initializer")
+
+
+def load_worker_class(fqn: str) -> Any:
+    """Import ``pkg.module.Class`` here, in the worker's environment, with an error that says
+    where it looked."""
+    module_name, _, class_name = fqn.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ImportError(
+            f"cannot import module {module_name!r} of worker class {fqn!r} with {sys.executable}: "
+            f"{e}. The module must be on the worker's path (working_dir, py_modules or "
+            "PYTHONPATH) and its dependencies in the class's uv_project environment."
+        ) from e
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise ImportError(f"module {module_name!r} has no class {class_name!r} (from {fqn!r})")
+    return cls
+
+
+def _call_configure(cls: Any, **available: Any) -> tuple[dict, dict, dict, dict]:
+    """Call ``configure_worker`` with the arguments it accepts; 3 or 4 return values."""
+    params = inspect.signature(cls.configure_worker).parameters
+    takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    result = cls.configure_worker(
+        **{k: v for k, v in available.items() if takes_all or k in params}
+    )
+    if not isinstance(result, tuple) or len(result) not in (3, 4):
+        raise TypeError(
+            f"{cls.__name__}.configure_worker must return (resources, env_vars, init_kwargs) or "
+            f"(resources, env_vars, init_kwargs, runtime_env), got {result!r}"
+        )
+    resources, env_vars, init_kwargs, *rest = result
+    return resources or {}, env_vars or {}, init_kwargs or {}, (rest[0] if rest else None) or {}
+
+
+class IsolatedWorkerInitializer:
+    def __init__(self, ray_actor_class_fqn: str, *init_args: Any, **init_kwargs: Any) -> None:
+        self.ray_actor_class_fqn = ray_actor_class_fqn
+        self.init_args = init_args
+        self.init_kwargs = init_kwargs
+        loaded = load_worker_class(ray_actor_class_fqn)
+        if isinstance(loaded, ray.actor.ActorClass):
+            self.actor_class, self.user_class = loaded, loaded.__ray_actor_class__
+        elif inspect.isclass(loaded):
+            self.actor_class, self.user_class = ray.remote(loaded), loaded
+        else:
+            raise TypeError(f"{ray_actor_class_fqn!r} is a {type(loaded).__name__}, not a class")
+
+    def python_executable(self) -> str:
+        return sys.executable
+
+    def create_worker(
+        self,
+        placement_group: Any,
+        placement_group_bundle_index: int,
+        num_gpus: float,
+        bundle_indices: tuple[int, list[int]] | None = None,
+        num_gpus_per_node: int | None = None,
+        **extra_options: Any,
+    ) -> Any:
+        """Create the worker. Options, lowest to highest precedence: the caller's
+        ``extra_options``; what the class's ``configure_worker`` asks for (with a warning where
+        it overrides the caller); the placement (scheduling strategy, ``num_gpus``)."""
+        options = copy.deepcopy(extra_options)
+        init_kwargs = dict(self.init_kwargs)
+        if hasattr(self.user_class, "configure_worker"):
+            resources, env_vars, extra_kwargs, runtime_env = _call_configure(
+                self.user_class,
+                num_gpus=num_gpus,
+                bundle_indices=bundle_indices,
+                num_gpus_per_node=num_gpus_per_node,
+            )
+            name = self.user_class.__name__
+            for key, value in resources.items():
+                if key == "num_gpus":
+                    num_gpus = value
+                    continue
+                if key in options and options[key] != value:
+                    logger.warning(
+                        "%s.configure_worker sets %s=%r over %r", name, key, value, options[key]
+                    )
+                options[key] = value
+            env = options.setdefault("runtime_env", {})
+            for key, value in runtime_env.items():
+                if key != "env_vars":
+                    env[key] = value
+            merged_vars = env.setdefault("env_vars", {})
+            for key, value in {**runtime_env.get("env_vars", {}), **env_vars}.items():
+                if key in merged_vars and merged_vars[key] != value:
+                    logger.warning(
+                        "%s.configure_worker sets env %s=%r over %r",
+                        name,
+                        key,
+                        value,
+                        merged_vars[key],
+                    )
+                merged_vars[key] = str(value)
+            init_kwargs.update(extra_kwargs)
+        # One CPU of the bundle unless someone chose: a predictable share when groups colocate.
+        options.setdefault("num_cpus", 1)
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group=placement_group,
+            placement_group_bundle_index=placement_group_bundle_index,
+            placement_group_capture_child_tasks=True,
+        )
+        options["num_gpus"] = num_gpus
+        return self.actor_class.options(**options).remote(*self.init_args, **init_kwargs)

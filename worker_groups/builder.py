@@ -1,0 +1,152 @@
+"""`RayWorkerBuilder`: names a worker class by its fully qualified name and creates it inside the
+uv environment the registry gives it, so the driver never imports the class or its dependencies.
+
+The work happens in `IsolatedWorkerInitializer` (see `_initializer`), a small actor started in the
+target environment: it imports the class there and creates the real worker, which it owns. The
+initializer must stay alive as long as its workers: `__call__` pins it to the returned handle and
+`RayWorkerGroup` keeps its own.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import ray
+import ray.cloudpickle
+from ray.actor import ActorHandle
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from worker_groups import _initializer
+from worker_groups.registry import (
+    UvProjectValue,
+    _check_fqn,
+    check_uv_project,
+    get_actor_uv_project,
+)
+
+# Shipped by value: the initializer runs in environments that lack this package.
+ray.cloudpickle.register_pickle_by_value(_initializer)
+
+_UNSET: Any = object()
+
+
+class RayWorkerBuilder:
+    """``RayWorkerBuilder("pkg.workers.Policy", *init_args, **init_kwargs)``."""
+
+    IsolatedWorkerInitializer = ray.remote(_initializer.IsolatedWorkerInitializer)
+
+    def __init__(self, ray_actor_class_fqn: str, *args: Any, **kwargs: Any) -> None:
+        _check_fqn(ray_actor_class_fqn)
+        self.ray_actor_class_fqn = ray_actor_class_fqn
+        self.args = args
+        self.kwargs = kwargs
+        self._uv_project: UvProjectValue = _UNSET
+
+    def with_uv_project(self, uv_project: UvProjectValue) -> RayWorkerBuilder:
+        """A copy of this builder whose workers use ``uv_project`` instead of the registry's
+        entry (``None``: the node's own Python). A method, not an argument, because every
+        keyword argument of the constructor belongs to the worker's ``__init__``."""
+        other = copy.copy(self)
+        other._uv_project = check_uv_project(
+            uv_project, f"uv_project of {self.ray_actor_class_fqn}"
+        )
+        return other
+
+    @property
+    def uv_project(self) -> UvProjectValue:
+        """The override if set, else the registry's entry (unregistered: an error)."""
+        if self._uv_project is not _UNSET:
+            return copy.deepcopy(self._uv_project)
+        return get_actor_uv_project(self.ray_actor_class_fqn)
+
+    def runtime_env(self, runtime_env: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The caller's runtime_env with this class's ``uv_project`` added; a ``uv_project`` the
+        caller put there explicitly wins, as NeMo RL lets ``__call__`` override the executable."""
+        if runtime_env is not None and not isinstance(runtime_env, dict):
+            raise TypeError(f"runtime_env must be a dict, got {type(runtime_env).__name__}")
+        env = copy.deepcopy(runtime_env or {})
+        if "uv_project" in env:
+            env["uv_project"] = check_uv_project(env["uv_project"], "runtime_env['uv_project']")
+        else:
+            uv_project = self.uv_project
+            if uv_project is not None:
+                env["uv_project"] = uv_project
+        return env
+
+    def make_initializer(
+        self,
+        runtime_env: dict[str, Any],
+        placement_group: PlacementGroup | None = None,
+        placement_group_bundle_index: int = 0,
+    ) -> ActorHandle:
+        """Start an initializer (no CPU) on the worker's bundle: its node builds the venv that
+        the worker then reuses."""
+        options: dict[str, Any] = {"num_cpus": 0, "num_gpus": 0, "runtime_env": runtime_env}
+        if placement_group is not None:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group, placement_group_bundle_index=placement_group_bundle_index
+            )
+        return self.IsolatedWorkerInitializer.options(**options).remote(
+            self.ray_actor_class_fqn, *self.args, **self.kwargs
+        )
+
+    def worker_options(self, extra_options: dict[str, Any]) -> dict[str, Any]:
+        """The caller's actor options with the class's environment added."""
+        options = copy.deepcopy(extra_options)
+        options["runtime_env"] = self.runtime_env(options.get("runtime_env"))
+        return options
+
+    def create_worker_async(
+        self,
+        placement_group: PlacementGroup,
+        placement_group_bundle_index: int,
+        num_gpus: float | int,
+        bundle_indices: tuple[int, list[int]] | None = None,
+        **extra_options: Any,
+    ) -> tuple[ray.ObjectRef, ActorHandle]:
+        """Start creating a worker; returns ``(worker_future, initializer)`` at once. Keep the
+        initializer alive while the worker runs: it owns the worker."""
+        options = self.worker_options(extra_options)
+        initializer = self.make_initializer(
+            options["runtime_env"], placement_group, placement_group_bundle_index
+        )
+        future = initializer.create_worker.remote(
+            placement_group, placement_group_bundle_index, num_gpus, bundle_indices, **options
+        )
+        return future, initializer
+
+    def create_worker(
+        self,
+        placement_group: PlacementGroup,
+        placement_group_bundle_index: int,
+        num_gpus: float | int,
+        bundle_indices: tuple[int, list[int]] | None = None,
+        **extra_options: Any,
+    ) -> ActorHandle:
+        """Create a worker and wait for its handle (see `__call__`)."""
+        return self(
+            placement_group, placement_group_bundle_index, num_gpus, bundle_indices, **extra_options
+        )
+
+    def __call__(
+        self,
+        placement_group: PlacementGroup,
+        placement_group_bundle_index: int,
+        num_gpus: float | int,
+        bundle_indices: tuple[int, list[int]] | None = None,
+        **extra_options: Any,
+    ) -> ActorHandle:
+        """Create a worker. Option precedence, lowest to highest: ``extra_options``; the class's
+        ``configure_worker`` (warns where it overrides); the placement set here."""
+        future, initializer = self.create_worker_async(
+            placement_group, placement_group_bundle_index, num_gpus, bundle_indices, **extra_options
+        )
+        worker = ray.get(future)
+        # The initializer owns the worker: dropping it would kill the worker.
+        worker._RAY_INITIALIZER_ACTOR_REF_TO_AVOID_GC = initializer
+        return worker
+
+    def __repr__(self) -> str:
+        return f"RayWorkerBuilder({self.ray_actor_class_fqn!r})"

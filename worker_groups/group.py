@@ -1,0 +1,448 @@
+"""`RayWorkerGroup`: workers on a `RayVirtualCluster`'s bundles, with rank env vars, tied groups
+and the dispatch helpers an RL loop calls every step.
+
+Environment of each worker: the builder's ``uv_project`` (the venv the plugin builds per node), the
+group's ``env_vars``, and ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (the bundle's index on its node),
+``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` (a free port, distinct per group). The driver's own
+environment is not copied: it would carry the driver's ``VIRTUAL_ENV`` and ``PATH`` into venvs.
+
+GPUs: each worker asks for ``1 / max_colocated_worker_groups`` GPU of its bundle, and Ray sets
+``CUDA_VISIBLE_DEVICES`` to that one GPU, so inside a worker the device is ``cuda:0`` (not
+``cuda:LOCAL_RANK``); colocated groups on a bundle see the same GPU. A class that must see all the
+GPUs of its tied group (a tensor-parallel engine leader) asks for it in ``configure_worker`` with
+``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1``; then Ray leaves ``CUDA_VISIBLE_DEVICES`` alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from typing import Any
+
+import ray
+from ray.actor import ActorHandle
+
+from worker_groups.builder import RayWorkerBuilder
+from worker_groups.cluster import RayVirtualCluster
+from worker_groups.dispatch import (
+    check_layout_covers,
+    check_per_worker_data,
+    check_sharded_value,
+    map_slices,
+    plan_sharded_dispatch,
+    take,
+    workers_on_axis_zero,
+)
+from worker_groups.futures import MultiWorkerFuture
+from worker_groups.sharding import NamedSharding, ShardingError
+
+logger = logging.getLogger(__name__)
+
+
+class UnknownWorkerMethodError(AttributeError, ValueError):
+    """A dispatch names a method the worker class does not have."""
+
+
+class RayWorkerGroup:
+    """Workers placed on a virtual cluster; ``bundle_indices_list`` ties workers into groups that
+    share one data-parallel shard (e.g. the ranks of one tensor-parallel engine)."""
+
+    def __init__(
+        self,
+        cluster: RayVirtualCluster,
+        remote_worker_builder: RayWorkerBuilder,
+        workers_per_node: int | list[int] | None = None,
+        name_prefix: str = "",
+        bundle_indices_list: list[tuple[int, list[int]]] | None = None,
+        sharding_annotations: NamedSharding | None = None,
+        env_vars: dict[str, str] | None = None,
+    ) -> None:
+        if not isinstance(remote_worker_builder, RayWorkerBuilder):
+            raise TypeError(
+                f"remote_worker_builder must be a RayWorkerBuilder, got "
+                f"{type(remote_worker_builder).__name__}"
+            )
+        env_vars = dict(env_vars or {})
+        bad = {
+            k: v for k, v in env_vars.items() if not isinstance(k, str) or not isinstance(v, str)
+        }
+        if bad:
+            raise TypeError(f"env_vars must map str to str; fix {bad!r}")
+        self.cluster = cluster
+        self.name_prefix = name_prefix
+        self.sharding_annotations = sharding_annotations
+        self.ray_actor_class_fqn = remote_worker_builder.ray_actor_class_fqn
+        self._workers: list[ActorHandle] = []
+        self._worker_metadata: list[dict[str, Any]] = []
+        self._initializers: list[ActorHandle] = []
+        self.dp_leader_worker_indices: list[int] = []
+        self.worker_to_tied_group_index: dict[int, int] = {}
+        if bundle_indices_list is None:
+            bundle_indices_list = self._bundles_from_workers_per_node(workers_per_node)
+        else:
+            bundle_indices_list = self._check_bundle_indices(bundle_indices_list)
+        self.world_size = sum(len(b) for _, b in bundle_indices_list)
+        if sharding_annotations is not None:
+            if not isinstance(sharding_annotations, NamedSharding):
+                raise TypeError("sharding_annotations must be a NamedSharding")
+            check_layout_covers(sharding_annotations, self.world_size)
+        self._create_workers_from_bundle_indices(
+            remote_worker_builder, bundle_indices_list, env_vars
+        )
+
+    # -- placement ------------------------------------------------------------------------------
+
+    def _bundles_from_workers_per_node(
+        self, workers_per_node: int | list[int] | None
+    ) -> list[tuple[int, list[int]]]:
+        counts = [pg.bundle_count for pg in self.cluster.get_placement_groups()]
+        if workers_per_node is None:
+            wanted = counts
+        elif isinstance(workers_per_node, int) and not isinstance(workers_per_node, bool):
+            wanted = [workers_per_node] * len(counts)
+        elif isinstance(workers_per_node, list) and len(workers_per_node) == len(counts):
+            wanted = list(workers_per_node)
+        else:
+            raise ValueError(
+                f"workers_per_node={workers_per_node!r}: use None (one worker per bundle), an "
+                f"int, or a list with one count per node ({len(counts)} nodes)"
+            )
+        for node, (want, have) in enumerate(zip(wanted, counts, strict=True)):
+            if not isinstance(want, int) or not 0 <= want <= have:
+                raise ValueError(
+                    f"workers_per_node asks for {want!r} workers on node {node}, which has "
+                    f"{have} bundles"
+                )
+        return [(node, [b]) for node, want in enumerate(wanted) for b in range(want)]
+
+    def _check_bundle_indices(self, groups: Any) -> list[tuple[int, list[int]]]:
+        counts = [pg.bundle_count for pg in self.cluster.get_placement_groups()]
+        seen: set[tuple[int, int]] = set()
+        checked = []
+        for entry in groups:
+            try:
+                node, bundles = entry
+                node, bundles = int(node), [int(b) for b in bundles]
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"bundle_indices_list entry {entry!r}: use (node_idx, [bundle, ...])"
+                ) from None
+            if not 0 <= node < len(counts):
+                raise ValueError(f"bundle_indices_list: node {node} not in 0..{len(counts) - 1}")
+            if not bundles:
+                raise ValueError(f"bundle_indices_list: tied group on node {node} has no bundles")
+            for b in bundles:
+                if not 0 <= b < counts[node]:
+                    raise ValueError(
+                        f"bundle_indices_list: bundle {b} is not in node {node}'s bundles "
+                        f"0..{counts[node] - 1}"
+                    )
+                if (node, b) in seen:
+                    raise ValueError(
+                        f"bundle_indices_list: bundle {b} of node {node} is used twice; to share "
+                        "bundles, create another group (max_colocated_worker_groups)"
+                    )
+                seen.add((node, b))
+            checked.append((node, bundles))
+        if not checked:
+            raise ValueError("bundle_indices_list is empty: give at least one tied group")
+        return checked
+
+    def _create_workers_from_bundle_indices(
+        self,
+        remote_worker_builder: RayWorkerBuilder,
+        bundle_indices_list: list[tuple[int, list[int]]],
+        env_vars: dict[str, str] | None = None,
+    ) -> None:
+        """Create every worker at once (one initializer per node), then wait for all of them."""
+        pgs = self.cluster.get_placement_groups()
+        self.master_address, self.master_port = self.cluster.get_master_address_and_port()
+        base = remote_worker_builder.worker_options(
+            {"runtime_env": {"env_vars": dict(env_vars or {})}}
+        )
+        num_gpus = 1 / self.cluster.max_colocated_worker_groups if self.cluster.use_gpus else 0
+        initializers: dict[int, ActorHandle] = {}
+        futures = []
+        rank = 0
+        for group_idx, (node, bundles) in enumerate(bundle_indices_list):
+            if node not in initializers:
+                initializers[node] = remote_worker_builder.make_initializer(
+                    base["runtime_env"], pgs[node], bundles[0]
+                )
+                self._initializers.append(initializers[node])
+            self.dp_leader_worker_indices.append(rank)
+            for local_rank, bundle in enumerate(bundles):
+                name = (
+                    f"{self.name_prefix}-grp{group_idx}-{local_rank}"
+                    if len(bundles) > 1
+                    else f"{self.name_prefix}-{node}-{bundle}"
+                )
+                options = copy.deepcopy(base)
+                options["runtime_env"]["env_vars"].update(
+                    RANK=str(rank),
+                    WORLD_SIZE=str(self.world_size),
+                    LOCAL_RANK=str(bundle),
+                    NODE_RANK=str(node),
+                    MASTER_ADDR=self.master_address,
+                    MASTER_PORT=str(self.master_port),
+                )
+                if self.name_prefix:  # named actors must be unique: only when asked for
+                    options["name"] = name
+                leader_bundles = (node, list(bundles)) if local_rank == 0 else None
+                futures.append(
+                    initializers[node].create_worker.remote(
+                        pgs[node],
+                        bundle,
+                        num_gpus,
+                        leader_bundles,
+                        num_gpus_per_node=self.cluster.num_gpus_per_node,
+                        **options,
+                    )
+                )
+                self.worker_to_tied_group_index[rank] = group_idx
+                self._worker_metadata.append(
+                    {
+                        "node_idx": node,
+                        "bundle_idx": bundle,
+                        "local_rank": local_rank,
+                        "global_rank": rank,
+                        "name": name,
+                        "bundle_indices": leader_bundles,
+                        "dp_shard_idx": group_idx,
+                        "tied_group_idx": group_idx,
+                    }
+                )
+                rank += 1
+        start = time.perf_counter()
+        try:
+            self._workers = ray.get(futures)
+            self._wait_ready(start)
+        except BaseException:
+            self.shutdown(force=True)
+            raise
+        logger.info(
+            "%s: %d workers of %s ready in %.2fs",
+            self.name_prefix or "worker group",
+            len(self._workers),
+            self.ray_actor_class_fqn,
+            time.perf_counter() - start,
+        )
+
+    def _wait_ready(self, start: float) -> None:
+        pending = [w.__ray_ready__.remote() for w in self._workers]
+        total = len(pending)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=30)
+            ray.get(done)  # raises the first startup error (runtime env, import, __init__)
+            if pending:
+                logger.info(
+                    "%d/%d workers of %s ready after %.0fs",
+                    total - len(pending),
+                    total,
+                    self.ray_actor_class_fqn,
+                    time.perf_counter() - start,
+                )
+
+    # -- introspection ----------------------------------------------------------------------------
+
+    @property
+    def workers(self) -> list[ActorHandle]:
+        return self._workers
+
+    @property
+    def worker_metadata(self) -> list[dict[str, Any]]:
+        return self._worker_metadata
+
+    @property
+    def dp_size(self) -> int:
+        """Number of data-parallel shards: one per tied group."""
+        return len(self.dp_leader_worker_indices)
+
+    def get_dp_leader_worker_idx(self, dp_shard_idx: int) -> int:
+        """The first worker of a data-parallel shard's tied group."""
+        if not 0 <= dp_shard_idx < self.dp_size:
+            raise IndexError(f"dp_shard_idx {dp_shard_idx} not in 0..{self.dp_size - 1}")
+        return self.dp_leader_worker_indices[dp_shard_idx]
+
+    def _method(self, worker: ActorHandle, method_name: str) -> Any:
+        return getattr(worker, method_name)
+
+    def _check_method(self, method_name: str) -> None:
+        if not self._workers:
+            raise RuntimeError("this worker group has no workers: it was shut down")
+        if not isinstance(method_name, str) or not hasattr(self._workers[0], method_name):
+            methods = sorted(
+                m
+                for m in getattr(self._workers[0], "_ray_method_signatures", {})
+                if not m.startswith("__")
+            )
+            raise UnknownWorkerMethodError(
+                f"{self.ray_actor_class_fqn} has no method {method_name!r}; its methods are "
+                f"{methods}"
+            )
+
+    # -- dispatch -------------------------------------------------------------------------------
+
+    def run_single_worker_single_data(
+        self, method_name: str, worker_idx: int, *args: Any, **kwargs: Any
+    ) -> ray.ObjectRef:
+        self._check_method(method_name)
+        if not isinstance(worker_idx, int) or not 0 <= worker_idx < len(self._workers):
+            raise IndexError(f"worker_idx {worker_idx!r} not in 0..{len(self._workers) - 1}")
+        return self._method(self._workers[worker_idx], method_name).remote(*args, **kwargs)
+
+    def run_all_workers_single_data(
+        self,
+        method_name: str,
+        *args: Any,
+        run_rank_0_only_axes: list[str] | None = None,
+        **kwargs: Any,
+    ) -> list[ray.ObjectRef]:
+        """The same arguments to every worker (or to index 0 of ``run_rank_0_only_axes``);
+        each argument is stored once with ``ray.put``, not serialized once per worker."""
+        self._check_method(method_name)
+        called = workers_on_axis_zero(
+            self.sharding_annotations, len(self._workers), run_rank_0_only_axes
+        )
+        if len(called) > 1:
+            args = tuple(ray.put(a) for a in args)
+            kwargs = {k: ray.put(v) for k, v in kwargs.items()}
+        return [self._method(self._workers[w], method_name).remote(*args, **kwargs) for w in called]
+
+    def run_all_workers_multiple_data(
+        self,
+        method_name: str,
+        *args: Any,
+        run_rank_0_only_axes: list[str] | None = None,
+        common_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> list[ray.ObjectRef]:
+        """Entry ``i`` of every list argument goes to the ``i``-th called worker."""
+        self._check_method(method_name)
+        called = workers_on_axis_zero(
+            self.sharding_annotations, len(self._workers), run_rank_0_only_axes
+        )
+        check_per_worker_data(args, kwargs, len(called))
+        common = self._check_common(common_kwargs, kwargs)
+        return [
+            self._method(self._workers[w], method_name).remote(
+                *(a[i] for a in args), **{k: v[i] for k, v in kwargs.items()}, **common
+            )
+            for i, w in enumerate(called)
+        ]
+
+    def run_all_workers_sharded_data(
+        self,
+        method_name: str,
+        *args: Any,
+        in_sharded_axes: list[str] | None = None,
+        replicate_on_axes: list[str] | None = None,
+        output_is_replicated: list[str] | None = None,
+        make_dummy_calls_to_free_axes: bool = False,
+        common_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> MultiWorkerFuture:
+        """Data nested by ``in_sharded_axes`` (outermost first): each worker gets its slice;
+        ``replicate_on_axes`` send the slice to every index on them (one ``ray.put`` per slice);
+        other axes are free: only their index 0 is called (others get ``None`` data with
+        ``make_dummy_calls_to_free_axes``). Results: one per index 0 of free and
+        ``output_is_replicated`` axes. Everything is checked before anything is sent."""
+        self._check_method(method_name)
+        sharding = self.sharding_annotations
+        if sharding is None:
+            raise ShardingError(
+                "run_all_workers_sharded_data needs the group's sharding_annotations "
+                "(a NamedSharding over its workers)"
+            )
+        sharded = list(in_sharded_axes or [])
+        plan = plan_sharded_dispatch(
+            sharding,
+            sharded,
+            replicate_on_axes or [],
+            output_is_replicated or [],
+            make_dummy_calls_to_free_axes,
+        )
+        for i, a in enumerate(args):
+            check_sharded_value(f"args[{i}]", a, sharding, sharded)
+        for k, v in kwargs.items():
+            check_sharded_value(k, v, sharding, sharded)
+        common = self._check_common(common_kwargs, kwargs)
+        replicas = 1
+        for axis in replicate_on_axes or []:
+            replicas *= sharding.get_axis_size(axis)
+        if replicas > 1:
+            args = tuple(map_slices(a, len(sharded), ray.put) for a in args)
+            kwargs = {k: map_slices(v, len(sharded), ray.put) for k, v in kwargs.items()}
+        futures = []
+        for call in plan.calls:
+            if call.data_index is None:
+                call_args, call_kwargs = [None] * len(args), dict.fromkeys(kwargs)
+            else:
+                call_args = [take(a, call.data_index) for a in args]
+                call_kwargs = {k: take(v, call.data_index) for k, v in kwargs.items()}
+            method = self._method(self._workers[call.worker_idx], method_name)
+            futures.append(method.remote(*call_args, **call_kwargs, **common))
+        return MultiWorkerFuture(
+            futures=futures,
+            return_from_workers=list(plan.return_from_workers),
+            called_workers=plan.called_workers,
+        )
+
+    @staticmethod
+    def _check_common(common_kwargs: dict[str, Any] | None, kwargs: dict[str, Any]) -> dict:
+        common = dict(common_kwargs or {})
+        clash = sorted(set(common) & set(kwargs))
+        if clash:
+            raise ValueError(f"{clash} given both per worker and in common_kwargs: pick one")
+        return common
+
+    def get_all_worker_results(
+        self, future_bundle: MultiWorkerFuture, return_generators_as_proxies: bool = False
+    ) -> list[Any]:
+        """One result per data-parallel shard, as the dispatch decided (see MultiWorkerFuture)."""
+        return future_bundle.get_results(self, return_generators_as_proxies)
+
+    # -- teardown -------------------------------------------------------------------------------
+
+    def shutdown(
+        self, cleanup_method: str | None = None, timeout: float | None = 30.0, force: bool = False
+    ) -> bool:
+        """Call ``cleanup_method`` on every worker (unless ``force``), waiting at most
+        ``timeout`` seconds, then kill the workers and their initializers. Returns False if a
+        cleanup failed or timed out; the workers are killed either way. Safe to call twice."""
+        success = True
+        if cleanup_method is not None and not force and self._workers:
+            try:
+                self._check_method(cleanup_method)
+                refs = [self._method(w, cleanup_method).remote() for w in self._workers]
+                done, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+                if pending:
+                    logger.warning(
+                        "%d workers did not finish %s in %ss; killing them",
+                        len(pending),
+                        cleanup_method,
+                        timeout,
+                    )
+                    success = False
+                ray.get(done)
+            except Exception as e:  # noqa: BLE001 - clean up the rest regardless
+                logger.warning("cleanup %s failed: %s; killing the workers", cleanup_method, e)
+                success = False
+        for actor in [*self._workers, *self._initializers]:  # workers first: they are owned
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception as e:  # noqa: BLE001
+                logger.warning("could not kill %s: %s", actor, e)
+                success = False
+        self._workers, self._initializers, self._worker_metadata = [], [], []
+        return success
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def __repr__(self) -> str:
+        return (
+            f"RayWorkerGroup({self.ray_actor_class_fqn!r}, {len(self._workers)} workers, "
+            f"dp_size={self.dp_size})"
+        )
