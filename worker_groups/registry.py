@@ -8,6 +8,7 @@ runs on the job's interpreter (the node's own Python unless the job's runtime_en
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from ray_uv_plugin.spec import parse_spec
@@ -29,8 +30,8 @@ class PY_EXECUTABLES:  # noqa: N801 - the name NeMo RL users know
 
 
 ACTOR_ENVIRONMENT_REGISTRY: dict[str, UvProjectValue] = {
-    "examples.torch_worker.TorchWorker": PY_EXECUTABLES.TORCH,
-    "examples.vllm_worker.VllmGenerationWorker": PY_EXECUTABLES.VLLM,
+    "examples.torch_worker.TorchWorker": copy.deepcopy(PY_EXECUTABLES.TORCH),
+    "examples.vllm_worker.VllmGenerationWorker": copy.deepcopy(PY_EXECUTABLES.VLLM),
 }
 
 
@@ -49,7 +50,7 @@ def check_uv_project(value: Any, where: str) -> UvProjectValue:
         parse_spec(value)
     except ValueError as e:  # UvProjectSpecError / UvProjectTypeError: keep the type, add where
         raise type(e)(f"{where}: {e}") from None
-    return dict(value)
+    return copy.deepcopy(dict(value))
 
 
 def register_actor_environment(fqn: str, uv_project: UvProjectValue) -> None:

@@ -26,7 +26,10 @@ def _infer_shape(layout: Any, depth: int, path: tuple[int, ...]) -> tuple[int, .
     if isinstance(layout, Integral):
         return ()
     if isinstance(layout, str):
-        raise ShardingError(f"layout{list(path)} is a string: use nested lists of ranks")
+        raise ShardingError(
+            f"layout{list(path)} is the string {layout!r}: a layout holds nested lists of "
+            "integer ranks"
+        )
     if len(layout) == 0:
         raise ShardingError(f"layout{list(path)} is empty: every axis needs at least one rank")
     shapes = {_infer_shape(item, depth + 1, (*path, i)) for i, item in enumerate(layout)}

@@ -1,5 +1,6 @@
-"""Fixtures for the worker_groups tests: one 2-node Ray cluster (2 logical GPUs per node) per test
-module, and small uv projects whose environments differ observably."""
+"""Fixtures for the worker_groups tests: one 2-node Ray cluster (2 logical GPUs per node) for the
+whole package, each module on its own `RayVirtualCluster`, and small uv projects whose
+environments differ observably."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ HERE = Path(__file__).resolve().parent
 WORKER_ENV = {"PYTHONPATH": str(HERE)}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def two_node_cluster() -> Iterator[Cluster]:
     """Two raylets on this host, each with 4 CPUs and 2 logical GPUs."""
     cluster = Cluster(
