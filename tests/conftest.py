@@ -15,6 +15,11 @@ if str(ROOT) not in sys.path:
 
 import ray_uv_plugin  # noqa: E402
 
+# `uv run pytest` would trigger Ray's `uv run` driver hook in every ray.init (it reads this at
+# import): tests start from a plain driver, and tests/test_uv_run_driver.py covers the hook.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _plugin_registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
@@ -22,7 +27,6 @@ def _plugin_registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
     saved = {k: os.environ.get(k) for k in ("RAY_RUNTIME_ENV_PLUGINS", "RAY_UV_PLUGIN_VENV_DIR")}
     os.environ["RAY_RUNTIME_ENV_PLUGINS"] = ray_uv_plugin.plugin_config()
     os.environ["RAY_UV_PLUGIN_VENV_DIR"] = str(tmp_path_factory.mktemp("venvs"))
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     yield
     for k, v in saved.items():
         if v is None:

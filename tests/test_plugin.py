@@ -1,0 +1,200 @@
+"""The plugin in a real local Ray: what workers get, reuse, one sync under load, bad input."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+from ray.exceptions import RuntimeEnvSetupError
+
+from ray_uv_plugin.key import venv_key
+from ray_uv_plugin.project import load_project
+from ray_uv_plugin.spec import parse_spec
+from ray_uv_plugin.uv import UV_ENV_VAR
+from ray_uv_plugin.venv_cache import MARKER, VENV_DIR_ENV
+from tests.uvproject import CountingUv, write_project
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A local Ray whose agent counts uv calls and keeps venvs in a dir of this module's own."""
+    tmp = tmp_path_factory.mktemp("plugin")
+    uv = CountingUv(tmp / "uvbin")
+    saved = {k: os.environ.get(k) for k in (UV_ENV_VAR, VENV_DIR_ENV)}
+    os.environ[UV_ENV_VAR] = str(uv.path)
+    os.environ[VENV_DIR_ENV] = str(tmp / "venvs")
+    project = write_project(
+        tmp / "proj", ["six"], extras={"fig": ["pyfiglet"]}, groups={"lint": ["tomli-w"]}
+    )
+    ray.init(address="local", num_cpus=4)
+    yield {"uv": uv, "project": project, "venvs": tmp / "venvs", "tmp": tmp}
+    ray.shutdown()
+    for k, v in saved.items():
+        os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+@ray.remote(num_cpus=0)
+class Probe:
+    def where(self) -> dict:
+        import importlib.util
+        import os
+        import sys
+
+        return {
+            "executable": sys.executable,
+            "prefix": sys.prefix,
+            "VIRTUAL_ENV": os.environ.get("VIRTUAL_ENV"),
+            "UV_PROJECT_ENVIRONMENT": os.environ.get("UV_PROJECT_ENVIRONMENT"),
+            "PATH": os.environ["PATH"],
+            "has": {
+                m: importlib.util.find_spec(m) is not None
+                for m in ("six", "pyfiglet", "tomli_w", "pytest", "rich")
+            },
+        }
+
+
+def probe(value) -> dict:
+    actor = Probe.options(runtime_env={"uv_project": value}).remote()
+    try:
+        return ray.get(actor.where.remote(), timeout=180)
+    finally:
+        ray.kill(actor)
+
+
+def ready_venvs(root: Path) -> set[str]:
+    return {p.parent.name for p in root.glob(f"*/{MARKER}")}
+
+
+def test_extras_and_groups_select_packages_and_the_driver_env_is_invisible(env):
+    project = str(env["project"])
+    with_fig = probe({"project": project, "extras": ["fig"]})
+    venv = Path(with_fig["executable"]).parent.parent
+    assert venv.parent == env["venvs"]
+    assert with_fig["prefix"] == with_fig["VIRTUAL_ENV"] == str(venv)
+    assert with_fig["UV_PROJECT_ENVIRONMENT"] == str(venv)
+    assert with_fig["PATH"].split(os.pathsep)[0] == str(venv / "bin")
+    assert with_fig["has"] == {
+        "six": True,
+        "pyfiglet": True,
+        "tomli_w": False,  # `lint` is not a default group
+        "pytest": False,  # the driver has it; the worker must not
+        "rich": False,
+    }
+    plain = probe({"project": project, "groups": ["lint"]})
+    assert plain["has"]["tomli_w"] and not plain["has"]["pyfiglet"]
+    assert plain["executable"] != with_fig["executable"]
+    assert sys.executable != with_fig["executable"]
+
+
+def test_same_spec_one_venv_two_specs_two(env):
+    project = str(env["project"])
+    before_syncs, before = env["uv"].syncs(), ready_venvs(env["venvs"])
+    a = probe({"project": project, "extras": ["fig"], "groups": ["lint"]})
+    b = probe({"project": project, "groups": ["lint"], "extras": ["FIG"]})  # same meaning
+    c = probe({"project": project, "no_default_groups": True})
+    assert a["executable"] == b["executable"] != c["executable"]
+    assert len(ready_venvs(env["venvs"]) - before) == 2
+    assert env["uv"].syncs() - before_syncs == 2
+
+
+def test_sixteen_actors_at_once_cause_one_sync(env):
+    project = write_project(env["tmp"] / "sixteen", ["tomli-w"])
+    before = env["uv"].syncs()
+    actors = [
+        Probe.options(runtime_env={"uv_project": {"project": str(project)}}).remote()
+        for _ in range(16)
+    ]
+    results = ray.get([a.where.remote() for a in actors], timeout=300)
+    for a in actors:
+        ray.kill(a)
+    assert len({r["executable"] for r in results}) == 1
+    assert all(r["has"]["tomli_w"] for r in results)
+    assert env["uv"].syncs() - before == 1
+
+
+def test_a_half_built_venv_is_rebuilt(env):
+    project = write_project(env["tmp"] / "half", ["pyfiglet"])
+    key = venv_key(parse_spec({}), load_project(project))
+    half = env["venvs"] / key
+    (half / "bin").mkdir(parents=True)
+    (half / "bin" / "python").write_text("#!/bin/sh\nexit 1\n")  # what a killed build leaves
+    before = env["uv"].syncs()
+    got = probe({"project": str(project)})
+    assert got["executable"] == str(half / "bin" / "python") and got["has"]["pyfiglet"]
+    assert (half / MARKER).exists() and env["uv"].syncs() - before == 1
+
+
+def _bad_projects(tmp: Path) -> dict[str, Path]:
+    empty = tmp / "bad-empty"
+    empty.mkdir()
+    stale = write_project(tmp / "bad-stale", ["six"])
+    write_project(stale, ["six", "pyfiglet"], lock=False)
+    old_python = write_project(tmp / "bad-python", ["six"])
+    text = (old_python / "pyproject.toml").read_text()
+    (old_python / "pyproject.toml").write_text(text.replace(">=3.11", ">=3.99"))
+    return {
+        "empty": empty,
+        "nolock": write_project(tmp / "bad-nolock", ["six"], lock=False),
+        "stale": stale,
+        "noray": write_project(tmp / "bad-noray", ["six"], with_ray=False),
+        "oldray": write_project(tmp / "bad-oldray", ["ray==2.59.0"], with_ray=False),
+        "python": old_python,
+        "offline": write_project(tmp / "bad-offline", ["pyfiglet", "tomli-w", "six"]),
+    }
+
+
+def test_every_bad_input_fails_the_actor_clearly_and_builds_nothing(env):
+    p = _bad_projects(env["tmp"])
+    good = str(env["project"])
+    cold_cache = env["tmp"] / "empty-uv-cache"
+    unreachable = {  # a cold cache and an index behind a proxy that refuses connections
+        "UV_CACHE_DIR": str(cold_cache),
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "HTTP_PROXY": "http://127.0.0.1:9",
+        "UV_HTTP_RETRIES": "0",
+    }
+    cases = {
+        "not a dict": ({"uv_project": ["fig"]}, "must be a dict"),
+        "unknown field": ({"uv_project": {"extra": ["fig"]}}, "unknown field(s) 'extra'"),
+        "wrong type": ({"uv_project": {"extras": "fig"}}, "must be a list of strings"),
+        "wrong bool": ({"uv_project": {"frozen": "yes"}}, "must be true or false"),
+        "locked+frozen": ({"uv_project": {"locked": True, "frozen": True}}, "exclusive"),
+        "missing dir": ({"uv_project": {"project": "/nonexistent/x"}}, "does not exist"),
+        "no pyproject": ({"uv_project": {"project": str(p["empty"])}}, "no pyproject.toml"),
+        "no lock": ({"uv_project": {"project": str(p["nolock"])}}, "has no uv.lock"),
+        "stale lock": ({"uv_project": {"project": str(p["stale"])}}, "run `uv lock`"),
+        "unknown extra": (
+            {"uv_project": {"project": good, "extras": ["gpu"]}},
+            "unknown extra(s) gpu",
+        ),
+        "unknown group": (
+            {"uv_project": {"project": good, "groups": ["docs"]}},
+            "unknown group(s) docs",
+        ),
+        "no ray": ({"uv_project": {"project": str(p["noray"])}}, "holds no ray"),
+        "other ray": (
+            {"uv_project": {"project": str(p["oldray"])}},
+            f"pins ray 2.59.0 but this node runs ray {ray.__version__}",
+        ),
+        "python": ({"uv_project": {"project": str(p["python"])}}, "requires-python '>=3.99'"),
+        "offline": (
+            {"uv_project": {"project": str(p["offline"])}, "env_vars": unreachable},
+            "package index could not be reached",
+        ),
+        "no project": ({"uv_project": {}}, "set runtime_env 'working_dir'"),
+    }
+    refs = {
+        name: Probe.options(runtime_env=runtime_env).remote().where.remote()
+        for name, (runtime_env, _) in cases.items()
+    }
+    before = ready_venvs(env["venvs"])
+    for name, (_, words) in cases.items():
+        with pytest.raises(RuntimeEnvSetupError) as info:
+            ray.get(refs[name], timeout=120)
+        assert words in str(info.value), f"{name}: {info.value}"
+    assert ready_venvs(env["venvs"]) == before
+    unfinished = [d for d in env["venvs"].iterdir() if d.is_dir() and not (d / MARKER).exists()]
+    assert unfinished == []
