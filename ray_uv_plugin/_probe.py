@@ -1,0 +1,78 @@
+"""Code that runs inside a worker's uv venv, for `prepare` and `demo`.
+
+Those venvs hold the user's project, not ray_uv_plugin, so this module is shipped by value
+(`ship_by_value`): it may import only the standard library at module level.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+
+def environment_report(packages: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What the worker runs in: interpreter, venv, its ready-marker, and package versions."""
+    venv = os.environ.get("VIRTUAL_ENV")
+    marker: dict[str, Any] | None = None
+    if venv:
+        try:
+            with open(os.path.join(venv, ".ray-uv-ready")) as f:
+                marker = json.load(f)
+        except (OSError, ValueError):
+            marker = None
+    versions: dict[str, str | None] = {}
+    for name in packages:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return {
+        "python": sys.executable,
+        "python_version": sys.version.split()[0],
+        "venv": venv,
+        "marker": marker,
+        "packages": versions,
+        "hostname": socket.gethostname(),
+        "now": time.time(),
+    }
+
+
+def was_built_within(report: dict[str, Any], seconds: float) -> bool:
+    """Whether the venv's build finished within the last `seconds` of the report's own clock
+    (the node's clock, so that skew between driver and node does not matter)."""
+    marker = report.get("marker") or {}
+    built_at = marker.get("built_at")
+    return built_at is not None and built_at >= report["now"] - seconds
+
+
+class Probe:
+    """An actor that reports its environment; `demo` starts one per uv environment."""
+
+    def report(self, packages: tuple[str, ...] = ()) -> dict[str, Any]:
+        return environment_report(packages)
+
+    def banner(self, text: str) -> str:
+        try:
+            import pyfiglet  # only the `banner` extra of the demo project has it
+        except ImportError:
+            return ""
+        return str(pyfiglet.figlet_format(text, font="small"))  # a str subclass: send a str
+
+    def toml(self, data: dict[str, Any]) -> str:
+        try:
+            import tomli_w  # only the `toml` extra of the demo project has it
+        except ImportError:
+            return ""
+        return tomli_w.dumps(data)
+
+
+def ship_by_value() -> None:
+    """Make Ray pickle this module's functions and classes by value, not by import path."""
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])

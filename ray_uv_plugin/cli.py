@@ -1,0 +1,418 @@
+"""`ray-uv`: the operator's command line, a thin layer over plain functions.
+
+Imports stay inside the commands: `ray-uv plugin-config` runs before every `ray start`, and
+must not pay for importing Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from ray_uv_plugin import plugin_config
+
+EPILOG = "Docs: docs/operations.md. Every command has --help."
+
+
+class CliError(Exception):
+    """A bad input or state; printed as `error: ...` with exit status 2."""
+
+
+def _fmt_seconds(seconds: float) -> str:
+    return f"{seconds * 1000:.1f}ms" if seconds < 1 else f"{seconds:.2f}s"
+
+
+# --- plugin-config ---------------------------------------------------------------------------
+
+
+def cmd_plugin_config(args: argparse.Namespace) -> int:
+    if not args.shell:
+        print(plugin_config())
+        return 0
+    from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
+
+    print(f"export RAY_RUNTIME_ENV_PLUGINS={shlex.quote(plugin_config())}")
+    print(f"export {SCHEMAS_ENV}={shlex.quote(schemas_setting(os.environ.get(SCHEMAS_ENV)))}")
+    return 0
+
+
+# --- list ------------------------------------------------------------------------------------
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from ray_uv_plugin import inventory
+    from ray_uv_plugin.venv_cache import venv_root
+
+    root = venv_root()
+    entries = inventory.scan(root)
+    usage = inventory.measure([e.path for e in entries])
+    now = time.time()
+    if args.json:
+        rows = [
+            {
+                "key": e.key,
+                "path": str(e.path),
+                "state": e.state,
+                "project": e.project,
+                "extras": e.extras,
+                "groups": e.groups,
+                "size_bytes": usage.size(e.path),
+                "last_used": e.last_used,
+                "users": list(e.users),
+                "ray": (e.meta or {}).get("ray"),
+                "python": (e.meta or {}).get("python"),
+            }
+            for e in entries
+        ]
+        print(json.dumps({"venv_dir": str(root), "venvs": rows}, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not entries:
+        console.print(f"No venvs in {root}")
+        return 0
+    table = Table(box=None, pad_edge=False)
+    for column in ("KEY", "PROJECT", "EXTRAS", "GROUPS", "SIZE", "LAST USE", "STATE"):
+        table.add_column(column, justify="right" if column == "SIZE" else "left")
+    for e in reversed(entries):  # most recently used first
+        state = e.state if not e.users else f"in use ({len(e.users)} processes)"
+        table.add_row(
+            e.key,
+            e.project,
+            ",".join(e.extras) or "-",
+            ",".join(e.groups) or "-",
+            inventory.format_bytes(usage.size(e.path)),
+            inventory.format_age(now - e.last_used),
+            state,
+        )
+    console.print(table, soft_wrap=True)
+    total = inventory.format_bytes(usage.size(*usage.inodes))
+    console.print(f"{len(entries)} venvs, {total} in {root}")
+    return 0
+
+
+# --- gc --------------------------------------------------------------------------------------
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from ray_uv_plugin import gc, inventory
+    from ray_uv_plugin.venv_cache import venv_root
+
+    root = venv_root()
+    try:
+        report = gc.collect(root, args.older_than, args.max_size, args.dry_run)
+    except gc.GcError as e:
+        raise CliError(str(e)) from e
+    verb = "Would remove" if args.dry_run else "Removed"
+    for d in report.removed:
+        print(f"{verb} {d.entry.key} ({d.entry.project}): {d.reason}")
+    for d in report.kept:
+        print(f"Kept {d.entry.key} ({d.entry.project}): {d.reason}")
+    for path in report.garbage:
+        print(f"{verb} leftover {path.name}")
+    freed = inventory.format_bytes(report.freed_bytes)
+    left = inventory.format_bytes(report.remaining_bytes)
+    print(
+        f"{'Would free' if args.dry_run else 'Freed'} {freed} in {root} "
+        f"({len(report.removed)} venvs; {len(report.kept)} kept, {left})"
+    )
+    if args.older_than is None and args.max_size is None and report.kept:
+        print(
+            "hint: only unfinished builds and leftovers go without limits; pass --older-than "
+            "DAYS or --max-size GB to remove unused venvs (--older-than 0: every venv no live "
+            "worker uses)"
+        )
+    return 0
+
+
+# --- prepare ---------------------------------------------------------------------------------
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from ray_uv_plugin import prepare
+    from ray_uv_plugin.project import ProjectError
+    from ray_uv_plugin.spec import UvProjectSpecError
+
+    console = Console(stderr=True)
+    project = Path(args.project).expanduser().resolve()
+    flags = {
+        name: True
+        for name in ("all_extras", "no_default_groups", "frozen", "install_project")
+        if getattr(args, name)
+    }
+    try:
+        value = prepare.uv_project_value(
+            project, args.shared, args.extra or [], args.group or [], flags
+        )
+        prepare.check_locally(project, value, args.shared)
+        prepare.connect(args.address, prepare.job_runtime_env(project, args.shared))
+    except (UvProjectSpecError, ProjectError, prepare.PrepareError) as e:
+        raise CliError(str(e)) from e
+    import ray
+
+    try:
+        nodes = prepare.alive_nodes()
+        console.print(
+            f"Preparing uv_project {json.dumps(value)} of {project} on {len(nodes)} nodes"
+        )
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} nodes"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
+            task = progress.add_task("Building", total=len(nodes))
+
+            def on_result(r: prepare.NodeResult) -> None:
+                if r.ok:
+                    line = f"uv_project {r.key}: {r.outcome} in {_fmt_seconds(r.seconds)}"
+                    progress.console.print(f"{r.label}: {line}")
+                else:
+                    progress.console.print(f"{r.label}: [red]failed[/red]: {r.error}")
+                progress.advance(task)
+
+            results = prepare.prepare_nodes(value, nodes, args.timeout, on_result)
+    finally:
+        ray.shutdown()
+    table = Table(box=None, pad_edge=False)
+    for column in ("NODE", "ADDRESS", "RESULT", "SECONDS", "UV SYNC", "VENV"):
+        table.add_column(column)
+    for r in sorted(results, key=lambda r: r.address):
+        table.add_row(
+            r.node_id[:8],
+            r.address,
+            r.outcome,
+            f"{r.seconds:.2f}",
+            "-" if r.build_seconds is None else f"{r.build_seconds:.2f}",
+            r.key or "-",
+        )
+    Console().print(table, soft_wrap=True)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        console.print(
+            f"error: {len(failed)} of {len(results)} nodes failed: "
+            + ", ".join(r.label for r in failed)
+        )
+        return 1
+    built = sum(r.built for r in results)
+    console.print(f"Prepared {len(results)} nodes ({built} built, {len(results) - built} reused)")
+    return 0
+
+
+# --- bench -----------------------------------------------------------------------------------
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    try:
+        from benchmarks import startup
+    except ImportError as e:
+        raise CliError(
+            f"`ray-uv bench` needs the benchmarks package ({e}); it ships with the source "
+            "checkout: run `uv run ray-uv bench` from the repository root."
+        ) from e
+    try:
+        return int(startup.main(list(args.args)) or 0)
+    except SystemExit as e:  # argparse's --help and usage errors
+        return e.code if isinstance(e.code, int) else 0
+
+
+# --- demo ------------------------------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ray_uv_plugin import demo
+    from ray_uv_plugin.venv_cache import venv_root
+
+    console = Console()
+    try:
+        project = demo.find_demo_project(Path(args.project) if args.project else None)
+    except demo.DemoError as e:
+        raise CliError(str(e)) from e
+    console.print(f"Driver: {sys.executable}")
+    console.print(f"Project: {project} (extras: {', '.join(demo.DEMO_EXTRAS)})")
+    console.print(f"Venvs: {venv_root()}")
+    console.print("Starting a local Ray with the uv_project plugin...")
+    start = time.perf_counter()
+
+    def on_result(r: demo.EnvResult) -> None:
+        verb = "built" if r.built else "reused"
+        console.print(
+            f"uv_project {r.key} (extras={r.extra}): {verb}, actor ready in "
+            f"{_fmt_seconds(r.seconds)}"
+        )
+
+    try:
+        results = demo.run(project, on_result)
+    except demo.DemoError as e:
+        raise CliError(str(e)) from e
+    except Exception as e:
+        if type(e).__name__ == "RuntimeEnvSetupError":
+            from ray_uv_plugin.prepare import clean_error
+
+            raise CliError(clean_error(e)) from e
+        raise
+    table = Table(box=None, pad_edge=False)
+    for column in ("EXTRA", "PYTHON", *demo.DEMO_PACKAGES, "ENV"):
+        table.add_column(column, overflow="fold")
+    for r in sorted(results, key=lambda r: r.extra):
+        versions = [r.report["packages"].get(p) or "-" for p in demo.DEMO_PACKAGES]
+        verb = "built" if r.built else "reused"
+        table.add_row(r.extra, r.report["python"], *versions, f"{verb} {r.seconds:.2f}s")
+    console.print(table, soft_wrap=True)
+    for r in sorted(results, key=lambda r: r.extra):
+        if r.output:
+            console.print(f"actor with extras={r.extra} made:", highlight=False)
+            console.print(r.output.rstrip(), markup=False, highlight=False)
+    console.print(f"Done in {time.perf_counter() - start:.1f}s; Ray is shut down.")
+    if any(r.built for r in results):
+        console.print("Run `ray-uv demo` again: the venvs are reused.")
+    return 0
+
+
+# --- parser ----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ray-uv",
+        description="Operate the uv_project Ray runtime_env plugin: register it, build envs "
+        "on a cluster, list and clean up venvs.",
+        epilog=EPILOG,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "plugin-config",
+        help="print the RAY_RUNTIME_ENV_PLUGINS value",
+        description="Print the RAY_RUNTIME_ENV_PLUGINS value that registers the uv_project "
+        "field: `export RAY_RUNTIME_ENV_PLUGINS=$(ray-uv plugin-config)` before `ray start` "
+        "on every node.",
+    )
+    p.add_argument(
+        "--shell",
+        action="store_true",
+        help="print `export` lines for `eval`, also setting RAY_RUNTIME_ENV_PLUGIN_SCHEMAS to "
+        "the package's JSON schema (driver-side checks of the field)",
+    )
+    p.set_defaults(func=cmd_plugin_config)
+
+    p = sub.add_parser(
+        "prepare",
+        help="build an env on every alive node of a running cluster",
+        description="Build the uv environment on every alive node of a running cluster: one "
+        "task pinned to each node asks for it, so each node's plugin builds it (or finds it). "
+        "Exits 1 and names the nodes that failed.",
+    )
+    p.add_argument(
+        "--project",
+        default=".",
+        metavar="DIR",
+        help="the uv project (pyproject.toml + uv.lock); shipped to the nodes as working_dir "
+        "(default: .)",
+    )
+    p.add_argument("--extra", action="append", metavar="X", help="an extra (repeatable)")
+    p.add_argument("--group", action="append", metavar="G", help="a dependency group (repeatable)")
+    p.add_argument("--all-extras", action="store_true", help="every extra")
+    p.add_argument("--no-default-groups", action="store_true", help="skip uv's default groups")
+    p.add_argument("--frozen", action="store_true", help="use uv.lock as it is (no --locked)")
+    p.add_argument("--install-project", action="store_true", help="install the project too")
+    p.add_argument(
+        "--shared",
+        action="store_true",
+        help="DIR is at the same path on every node (e.g. NFS): use it there instead of "
+        "shipping it",
+    )
+    p.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="the cluster's GCS address, host:port (default: RAY_ADDRESS, else the local cluster)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=3600.0, metavar="S", help="give up after S seconds"
+    )
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser(
+        "list",
+        help="list venvs under RAY_UV_PLUGIN_VENV_DIR",
+        description="List the venvs under RAY_UV_PLUGIN_VENV_DIR (default "
+        "~/.cache/ray-uv-plugin/venvs) on this host: key, project, extras, size (as du "
+        "counts it), last use, state.",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser(
+        "gc",
+        help="remove unused venvs",
+        description="Remove venvs under RAY_UV_PLUGIN_VENV_DIR that no live process on this "
+        "host runs in and that are not being built; unfinished builds and leftovers always go. "
+        "Prints what `du` sees freed.",
+    )
+    p.add_argument(
+        "--older-than",
+        type=float,
+        metavar="DAYS",
+        help="remove venvs unused for DAYS days (0: every unused venv)",
+    )
+    p.add_argument(
+        "--max-size",
+        type=float,
+        metavar="GB",
+        help="then remove least recently used venvs until the dir holds at most GB GiB",
+    )
+    p.add_argument("--dry-run", action="store_true", help="only print what would go")
+    p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser(
+        "bench",
+        help="venv and actor startup benchmarks (args go to benchmarks.startup)",
+        description="Run benchmarks.startup with the remaining arguments "
+        "(`ray-uv bench --help` prints its options).",
+        add_help=False,
+    )
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser(
+        "demo",
+        help="run the demo: a local Ray, one actor per extra of examples/demo_project",
+        description="Start a local Ray with the plugin, run one actor in each of two uv "
+        "environments of examples/demo_project, print what each saw and how long its env "
+        "took, and shut Ray down. Run it twice: the second run reuses the venvs.",
+    )
+    p.add_argument("--project", metavar="DIR", help="another project with the same extras")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

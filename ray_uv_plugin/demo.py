@@ -1,0 +1,122 @@
+"""`ray-uv demo`: a local Ray with the plugin, one actor per extra of `examples/demo_project`.
+
+What it shows: each actor runs in its own venv (its own `sys.executable`, only its extra's
+package), the first run builds each venv once, a second run reuses them in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ray_uv_plugin import PLUGIN_CLASS, plugin_config
+from ray_uv_plugin.prepare import EXCLUDES
+from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
+
+DEMO_EXTRAS = ("banner", "toml")
+DEMO_PACKAGES = ("pyfiglet", "tomli-w", "ray")
+_REPO = Path(__file__).resolve().parents[1]
+
+
+class DemoError(RuntimeError):
+    """The demo cannot run; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class EnvResult:
+    extra: str
+    seconds: float  # from asking for the actor to its first answer
+    built: bool
+    report: dict[str, Any]
+    output: str  # what the actor made with its extra's package
+
+    @property
+    def key(self) -> str:
+        return str((self.report.get("marker") or {}).get("key", "?"))
+
+
+def find_demo_project(project: Path | None = None) -> Path:
+    """`--project`, else `examples/demo_project` under the cwd or the source checkout."""
+    candidates = (
+        [project] if project else [Path("examples/demo_project"), _REPO / "examples/demo_project"]
+    )
+    for path in candidates:
+        if path is not None and (path / "pyproject.toml").is_file():
+            return path.resolve()
+    raise DemoError(
+        "cannot find examples/demo_project (it ships with the source checkout, not the wheel): "
+        "run `uv run ray-uv demo` from the repository root, or pass --project DIR with a uv "
+        f"project that has the extras {', '.join(DEMO_EXTRAS)}."
+    )
+
+
+def register_plugin(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """What `export $(ray-uv plugin-config --shell)` does, for the Ray this process starts."""
+    current = environ.get("RAY_RUNTIME_ENV_PLUGINS")
+    if not current:
+        environ["RAY_RUNTIME_ENV_PLUGINS"] = plugin_config()
+    elif PLUGIN_CLASS not in current:
+        plugins = json.loads(current)
+        environ["RAY_RUNTIME_ENV_PLUGINS"] = json.dumps([*plugins, {"class": PLUGIN_CLASS}])
+    environ[SCHEMAS_ENV] = schemas_setting(environ.get(SCHEMAS_ENV))
+    # The demo driver's own venv is not what the actors need: each asks for its uv env.
+    environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+
+def run(
+    project: Path,
+    on_result: Callable[[EnvResult], None] = lambda r: None,
+    timeout: float = 600.0,
+) -> list[EnvResult]:
+    """Start a local Ray, one actor per extra at once, and shut Ray down again."""
+    register_plugin()
+    import ray
+
+    from ray_uv_plugin import _probe
+    from ray_uv_plugin.spec import UvProject
+
+    ray.init(
+        address="local",
+        num_cpus=len(DEMO_EXTRAS),
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="WARNING",
+        runtime_env={"working_dir": str(project), "excludes": EXCLUDES},
+    )
+    try:
+        _probe.ship_by_value()
+        probe_cls = ray.remote(num_cpus=1)(_probe.Probe)
+        start = time.perf_counter()
+        pending = {}
+        for extra in DEMO_EXTRAS:
+            actor = probe_cls.options(
+                runtime_env={"uv_project": UvProject(extras=[extra])}
+            ).remote()
+            pending[actor.report.remote(DEMO_PACKAGES)] = (extra, actor)
+        results = []
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=timeout)
+            if not ready:
+                raise DemoError(f"the actors did not start within {timeout:.0f}s")
+            took = time.perf_counter() - start
+            extra, actor = pending.pop(ready[0])
+            report = ray.get(ready[0])
+            if extra == "banner":
+                output = ray.get(actor.banner.remote("ray-uv"))
+            else:
+                output = ray.get(
+                    actor.toml.remote({"env": {"extra": extra, "python": report["python"]}})
+                )
+            result = EnvResult(
+                extra, took, _probe.was_built_within(report, took + 1.0), report, output
+            )
+            results.append(result)
+            on_result(result)
+        return results
+    finally:
+        ray.shutdown()
