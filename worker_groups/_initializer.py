@@ -70,6 +70,23 @@ class IsolatedWorkerInitializer:
     def python_executable(self) -> str:
         return sys.executable
 
+    def method_specs(self) -> dict[str, tuple[list[tuple[str, int, bool]], bool]]:
+        """Each method's parameters as (name, kind, has_default) and whether it is a generator.
+
+        A driver that cannot import the class gets handles whose methods Ray only knows as
+        ``(**kwargs)``; these plain values (no defaults: they may need the worker's packages)
+        let the driver restore the real signatures."""
+        specs = {}
+        for name, member in inspect.getmembers(self.user_class, inspect.isfunction):
+            if name.startswith("__") and name != "__call__":
+                continue
+            params = list(inspect.signature(member).parameters.values())
+            if not isinstance(inspect.getattr_static(self.user_class, name), staticmethod):
+                params = params[1:]
+            gen = inspect.isgeneratorfunction(member) or inspect.isasyncgenfunction(member)
+            specs[name] = ([(p.name, int(p.kind), p.default is not p.empty) for p in params], gen)
+        return specs
+
     def create_worker(
         self,
         placement_group: Any,

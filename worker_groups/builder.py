@@ -10,6 +10,7 @@ initializer must stay alive as long as its workers: `__call__` pins it to the re
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any
 
 import ray
@@ -25,6 +26,38 @@ from worker_groups.registry import (
     check_uv_project,
     get_actor_uv_project,
 )
+
+MethodSpecs = dict[str, tuple[list[tuple[str, int, bool]], bool]]
+
+
+def restore_method_signatures(handle: ActorHandle, specs: MethodSpecs) -> None:
+    """Give a handle the real signatures of its methods.
+
+    Ray builds a handle's method table by importing the class; where the driver cannot (the
+    point of this package), every method looks like ``(**kwargs)``, so positional arguments
+    fail on the driver and generator methods lose their streaming default (NeMo RL's
+    "use kwargs" workaround). The initializer, which can import the class, sends the truth.
+    Uses Ray's private handle attributes (Ray is pinned); a mismatch leaves the handle as it is.
+    """
+    for name, (params, is_generator) in specs.items():
+        shell = getattr(handle, "_method_shells", {}).get(name)
+        if shell is None or name not in getattr(handle, "_ray_method_signatures", {}):
+            continue
+        signature = [
+            inspect.Parameter(
+                n,
+                inspect._ParameterKind(kind),
+                default=None if has_default else inspect.Parameter.empty,
+            )
+            for n, kind, has_default in params
+        ]
+        handle._ray_method_signatures[name] = signature
+        handle._ray_method_is_generator[name] = is_generator
+        shell._signature = signature
+        if is_generator and not shell._is_generator and name not in handle._ray_method_num_returns:
+            shell._num_returns = "streaming"
+        shell._is_generator = is_generator
+
 
 # Shipped by value: the initializer runs in environments that lack this package.
 ray.cloudpickle.register_pickle_by_value(_initializer)
@@ -144,6 +177,7 @@ class RayWorkerBuilder:
             placement_group, placement_group_bundle_index, num_gpus, bundle_indices, **extra_options
         )
         worker = ray.get(future)
+        restore_method_signatures(worker, ray.get(initializer.method_specs.remote()))
         # The initializer owns the worker: dropping it would kill the worker.
         worker._RAY_INITIALIZER_ACTOR_REF_TO_AVOID_GC = initializer
         return worker

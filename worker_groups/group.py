@@ -23,7 +23,7 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
-from worker_groups.builder import RayWorkerBuilder
+from worker_groups.builder import RayWorkerBuilder, restore_method_signatures
 from worker_groups.cluster import RayVirtualCluster
 from worker_groups.dispatch import (
     check_layout_covers,
@@ -217,6 +217,9 @@ class RayWorkerGroup:
         start = time.perf_counter()
         try:
             self._workers = ray.get(futures)
+            specs = ray.get(self._initializers[0].method_specs.remote())
+            for worker in self._workers:
+                restore_method_signatures(worker, specs)
             self._wait_ready(start)
         except BaseException:
             self.shutdown(force=True)

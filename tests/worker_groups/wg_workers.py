@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -31,7 +32,15 @@ class EchoWorker:
         }
 
     def echo(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.n_calls = getattr(self, "n_calls", 0) + 1
         return {"rank": int(os.environ["RANK"]), "args": list(args), "kwargs": kwargs}
+
+    def calls(self) -> int:
+        return getattr(self, "n_calls", 0)
+
+    def stream(self, n: int) -> Iterator[str]:
+        for i in range(n):
+            yield f"{os.environ['RANK']}:{i}"
 
     def cleanup(self) -> str:
         return f"cleaned {os.environ['RANK']}"
