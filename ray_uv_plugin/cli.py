@@ -145,7 +145,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from ray_uv_plugin.project import ProjectError
     from ray_uv_plugin.spec import UvProjectSpecError
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # log-friendly: no hard wraps in pipes
     project = Path(args.project).expanduser().resolve()
     flags = {
         name: True
