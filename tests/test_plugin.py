@@ -198,3 +198,19 @@ def test_every_bad_input_fails_the_actor_clearly_and_builds_nothing(env):
     assert ready_venvs(env["venvs"]) == before
     unfinished = [d for d in env["venvs"].iterdir() if d.is_dir() and not (d / MARKER).exists()]
     assert unfinished == []
+
+
+def test_a_slow_build_does_not_hold_up_other_environments(env):
+    slow_project = write_project(env["tmp"] / "slow", ["pyfiglet", "six"])
+    slow = Probe.options(
+        runtime_env={
+            "uv_project": {"project": str(slow_project)},
+            "env_vars": {"SLOW_UV_SECONDS": "10"},  # seen by the sync: the wrapper sleeps
+        }
+    ).remote()
+    slow_ref = slow.where.remote()
+    fast = probe({"project": str(env["project"])})  # ready since the first test
+    still_building, _ = ray.wait([slow_ref], timeout=0)
+    assert fast["has"]["six"] and still_building == []
+    assert ray.get(slow_ref, timeout=180)["has"]["pyfiglet"]
+    ray.kill(slow)

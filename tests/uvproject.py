@@ -59,7 +59,10 @@ def write_project(
 
 
 class CountingUv:
-    """A uv wrapper for `RAY_UV_PLUGIN_UV` that logs each call, then runs the real uv."""
+    """A uv wrapper for `RAY_UV_PLUGIN_UV` that logs each call, then runs the real uv.
+
+    `SLOW_UV_SECONDS` in its environment (e.g. a runtime_env's env_vars) delays it.
+    """
 
     def __init__(self, directory: Path, sleep_after: float = 0.0) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -67,7 +70,10 @@ class CountingUv:
         self.path = directory / "uv-wrapper.sh"
         self.log.touch()
         after = f"rc=$?; sleep {sleep_after}; exit $rc" if sleep_after else ""
-        self.path.write_text(f'#!/bin/sh\necho "$1" >> {self.log}\n{find_uv()} "$@"\n{after}\n')
+        delay = 'sleep "${SLOW_UV_SECONDS:-0}"'
+        self.path.write_text(
+            f'#!/bin/sh\necho "$1" >> {self.log}\n{delay}\n{find_uv()} "$@"\n{after}\n'
+        )
         self.path.chmod(0o755)
 
     def syncs(self) -> int:
