@@ -80,26 +80,32 @@ def _pyproject(files: ProjectFiles) -> dict:
         raise ProjectError(f"uv_project: {files.path}/pyproject.toml is not valid TOML: {e}") from e
 
 
+def _check_names(
+    files: ProjectFiles, kind: str, asked: tuple[str, ...], table: dict, where: str
+) -> None:
+    offered = {canonicalize_name(name) for name in table}
+    unknown = [name for name in asked if name not in offered]
+    if unknown:
+        raise ProjectError(
+            f"uv_project: unknown {kind}(s) {', '.join(unknown)} for {files.path}; the project "
+            f"has {', '.join(sorted(offered)) or f'no {kind}s'} ({where} in pyproject.toml)."
+        )
+
+
 def check_request(files: ProjectFiles, spec: UvProjectSpec) -> None:
     """Fail fast, before uv runs, on what pyproject.toml alone shows is wrong."""
     data = _pyproject(files)
     project = data.get("project", {})
-    offered = {canonicalize_name(x) for x in project.get("optional-dependencies", {})}
-    unknown = [x for x in spec.extras if x not in offered]
-    if unknown:
-        raise ProjectError(
-            f"uv_project: unknown extra(s) {', '.join(unknown)} for {files.path}; the project "
-            f"offers {', '.join(sorted(offered)) or 'no extras'} "
-            "([project.optional-dependencies] in pyproject.toml)."
-        )
-    groups = {canonicalize_name(x) for x in data.get("dependency-groups", {})}
-    unknown = [g for g in spec.groups if g not in groups]
-    if unknown:
-        raise ProjectError(
-            f"uv_project: unknown group(s) {', '.join(unknown)} for {files.path}; the project "
-            f"has {', '.join(sorted(groups)) or 'no groups'} ([dependency-groups] in "
-            "pyproject.toml)."
-        )
+    _check_names(
+        files,
+        "extra",
+        spec.extras,
+        project.get("optional-dependencies", {}),
+        "[project.optional-dependencies]",
+    )
+    _check_names(
+        files, "group", spec.groups, data.get("dependency-groups", {}), "[dependency-groups]"
+    )
     requires = project.get("requires-python")
     if requires:
         try:

@@ -57,6 +57,8 @@ def find_ready(root: Path, key: str) -> Path | None:
         os.utime(path / MARKER)
     except FileNotFoundError:
         return None
+    except PermissionError:
+        pass  # a read-only shared venv dir: usable, its last use just goes unrecorded
     return path
 
 

@@ -50,7 +50,7 @@ def test_missing_pieces_are_named(tmp_path):
 def test_unknown_extras_and_groups_list_what_exists(project):
     files = load_project(project)
     check_request(files, parse_spec({"extras": ["fig"], "groups": ["lint"]}))
-    with pytest.raises(ProjectError, match="unknown extra.*nope.*offers fig"):
+    with pytest.raises(ProjectError, match="unknown extra.*nope.*has fig"):
         check_request(files, parse_spec({"extras": ["nope"]}))
     with pytest.raises(ProjectError, match="unknown group.*nope.*has lint"):
         check_request(files, parse_spec({"groups": ["nope"]}))
