@@ -1,0 +1,329 @@
+"""Reporting: medians and spreads per case, the targets read off them, table, JSON and chart."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.runner import Sample
+from benchmarks.scenarios import BY_ID, HAND_SYNC
+
+SCENARIO_INFO = {**BY_ID, HAND_SYNC.id: HAND_SYNC}
+
+
+@dataclass(frozen=True)
+class Row:
+    """The samples of one case, summarized."""
+
+    set_name: str
+    actors: int
+    topology: str
+    scenario: str
+    median: float | None
+    low: float | None
+    high: float | None
+    ok: int
+    runs: int
+    syncs: int | None  # the most `uv sync` runs seen in one sample
+    errors: tuple[str, ...]
+
+    @property
+    def group(self) -> tuple[str, int, str]:
+        return (self.set_name, self.actors, self.topology)
+
+
+def summarize(samples: list[Sample]) -> list[Row]:
+    cases: dict[tuple[str, int, str, str], list[Sample]] = {}
+    for s in samples:
+        cases.setdefault((s.set_name, s.actors, s.topology, s.scenario), []).append(s)
+    rows = []
+    for (set_name, actors, topology, scenario), group in cases.items():
+        times = [s.seconds for s in group if s.ok and s.seconds is not None]
+        syncs = [s.syncs for s in group if s.syncs is not None]
+        rows.append(
+            Row(
+                set_name,
+                actors,
+                topology,
+                scenario,
+                statistics.median(times) if times else None,
+                min(times) if times else None,
+                max(times) if times else None,
+                len(times),
+                len(group),
+                max(syncs) if syncs else None,
+                tuple(sorted({s.error.splitlines()[0][:200] for s in group if s.error})),
+            )
+        )
+    return rows
+
+
+def _find(rows: list[Row], group: tuple[str, int, str], scenario: str) -> Row | None:
+    for row in rows:
+        if row.group == group and row.scenario == scenario and row.median is not None:
+            return row
+    return None
+
+
+def _floor(rows: list[Row], group: tuple[str, int, str]) -> float | None:
+    row = _find(rows, group, "floor")
+    return row.median if row else None
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    measured: str
+    met: bool | None  # None: not measured in this run
+    why: str = ""
+
+
+def _noise(a: Row, b: Row) -> str:
+    if a.low is not None and b.high is not None and a.low <= b.high and b.low <= a.high:  # type: ignore[operator]
+        return "their min-max spreads overlap: the gap is within the run-to-run noise"
+    return ""
+
+
+def targets(rows: list[Row], plugin_cost: dict[str, Any]) -> list[Target]:
+    found: list[Target] = []
+    single = sorted({r.group for r in rows if r.actors == 1})
+    for group in single:
+        set_name = group[0]
+        floor, warm = _find(rows, group, "floor"), _find(rows, group, "warm")
+        if floor and warm:
+            ratio = warm.median / floor.median  # type: ignore[operator]
+            met = ratio <= 1.10
+            found.append(
+                Target(
+                    f"[{set_name}] warm within 10% of the floor",
+                    f"warm {warm.median:.2f}s / floor {floor.median:.2f}s = {ratio:.2f}x",
+                    met,
+                    "" if met else _noise(warm, floor),
+                )
+            )
+        cold, hand = _find(rows, group, "cold-venv"), _find(rows, group, "hand-sync")
+        if floor and cold and hand:
+            bound = 1.2 * (floor.median + hand.median)  # type: ignore[operator]
+            met = cold.median <= bound  # type: ignore[operator]
+            found.append(
+                Target(
+                    f"[{set_name}] cold venv within 1.2x (floor + hand-run uv sync)",
+                    f"cold venv {cold.median:.2f}s vs 1.2 x ({floor.median:.2f}s + "
+                    f"{hand.median:.2f}s) = {bound:.2f}s",
+                    met,
+                )
+            )
+        for theirs_id in ("ray-uv", "ray-uv-cache"):
+            theirs = _find(rows, group, theirs_id)
+            if floor and warm and theirs:
+                ours_over = warm.median - floor.median  # type: ignore[operator]
+                their_over = theirs.median - floor.median  # type: ignore[operator]
+                met = their_over > 0 and ours_over <= 0.10 * their_over
+                found.append(
+                    Target(
+                        f"[{set_name}] warm's overhead <= 10% of Ray `uv` field's "
+                        f"({SCENARIO_INFO[theirs_id].number})",
+                        f"ours {ours_over:+.2f}s vs theirs {their_over:+.2f}s above the floor",
+                        met,
+                        "" if met else _noise(warm, floor),
+                    )
+                )
+    multi = sorted({r.group for r in rows if r.actors > 1})
+    largest = {g[2]: max(x[1] for x in multi if x[2] == g[2]) for g in multi}
+    for group in multi:
+        if group[1] != largest[group[2]]:
+            continue
+        set_name, n, topology = group
+        floor, uv_run = _find(rows, group, "floor"), _find(rows, group, "uv-run")
+        for ours_id in ("warm", "cold-venv"):
+            ours = _find(rows, group, ours_id)
+            if floor and uv_run and ours:
+                ours_over = ours.median - floor.median  # type: ignore[operator]
+                their_over = uv_run.median - floor.median  # type: ignore[operator]
+                met = their_over > 0 and ours_over <= 0.10 * their_over
+                found.append(
+                    Target(
+                        f"[{set_name}, {n} actors, {topology}] {ours_id}'s overhead <= 10% of "
+                        "`uv run`'s",
+                        f"ours {ours_over:+.2f}s vs uv run {their_over:+.2f}s above the floor",
+                        met,
+                        "" if met else _noise(ours, floor),
+                    )
+                )
+    synced = [r for r in rows if r.syncs is not None]
+    if synced:
+        worst = max(synced, key=lambda r: (r.syncs, r.actors))
+        expected = {"warm": 0}
+        bad = [r for r in synced if r.syncs > expected.get(r.scenario, 1)]  # type: ignore[operator]
+        found.append(
+            Target(
+                "one `uv sync` per node (per shared venv dir) for any N, none when warm",
+                f"most syncs in one sample: {worst.syncs} ({worst.scenario}, {worst.actors} "
+                f"actors, {worst.topology})",
+                not bad,
+                "; ".join(f"{r.scenario} {r.actors} actors {r.topology}: {r.syncs}" for r in bad),
+            )
+        )
+    if plugin_cost:
+        ms = plugin_cost["median_ms"]
+        found.append(
+            Target(
+                "a ready venv costs the plugin < 5 ms",
+                f"in-process lookup median {ms:.3f} ms (p99 {plugin_cost['p99_ms']:.3f} ms); "
+                f"setup logs say reused in {plugin_cost.get('logged_median_ms', float('nan')):.1f}"
+                " ms (median)",
+                ms < 5,
+            )
+        )
+    return found
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def print_report(console: Console, rows: list[Row], found: list[Target]) -> None:
+    groups = sorted({r.group for r in rows}, key=lambda g: (g[2] != "local", g[0], g[1]))
+    order = {sid: i for i, sid in enumerate([*BY_ID, HAND_SYNC.id])}
+    for group in groups:
+        set_name, n, topology = group
+        table = Table(
+            title=f"set {set_name}: {n} actor{'s' if n > 1 else ''} at once, {topology}",
+            title_justify="left",
+        )
+        for col in ("#", "scenario", "median s", "min-max s", "above floor", "x floor"):
+            table.add_column(col, justify="left" if col == "scenario" else "right")
+        table.add_column("syncs", justify="right")
+        table.add_column("ok", justify="right")
+        floor = _floor(rows, group)
+        for row in sorted((r for r in rows if r.group == group), key=lambda r: order[r.scenario]):
+            info = SCENARIO_INFO[row.scenario]
+            above = ratio = "-"
+            if floor and row.median is not None and row.scenario != "hand-sync":
+                above, ratio = f"{row.median - floor:+.2f}", f"{row.median / floor:.2f}"
+            table.add_row(
+                info.number,
+                info.label,
+                _fmt(row.median),
+                f"{_fmt(row.low)}-{_fmt(row.high)}",
+                above,
+                ratio,
+                "-" if row.syncs is None else str(row.syncs),
+                f"{row.ok}/{row.runs}",
+            )
+        console.print(table)
+        for row in rows:
+            if row.group == group and row.errors:
+                console.print(f"  [red]{row.scenario}[/red]: {row.errors[0]}")
+    table = Table(title="targets", title_justify="left")
+    for col in ("target", "measured", "met", "why not"):
+        table.add_column(col)
+    for t in found:
+        met = "n/a" if t.met is None else ("[green]yes[/green]" if t.met else "[red]no[/red]")
+        table.add_row(t.name, t.measured, met, t.why)
+    console.print(table)
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were taken on; the load shows whether others shared the machine."""
+    info: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "loadavg_start": os.getloadavg(),
+    }
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        info["cpu"] = next(
+            line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if "model name" in line
+        )
+        meminfo = Path("/proc/meminfo").read_text().split()
+        info["memory_gib"] = round(int(meminfo[meminfo.index("MemTotal:") + 1]) / 2**20, 1)
+    except (OSError, StopIteration, ValueError):
+        pass
+    import ray
+
+    from ray_uv_plugin.uv import find_uv
+
+    info["ray"] = ray.__version__
+    try:
+        info["uv"] = subprocess.run(
+            [find_uv(), "--version"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+def write_json(
+    path: Path,
+    meta: dict[str, Any],
+    samples: list[Sample],
+    rows: list[Row],
+    found: list[Target],
+    plugin_cost: dict[str, Any],
+) -> None:
+    data = {
+        "meta": meta,
+        "plugin_cost": plugin_cost,
+        "summary": [asdict(r) for r in rows],
+        "targets": [asdict(t) for t in found],
+        "samples": [s.to_json() for s in samples],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+
+
+def plot(path: Path, rows: list[Row], title: str) -> None:
+    """One panel per (set, N, topology): median time to first call, min-max as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({r.group for r in rows}, key=lambda g: (g[2] != "local", g[0], g[1]))
+    order = {sid: i for i, sid in enumerate([*BY_ID, HAND_SYNC.id])}
+    fig, axes = plt.subplots(
+        len(groups), 1, figsize=(9, 0.45 * len(rows) + 1.1 * len(groups) + 0.5), squeeze=False
+    )
+    for ax, group in zip(axes[:, 0], groups, strict=True):
+        group_rows = sorted(
+            (r for r in rows if r.group == group and r.median is not None),
+            key=lambda r: order[r.scenario],
+            reverse=True,
+        )
+        labels = [
+            f"{SCENARIO_INFO[r.scenario].number} {SCENARIO_INFO[r.scenario].label}"
+            for r in group_rows
+        ]
+        medians = [r.median for r in group_rows]
+        errors = [
+            [r.median - r.low for r in group_rows],  # type: ignore[operator]
+            [r.high - r.median for r in group_rows],  # type: ignore[operator]
+        ]
+        colors = [
+            "#4c72b0" if SCENARIO_INFO[r.scenario].uv_project else "#999999" for r in group_rows
+        ]
+        ax.barh(labels, medians, xerr=errors, color=colors, capsize=3)
+        for y, value in enumerate(medians):
+            ax.text(value, y, f" {value:.2f}s", va="center", fontsize=8)
+        set_name, n, topology = group
+        ax.set_title(f"set {set_name}, {n} actor{'s' if n > 1 else ''}, {topology}", fontsize=10)
+        ax.set_xlabel("seconds to first method call (all actors)")
+        ax.tick_params(axis="y", labelsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
