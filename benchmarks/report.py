@@ -105,7 +105,7 @@ def targets(rows: list[Row], plugin_cost: dict[str, Any]) -> list[Target]:
             met = ratio <= 1.10
             found.append(
                 Target(
-                    f"[{set_name}] warm within 10% of the floor",
+                    f"{set_name}: warm within 10% of the floor",
                     f"warm {warm.median:.2f}s / floor {floor.median:.2f}s = {ratio:.2f}x",
                     met,
                     "" if met else _noise(warm, floor),
@@ -117,7 +117,7 @@ def targets(rows: list[Row], plugin_cost: dict[str, Any]) -> list[Target]:
             met = cold.median <= bound  # type: ignore[operator]
             found.append(
                 Target(
-                    f"[{set_name}] cold venv within 1.2x (floor + hand-run uv sync)",
+                    f"{set_name}: cold venv within 1.2x (floor + hand-run uv sync)",
                     f"cold venv {cold.median:.2f}s vs 1.2 x ({floor.median:.2f}s + "
                     f"{hand.median:.2f}s) = {bound:.2f}s",
                     met,
@@ -131,7 +131,7 @@ def targets(rows: list[Row], plugin_cost: dict[str, Any]) -> list[Target]:
                 met = their_over > 0 and ours_over <= 0.10 * their_over
                 found.append(
                     Target(
-                        f"[{set_name}] warm's overhead <= 10% of Ray `uv` field's "
+                        f"{set_name}: warm's overhead <= 10% of Ray `uv` field's "
                         f"({SCENARIO_INFO[theirs_id].number})",
                         f"ours {ours_over:+.2f}s vs theirs {their_over:+.2f}s above the floor",
                         met,
@@ -153,7 +153,7 @@ def targets(rows: list[Row], plugin_cost: dict[str, Any]) -> list[Target]:
                 met = their_over > 0 and ours_over <= 0.10 * their_over
                 found.append(
                     Target(
-                        f"[{set_name}, {n} actors, {topology}] {ours_id}'s overhead <= 10% of "
+                        f"{set_name}, {n} actors, {topology}: {ours_id}'s overhead <= 10% of "
                         "`uv run`'s",
                         f"ours {ours_over:+.2f}s vs uv run {their_over:+.2f}s above the floor",
                         met,
@@ -213,7 +213,7 @@ def print_report(console: Console, rows: list[Row], found: list[Target]) -> None
                 above, ratio = f"{row.median - floor:+.2f}", f"{row.median / floor:.2f}"
             table.add_row(
                 info.number,
-                info.label,
+                info.short,
                 _fmt(row.median),
                 f"{_fmt(row.low)}-{_fmt(row.high)}",
                 above,
@@ -225,6 +225,10 @@ def print_report(console: Console, rows: list[Row], found: list[Target]) -> None
         for row in rows:
             if row.group == group and row.errors:
                 console.print(f"  [red]{row.scenario}[/red]: {row.errors[0]}")
+    console.print(
+        "scenarios: " + "; ".join(f"{s.number} {s.label}" for s in SCENARIO_INFO.values()),
+        highlight=False,
+    )
     table = Table(title="targets", title_justify="left")
     for col in ("target", "measured", "met", "why not"):
         table.add_column(col)

@@ -19,24 +19,41 @@ from benchmarks.envs import BenchProject, floor_python
 class Scenario:
     id: str
     number: str  # as numbered in the issue: 1 floor, 2 warm, ...
+    short: str  # for the terminal table
     label: str
     multi: bool  # also run with N actors at once
     uv_project: bool = False  # the plugin's own scenarios: syncs are counted
 
 
 SCENARIOS: tuple[Scenario, ...] = (
-    Scenario("floor", "1", "py_executable = prebuilt venv (floor)", multi=True),
-    Scenario("warm", "2", "uv_project, venv ready", multi=True, uv_project=True),
-    Scenario("cold-venv", "3", "uv_project, new venv, warm uv cache", multi=True, uv_project=True),
-    Scenario("cold-all", "4", "uv_project, empty uv cache", multi=False, uv_project=True),
-    Scenario("ray-uv", "5a", "Ray `uv` field (default: --no-cache)", multi=True),
-    Scenario("ray-uv-cache", "5b", "Ray `uv` field, uv cache on", multi=False),
-    Scenario("ray-pip", "6", "Ray `pip` field", multi=False),
-    Scenario("uv-run", "7", 'py_executable = "uv run --locked --extra X"', multi=True),
+    Scenario("floor", "1", "floor", "py_executable = prebuilt venv (floor)", multi=True),
+    Scenario("warm", "2", "uv_project warm", "uv_project, venv ready", multi=True, uv_project=True),
+    Scenario(
+        "cold-venv",
+        "3",
+        "uv_project cold venv",
+        "uv_project, new venv, warm uv cache",
+        multi=True,
+        uv_project=True,
+    ),
+    Scenario(
+        "cold-all",
+        "4",
+        "uv_project cold cache",
+        "uv_project, empty uv cache",
+        multi=False,
+        uv_project=True,
+    ),
+    Scenario("ray-uv", "5a", "Ray uv field", "Ray `uv` field (default: --no-cache)", multi=True),
+    Scenario("ray-uv-cache", "5b", "Ray uv, cache", "Ray `uv` field, uv cache on", multi=False),
+    Scenario("ray-pip", "6", "Ray pip field", "Ray `pip` field", multi=False),
+    Scenario("uv-run", "7", "uv run", 'py_executable = "uv run --locked --extra X"', multi=True),
 )
 BY_ID = {s.id: s for s in SCENARIOS}
 # Not a Ray scenario: `uv sync --locked` into a fresh venv, by hand, warm cache (issue 2's bound).
-HAND_SYNC = Scenario("hand-sync", "-", "uv sync --locked by hand (no Ray)", multi=False)
+HAND_SYNC = Scenario(
+    "hand-sync", "-", "uv sync by hand", "uv sync --locked by hand (no Ray)", multi=False
+)
 
 
 @dataclass

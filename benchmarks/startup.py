@@ -134,7 +134,8 @@ def build_cases(args: argparse.Namespace) -> tuple[list[Case], dict[Case, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console()
+    # Piped output is 80 columns wide by default: too narrow for the tables.
+    console = Console() if sys.stdout.isatty() else Console(width=120)
     unknown = [s for s in args.sets.split(",") if s not in PACKAGE_SETS]
     unknown += [s for s in args.scenarios.split(",") if s and s not in BY_ID]
     if unknown:
