@@ -75,7 +75,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(soft_wrap=True)
     if not entries:
         console.print(f"No venvs in {root}")
         return 0
@@ -235,12 +235,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
     from ray_uv_plugin import demo
     from ray_uv_plugin.venv_cache import venv_root
 
-    console = Console()
+    console = Console(soft_wrap=True)
     try:
         project = demo.find_demo_project(Path(args.project) if args.project else None)
     except demo.DemoError as e:
@@ -252,11 +251,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     start = time.perf_counter()
 
     def on_result(r: demo.EnvResult) -> None:
-        verb = "built" if r.built else "reused"
+        marker = r.report.get("marker") or {}
+        verb = f"built (uv sync {marker.get('build_seconds', 0):.2f}s)" if r.built else "reused"
         console.print(
             f"uv_project {r.key} (extras={r.extra}): {verb}, actor ready in "
-            f"{_fmt_seconds(r.seconds)}"
+            f"{_fmt_seconds(r.seconds)}",
+            highlight=False,
         )
+        packages = ", ".join(
+            f"{name} {r.report['packages'].get(name) or '(not installed)'}"
+            for name in demo.DEMO_PACKAGES
+        )
+        console.print(f"    python: {r.report['python']}", highlight=False)
+        console.print(f"    packages: {packages}", highlight=False)
 
     try:
         results = demo.run(project, on_result)
@@ -268,14 +275,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
             raise CliError(clean_error(e)) from e
         raise
-    table = Table(box=None, pad_edge=False)
-    for column in ("EXTRA", "PYTHON", *demo.DEMO_PACKAGES, "ENV"):
-        table.add_column(column, overflow="fold")
-    for r in sorted(results, key=lambda r: r.extra):
-        versions = [r.report["packages"].get(p) or "-" for p in demo.DEMO_PACKAGES]
-        verb = "built" if r.built else "reused"
-        table.add_row(r.extra, r.report["python"], *versions, f"{verb} {r.seconds:.2f}s")
-    console.print(table, soft_wrap=True)
     for r in sorted(results, key=lambda r: r.extra):
         if r.output:
             console.print(f"actor with extras={r.extra} made:", highlight=False)
@@ -404,7 +403,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # everything after it, --help included, is the benchmark's
+        args = argparse.Namespace(func=cmd_bench, args=argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except CliError as e:

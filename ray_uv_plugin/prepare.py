@@ -9,6 +9,7 @@ which we tell a build from a reuse.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -100,6 +101,11 @@ def connect(address: str | None, runtime_env: dict[str, Any] | None) -> None:
     import ray
 
     target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    hint = (
+        "start one with `RAY_RUNTIME_ENV_PLUGINS=$(ray-uv plugin-config) ray start --head`, "
+        "or pass --address (the GCS address `host:6379`, or set RAY_ADDRESS)."
+    )
+    reachable_or_die(target, hint)
     try:
         ray.init(
             address=target,
@@ -109,10 +115,19 @@ def connect(address: str | None, runtime_env: dict[str, Any] | None) -> None:
             namespace="ray-uv-prepare",
         )
     except (ConnectionError, RuntimeError) as e:
+        raise PrepareError(f"cannot connect to a Ray cluster at {target!r} ({e}): {hint}") from e
+
+
+def reachable_or_die(address: str, hint: str, timeout: float = 5.0) -> None:
+    """Ray retries an unreachable GCS for minutes; a `host:port` we can check at once."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return  # "auto", "ray://...": Ray answers those quickly itself
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
         raise PrepareError(
-            f"cannot connect to a Ray cluster at {target!r} ({e}): start one with "
-            "`RAY_RUNTIME_ENV_PLUGINS=$(ray-uv plugin-config) ray start --head`, or pass "
-            "--address (the GCS address `host:6379`, or set RAY_ADDRESS)."
+            f"no Ray cluster answers at {address} ({e.strerror or e}): {hint}"
         ) from e
 
 
