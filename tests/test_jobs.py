@@ -326,10 +326,12 @@ def test_gc_under_load_keeps_a_live_workers_venv(
     assert freed_line.startswith(f"Freed {format_bytes(dropped)} in {cluster.venvs}")
 
 
-def test_list_shows_the_cluster_venvs_with_du_sizes(cluster: Cluster) -> None:
+def test_list_shows_the_cluster_venvs_with_du_sizes(cluster: Cluster, project: Path) -> None:
+    args = ["--address", cluster.gcs, "--project", str(project), "--extra", "six"]
+    assert cluster.run(RAY_UV, "prepare", *args).returncode == 0  # at least one venv
     listed = json.loads(cluster.run(RAY_UV, "list", "--json").stdout)
     assert listed["venv_dir"] == str(cluster.venvs)
-    assert listed["venvs"], "the tests above built venvs"
+    assert listed["venvs"]
     for v in listed["venvs"]:
         assert v["state"] == "ready"
         assert v["size_bytes"] == du_bytes(Path(v["path"]))
