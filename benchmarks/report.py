@@ -332,8 +332,9 @@ def plot(path: Path, rows: list[Row], title: str) -> None:
             "#4c72b0" if SCENARIO_INFO[r.scenario].uv_project else "#999999" for r in group_rows
         ]
         ax.barh(labels, medians, xerr=errors, color=colors, capsize=3)
-        for y, value in enumerate(medians):
-            ax.text(value, y, f" {value:.2f}s", va="center", fontsize=8)
+        for y, row in enumerate(group_rows):
+            ax.text(row.high, y, f"  {row.median:.2f}s", va="center", fontsize=8)
+        ax.set_xlim(0, max(r.high for r in group_rows) * 1.15)  # type: ignore[type-var]
         set_name, n, topology = group
         ax.set_title(f"set {set_name}, {n} actor{'s' if n > 1 else ''}, {topology}", fontsize=10)
         ax.set_xlabel("seconds to first method call (all actors)")
@@ -343,3 +344,27 @@ def plot(path: Path, rows: list[Row], title: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the table and redraw the chart of a saved run: `python -m benchmarks.report X.json`."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.report")
+    p.add_argument("json", type=Path)
+    p.add_argument("--plot", type=Path)
+    args = p.parse_args(argv)
+    data = json.loads(args.json.read_text())
+    samples = [Sample(**s) for s in data["samples"]]
+    rows = summarize(samples)
+    print_report(Console(width=120), rows, targets(rows, data.get("plugin_cost") or {}))
+    if args.plot:
+        meta = data["meta"]
+        plot(
+            args.plot, rows, f"ray-uv bench, {meta['date']}, {meta.get('cpu', '')} x{meta['cpus']}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

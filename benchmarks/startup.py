@@ -165,7 +165,7 @@ def _run(args: argparse.Namespace, console: Console, workdir: Path, meta: dict[s
     settings = Settings(workdir, workdir / "venvs", args.address, args.timeout)
     write_uv_wrapper(workdir / "uv-logged")
     (workdir / "scratch").mkdir(exist_ok=True)
-    pip_shim = _pip_shim(workdir, console)
+    pip_shim = _pip_shim(workdir, console) if "ray-pip" in args.scenarios.split(",") else None
     inputs: dict[str, Inputs] = {}
     costs: dict[str, Any] = {}
     for set_name in args.sets.split(","):
