@@ -24,6 +24,10 @@ class CliError(Exception):
     """A bad input or state; printed as `error: ...` with exit status 2."""
 
 
+def _nodes(count: int) -> str:
+    return f"{count} node" if count == 1 else f"{count} nodes"
+
+
 def _fmt_seconds(seconds: float) -> str:
     return f"{seconds * 1000:.1f}ms" if seconds < 1 else f"{seconds:.2f}s"
 
@@ -165,7 +169,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     try:
         nodes = prepare.alive_nodes()
         console.print(
-            f"Preparing uv_project {json.dumps(value)} of {project} on {len(nodes)} nodes"
+            f"Preparing uv_project {json.dumps(value)} of {project} on {_nodes(len(nodes))}"
         )
         with Progress(
             TextColumn("{task.description}"),
@@ -204,12 +208,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     failed = [r for r in results if not r.ok]
     if failed:
         console.print(
-            f"error: {len(failed)} of {len(results)} nodes failed: "
+            f"error: {len(failed)} of {_nodes(len(results))} failed: "
             + ", ".join(r.label for r in failed)
         )
         return 1
     built = sum(r.built for r in results)
-    console.print(f"Prepared {len(results)} nodes ({built} built, {len(results) - built} reused)")
+    console.print(f"Prepared {_nodes(len(results))} ({built} built, {len(results) - built} reused)")
     return 0
 
 
