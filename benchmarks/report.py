@@ -93,7 +93,10 @@ def _why(ours: Row, floor: Row, theirs_over: float | None, plugin_ms: float | No
     reasons = []
     if theirs_over is not None and theirs_over <= 0:
         reasons.append("theirs is not above the floor here, so there is no overhead to beat")
-    if ours.low <= floor.high and floor.low <= ours.high:  # type: ignore[operator]
+    fewest = min(ours.ok, floor.ok)
+    if fewest < 3:
+        reasons.append(f"{fewest} sample(s) only: too few to tell a gap from noise")
+    elif ours.low <= floor.high and floor.low <= ours.high:  # type: ignore[operator]
         reasons.append("the min-max spreads overlap: the gap is within run-to-run noise")
     if plugin_ms is not None:
         reasons.append(f"the plugin's own cost for a ready venv is {plugin_ms:.2f} ms")
@@ -250,6 +253,37 @@ def print_report(console: Console, rows: list[Row], found: list[Target]) -> None
     console.print(table)
 
 
+def markdown(rows: list[Row], found: list[Target]) -> str:
+    """The same tables as Markdown, for RESULTS.md."""
+    groups = sorted({r.group for r in rows}, key=lambda g: (g[2] != "local", g[0], g[1]))
+    order = {sid: i for i, sid in enumerate([*BY_ID, HAND_SYNC.id])}
+    out = []
+    for group in groups:
+        set_name, n, topology = group
+        out.append(f"**set {set_name}, {n} actor{'s' if n > 1 else ''} at once, {topology}**\n")
+        out.append("| # | scenario | median s | min-max s | above floor s | x floor | syncs | ok |")
+        out.append("|---|---|---:|---:|---:|---:|---:|---:|")
+        floor = _floor(rows, group)
+        for row in sorted((r for r in rows if r.group == group), key=lambda r: order[r.scenario]):
+            info = SCENARIO_INFO[row.scenario]
+            above = ratio = "-"
+            if floor and row.median is not None and row.scenario != "hand-sync":
+                above, ratio = f"{row.median - floor:+.2f}", f"{row.median / floor:.2f}"
+            syncs = "-" if row.syncs is None else str(row.syncs)
+            out.append(
+                f"| {info.number} | {info.label} | {_fmt(row.median)} | "
+                f"{_fmt(row.low)}-{_fmt(row.high)} | {above} | {ratio} | {syncs} | "
+                f"{row.ok}/{row.runs} |"
+            )
+        out.append("")
+    out.append("| target | measured | met | why not |")
+    out.append("|---|---|---|---|")
+    for t in found:
+        met = "n/a" if t.met is None else ("yes" if t.met else "**no**")
+        out.append(f"| {t.name} | {t.measured} | {met} | {t.why} |")
+    return "\n".join(out) + "\n"
+
+
 def machine() -> dict[str, Any]:
     """What the figures were taken on; the load shows whether others shared the machine."""
     info: dict[str, Any] = {
@@ -353,11 +387,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.report")
     p.add_argument("json", type=Path)
     p.add_argument("--plot", type=Path)
+    p.add_argument("--markdown", action="store_true", help="print Markdown tables instead")
     args = p.parse_args(argv)
     data = json.loads(args.json.read_text())
     samples = [Sample(**s) for s in data["samples"]]
     rows = summarize(samples)
-    print_report(Console(width=120), rows, targets(rows, data.get("plugin_cost") or {}))
+    found = targets(rows, data.get("plugin_cost") or {})
+    if args.markdown:
+        print(markdown(rows, found), end="")
+    else:
+        print_report(Console(width=120), rows, found)
     if args.plot:
         meta = data["meta"]
         plot(
