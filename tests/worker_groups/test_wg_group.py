@@ -26,6 +26,8 @@ from worker_groups import (
     UnknownWorkerMethodError,
 )
 
+pytestmark = pytest.mark.timeout(300)
+
 TIED = [(0, [0, 1]), (1, [0, 1])]
 
 

@@ -33,7 +33,7 @@ class EchoWorker:
 
     def echo(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         self.n_calls = getattr(self, "n_calls", 0) + 1
-        return {"rank": int(os.environ["RANK"]), "args": list(args), "kwargs": kwargs}
+        return {"rank": int(os.environ.get("RANK", -1)), "args": list(args), "kwargs": kwargs}
 
     def calls(self) -> int:
         return getattr(self, "n_calls", 0)
