@@ -190,7 +190,13 @@ def _run(args: argparse.Namespace, console: Console, workdir: Path, meta: dict[s
     total = sum(repeats.values())
     console.print(f"{total} samples, interleaved; each one a fresh Ray session")
 
+    so_far: list[Sample] = []
+
     def progress(sample: Sample, done: int, total: int) -> None:
+        so_far.append(sample)
+        if args.json:  # after every sample: a run cut short keeps what it measured
+            rows = summarize(so_far)
+            write_json(args.json, meta, so_far, rows, targets(rows, {}), {})
         status = f"{sample.seconds:.2f}s" if sample.ok else f"[red]failed: {sample.error}[/red]"
         syncs = "" if sample.syncs is None else f", {sample.syncs} sync(s)"
         console.print(
