@@ -47,7 +47,7 @@ class TorchWorker:
             "world_size": self.dist.get_world_size(),
             "backend": self.backend,
             "device": str(self.device),
-            "torch": self.torch.__version__,
+            "torch": str(self.torch.__version__),  # a TorchVersion: the driver has no torch
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
 
