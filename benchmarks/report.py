@@ -374,7 +374,7 @@ def plot(path: Path, rows: list[Row], title: str) -> None:
         ax.set_xlabel("seconds to first method call (all actors)")
         ax.tick_params(axis="y", labelsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the title
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
