@@ -221,8 +221,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    try:
-        from benchmarks import startup
+    import importlib
+
+    try:  # by its module name, so that sys.modules decides (as it does for any import)
+        startup = importlib.import_module("benchmarks.startup")
     except ImportError as e:
         raise CliError(
             f"`ray-uv bench` needs the benchmarks package ({e}); it ships with the source "
