@@ -103,6 +103,21 @@ def _why(ours: Row, floor: Row, theirs_over: float | None, plugin_ms: float | No
     return "; ".join(reasons)
 
 
+def _overhead_target(
+    name: str, ours: Row, theirs: Row, floor: Row, their_label: str, plugin_ms: float | None
+) -> Target:
+    """Ours above the floor must be at most 10% of theirs above the floor."""
+    ours_over = ours.median - floor.median  # type: ignore[operator]
+    their_over = theirs.median - floor.median  # type: ignore[operator]
+    met = their_over > 0 and ours_over <= 0.10 * their_over
+    return Target(
+        name,
+        f"ours {ours_over:+.2f}s vs {their_label} {their_over:+.2f}s above the floor",
+        met,
+        "" if met else _why(ours, floor, their_over, plugin_ms),
+    )
+
+
 def targets(rows: list[Row], plugin_cost: dict[str, Any]) -> list[Target]:
     found: list[Target] = []
     plugin_ms = plugin_cost.get("median_ms")
@@ -141,16 +156,15 @@ def targets(rows: list[Row], plugin_cost: dict[str, Any]) -> list[Target]:
         for theirs_id in ("ray-uv", "ray-uv-cache"):
             theirs = _find(rows, group, theirs_id)
             if floor and warm and theirs:
-                ours_over = warm.median - floor.median  # type: ignore[operator]
-                their_over = theirs.median - floor.median  # type: ignore[operator]
-                met = their_over > 0 and ours_over <= 0.10 * their_over
                 found.append(
-                    Target(
+                    _overhead_target(
                         f"{set_name}: warm's overhead <= 10% of Ray `uv` field's "
                         f"({SCENARIO_INFO[theirs_id].number})",
-                        f"ours {ours_over:+.2f}s vs theirs {their_over:+.2f}s above the floor",
-                        met,
-                        "" if met else _why(warm, floor, their_over, plugin_ms),
+                        warm,
+                        theirs,
+                        floor,
+                        "theirs",
+                        plugin_ms,
                     )
                 )
     multi = sorted({r.group for r in rows if r.actors > 1})
@@ -163,16 +177,15 @@ def targets(rows: list[Row], plugin_cost: dict[str, Any]) -> list[Target]:
         for ours_id in ("warm", "cold-venv"):
             ours = _find(rows, group, ours_id)
             if floor and uv_run and ours:
-                ours_over = ours.median - floor.median  # type: ignore[operator]
-                their_over = uv_run.median - floor.median  # type: ignore[operator]
-                met = their_over > 0 and ours_over <= 0.10 * their_over
                 found.append(
-                    Target(
+                    _overhead_target(
                         f"{set_name}, {n} actors, {topology}: {ours_id}'s overhead <= 10% of "
                         "`uv run`'s",
-                        f"ours {ours_over:+.2f}s vs uv run {their_over:+.2f}s above the floor",
-                        met,
-                        "" if met else _why(ours, floor, their_over, None),
+                        ours,
+                        uv_run,
+                        floor,
+                        "uv run",
+                        None,
                     )
                 )
     synced = [r for r in rows if r.syncs is not None]
