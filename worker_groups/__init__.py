@@ -15,7 +15,7 @@ from worker_groups.cluster import (
     ResourceInsufficientError,
 )
 from worker_groups.futures import MultiWorkerFuture
-from worker_groups.group import RayWorkerGroup, UnknownWorkerMethodError
+from worker_groups.group import RayWorkerGroup, UnknownWorkerMethodError, WorkerStartupTimeoutError
 from worker_groups.registry import (
     ACTOR_ENVIRONMENT_REGISTRY,
     PY_EXECUTABLES,
@@ -39,6 +39,7 @@ __all__ = [
     "ShardingError",
     "UnknownWorkerMethodError",
     "UnregisteredWorkerError",
+    "WorkerStartupTimeoutError",
     "get_actor_uv_project",
     "register_actor_environment",
 ]

@@ -39,6 +39,14 @@ from worker_groups.sharding import NamedSharding, ShardingError
 
 logger = logging.getLogger(__name__)
 
+# Long enough for a cold multi-GB environment build (Ray's own setup timeout is 600 s, tried
+# 3 times), short enough that a worker that can never be scheduled does not hang the job.
+DEFAULT_STARTUP_TIMEOUT_S = 1800.0
+
+
+class WorkerStartupTimeoutError(TimeoutError):
+    """Workers of a group were not up within `startup_timeout_s`; the group was shut down."""
+
 
 class UnknownWorkerMethodError(AttributeError, ValueError):
     """A dispatch names a method the worker class does not have."""
@@ -57,6 +65,8 @@ class RayWorkerGroup:
         bundle_indices_list: list[tuple[int, list[int]]] | None = None,
         sharding_annotations: NamedSharding | None = None,
         env_vars: dict[str, str] | None = None,
+        *,
+        startup_timeout_s: float | None = DEFAULT_STARTUP_TIMEOUT_S,
     ) -> None:
         if not isinstance(remote_worker_builder, RayWorkerBuilder):
             raise TypeError(
@@ -69,6 +79,9 @@ class RayWorkerGroup:
         }
         if bad:
             raise TypeError(f"env_vars must map str to str; fix {bad!r}")
+        if startup_timeout_s is not None and startup_timeout_s <= 0:
+            raise ValueError(f"startup_timeout_s must be > 0 or None, got {startup_timeout_s}")
+        self.startup_timeout_s = startup_timeout_s
         self.cluster = cluster
         self.name_prefix = name_prefix
         self.sharding_annotations = sharding_annotations
@@ -216,7 +229,7 @@ class RayWorkerGroup:
                 rank += 1
         start = time.perf_counter()
         try:
-            self._workers = ray.get(futures)
+            self._workers = self._get_before_deadline(futures, start, "created")
             specs = ray.get(self._initializers[0].method_specs.remote())
             for worker in self._workers:
                 restore_method_signatures(worker, specs)
@@ -232,11 +245,37 @@ class RayWorkerGroup:
             time.perf_counter() - start,
         )
 
+    def _remaining(self, start: float) -> float | None:
+        if self.startup_timeout_s is None:
+            return None
+        return max(0.0, self.startup_timeout_s - (time.perf_counter() - start))
+
+    def _timed_out(self, pending_ranks: list[int], stage: str) -> WorkerStartupTimeoutError:
+        return WorkerStartupTimeoutError(
+            f"{len(pending_ranks)} of {self.world_size} workers of {self.ray_actor_class_fqn} "
+            f"not {stage} after {self.startup_timeout_s:g}s (ranks {pending_ranks}). Either "
+            "they cannot be scheduled on their bundles (what configure_worker or the options "
+            "ask for must fit in a bundle: see `ray status`), or their environment is still "
+            "building (warm the nodes with `ray-uv prepare`, or raise startup_timeout_s). "
+            "The group has been shut down."
+        )
+
+    def _get_before_deadline(self, refs: list, start: float, stage: str) -> list:
+        done, pending = ray.wait(refs, num_returns=len(refs), timeout=self._remaining(start))
+        if pending:
+            raise self._timed_out([refs.index(r) for r in pending], stage)
+        return ray.get(refs)
+
     def _wait_ready(self, start: float) -> None:
-        pending = [w.__ray_ready__.remote() for w in self._workers]
+        refs = [w.__ray_ready__.remote() for w in self._workers]
+        pending = refs
         total = len(pending)
         while pending:
-            done, pending = ray.wait(pending, num_returns=len(pending), timeout=30)
+            remaining = self._remaining(start)
+            if remaining == 0.0:
+                raise self._timed_out([refs.index(r) for r in pending], "ready")
+            wait = 30.0 if remaining is None else min(30.0, remaining)
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=wait)
             ray.get(done)  # raises the first startup error (runtime env, import, __init__)
             if pending:
                 logger.info(

@@ -19,6 +19,7 @@ from worker_groups import (
     RayWorkerBuilder,
     RayWorkerGroup,
     UnregisteredWorkerError,
+    WorkerStartupTimeoutError,
 )
 
 pytestmark = pytest.mark.timeout(300)
@@ -108,6 +109,26 @@ def test_shutdown_timeout_kills_hung_workers(small: RayVirtualCluster) -> None:
     assert group.shutdown(cleanup_method="hang", timeout=1) is False
     assert time.monotonic() - start < 10
     wait_until(lambda: not ids & {a["ActorID"] for a in alive_actors()}, what="actors dead")
+
+
+def test_workers_that_cannot_be_scheduled_time_out_clearly(small: RayVirtualCluster) -> None:
+    first = RayWorkerGroup(small, RayWorkerBuilder("wg_workers.EchoWorker"), env_vars=WORKER_ENV)
+    before = {a["ActorID"] for a in alive_actors()}
+    try:
+        # max_colocated_worker_groups=1: the first group holds every bundle's CPU and GPU.
+        with pytest.raises(WorkerStartupTimeoutError, match=r"2 of 2 workers .* after 3s"):
+            RayWorkerGroup(
+                small,
+                RayWorkerBuilder("wg_workers.EchoWorker"),
+                env_vars=WORKER_ENV,
+                startup_timeout_s=3,
+            )
+        wait_until(lambda: {a["ActorID"] for a in alive_actors()} <= before, what="no leftovers")
+        assert ray.get(first.run_all_workers_single_data("calls"))  # the first group is fine
+    finally:
+        first.shutdown()
+    with pytest.raises(ValueError, match="startup_timeout_s must be > 0"):
+        RayWorkerGroup(small, RayWorkerBuilder("wg_workers.EchoWorker"), startup_timeout_s=0)
 
 
 def test_unregistered_class_fails_before_any_actor() -> None:
