@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ray_uv_plugin import plugin_config
+from ray_uv_plugin.uv import format_duration
 
 EPILOG = "Docs: docs/operations.md. Every command has --help."
 
@@ -26,10 +27,6 @@ class CliError(Exception):
 
 def _nodes(count: int) -> str:
     return f"{count} node" if count == 1 else f"{count} nodes"
-
-
-def _fmt_seconds(seconds: float) -> str:
-    return f"{seconds * 1000:.1f}ms" if seconds < 1 else f"{seconds:.2f}s"
 
 
 # --- plugin-config ---------------------------------------------------------------------------
@@ -183,7 +180,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
             def on_result(r: prepare.NodeResult) -> None:
                 if r.ok:
-                    line = f"uv_project {r.key}: {r.outcome} in {_fmt_seconds(r.seconds)}"
+                    line = f"uv_project {r.key}: {r.outcome} in {format_duration(r.seconds)}"
                     progress.console.print(f"{r.label}: {line}")
                 else:
                     progress.console.print(f"{r.label}: [red]failed[/red]: {r.error}")
@@ -261,7 +258,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         verb = f"built (uv sync {marker.get('build_seconds', 0):.2f}s)" if r.built else "reused"
         console.print(
             f"uv_project {r.key} (extras={r.extra}): {verb}, actor ready in "
-            f"{_fmt_seconds(r.seconds)}",
+            f"{format_duration(r.seconds)}",
             highlight=False,
         )
         packages = ", ".join(

@@ -12,6 +12,7 @@ from ray._private.runtime_env.plugin import RuntimeEnvPlugin
 
 from ray_uv_plugin.project import load_project, resolve_project_dir
 from ray_uv_plugin.spec import FIELD, parse_spec
+from ray_uv_plugin.uv import format_duration
 from ray_uv_plugin.venv_cache import Outcome, ensure_venv, lookup, venv_root
 
 default_logger = logging.getLogger(__name__)
@@ -56,7 +57,9 @@ class UvProjectPlugin(RuntimeEnvPlugin):
             )
         verb = "built" if outcome.built else "reused"
         took = time.perf_counter() - start
-        logger.info("uv_project %s: %s in %s -> %s", outcome.key, verb, _fmt(took), outcome.path)
+        logger.info(
+            "uv_project %s: %s in %s -> %s", outcome.key, verb, format_duration(took), outcome.path
+        )
         self._venvs[id(context)] = outcome
         return 0
 
@@ -72,7 +75,3 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         context.env_vars["VIRTUAL_ENV"] = str(venv)
         context.env_vars["UV_PROJECT_ENVIRONMENT"] = str(venv)
         context.env_vars["PATH"] = f"{venv / 'bin'}:${{PATH}}"
-
-
-def _fmt(seconds: float) -> str:
-    return f"{seconds * 1000:.1f}ms" if seconds < 1 else f"{seconds:.2f}s"

@@ -27,6 +27,11 @@ def find_uv() -> str:
     return find_uv_bin()
 
 
+def format_duration(seconds: float) -> str:
+    """`432.0ms` or `2.41s`: timings as uv prints them, for our log lines and CLI output."""
+    return f"{seconds * 1000:.1f}ms" if seconds < 1 else f"{seconds:.2f}s"
+
+
 @dataclass(frozen=True)
 class UvResult:
     returncode: int
