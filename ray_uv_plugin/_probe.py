@@ -17,7 +17,7 @@ from typing import Any
 
 def environment_report(packages: tuple[str, ...] = ()) -> dict[str, Any]:
     """What the worker runs in: interpreter, venv, its ready-marker, and package versions."""
-    venv = os.environ.get("VIRTUAL_ENV")
+    venv = os.environ.get("RAY_UV_PLUGIN_VENV")  # set by the plugin in every worker
     marker: dict[str, Any] | None = None
     if venv:
         try:

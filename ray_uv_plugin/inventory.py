@@ -15,7 +15,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from ray_uv_plugin.key import KEY_LENGTH
+from ray_uv_plugin.request import KEY_LENGTH
 from ray_uv_plugin.venv_cache import MARKER, lock_path, read_marker
 
 KEY_PATTERN = re.compile(rf"^[0-9a-f]{{{KEY_LENGTH}}}$")

@@ -1,24 +1,58 @@
-"""The Ray glue: the `uv_project` runtime_env plugin, over `spec`, `project` and `venv_cache`."""
+"""The Ray glue: the `uv_project` runtime_env plugin, over `request` and `venv_cache`."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
+import sys
 import time
 
 from ray._private.runtime_env.context import RuntimeEnvContext
 from ray._private.runtime_env.plugin import RuntimeEnvPlugin
 
 from ray_uv_plugin.project import load_project, resolve_project_dir
+from ray_uv_plugin.request import make_request
 from ray_uv_plugin.spec import FIELD, parse_spec
 from ray_uv_plugin.uv import format_duration
-from ray_uv_plugin.venv_cache import Outcome, ensure_venv, lookup, venv_root
+from ray_uv_plugin.venv_cache import Outcome, ensure_venv_async, venv_root
 
 default_logger = logging.getLogger(__name__)
 
-# Set by Ray's working_dir plugin around the other plugins' `create`.
+# Set in every worker: the venv it runs in (for `ray-uv gc`, which must not remove it, and for
+# the worker's own code).
+VENV_ENV = "RAY_UV_PLUGIN_VENV"
+# Emptied (uv reads an empty value as unset): pointing at the shared venv they would invite a
+# worker's `uv pip install` or `uv run` to change it for every later job, and inherited from the
+# raylet they would point at the node's own environment.
+EMPTIED = ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")
+# Ray's working_dir plugin sets this process-wide around the other plugins' `create`: with
+# several setups at once it may name another request's dir, so it is only a last resort.
 WORKING_DIR_ENV = "RAY_RUNTIME_ENV_CREATE_WORKING_DIR"
+
+
+def _runtime_env_dir() -> str | None:
+    """The agent's `--runtime-env-dir`, under which Ray unpacks each working_dir URI."""
+    for i, arg in enumerate(sys.argv):
+        if arg.startswith("--runtime-env-dir="):
+            return arg.split("=", 1)[1]
+        if arg == "--runtime-env-dir" and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+    return None
+
+
+def request_working_dir(runtime_env: dict) -> str | None:
+    """This request's own working_dir on this node, from its URI."""
+    uri = runtime_env.get("working_dir")
+    if not uri:
+        return None
+    from ray._private.runtime_env.packaging import get_local_dir_from_uri, parse_uri
+
+    if uri.startswith("local://"):
+        return parse_uri(uri)[1]
+    base = _runtime_env_dir()
+    if base is None:
+        return os.environ.get(WORKING_DIR_ENV)
+    return str(get_local_dir_from_uri(uri, os.path.join(base, "working_dir_files")))
 
 
 class UvProjectPlugin(RuntimeEnvPlugin):
@@ -43,18 +77,10 @@ class UvProjectPlugin(RuntimeEnvPlugin):
     ) -> float:
         start = time.perf_counter()
         spec = parse_spec(runtime_env[FIELD])
-        # Read before the first await: the variable is process-wide and set per setup.
-        working_dir = os.environ.get(WORKING_DIR_ENV)
-        files = load_project(resolve_project_dir(spec, working_dir))
+        files = load_project(resolve_project_dir(spec, request_working_dir(runtime_env)))
         root = venv_root()
-        outcome = lookup(spec, files, root)
-        if outcome is None:
-            logger.info("uv_project: no ready venv for %s (%s)", files.path, spec.describe())
-            env_vars = runtime_env.get("env_vars") or {}
-            # uv and the file lock block: keep them off the agent's event loop.
-            outcome = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: ensure_venv(spec, files, env_vars, root, logger)
-            )
+        request = make_request(spec, files, runtime_env.get("env_vars") or {}, root)
+        outcome = await ensure_venv_async(request, root, logger)
         verb = "built" if outcome.built else "reused"
         took = time.perf_counter() - start
         logger.info(
@@ -72,6 +98,7 @@ class UvProjectPlugin(RuntimeEnvPlugin):
     ) -> None:
         venv = self._venvs.pop(id(context)).path
         context.py_executable = str(venv / "bin" / "python")
-        context.env_vars["VIRTUAL_ENV"] = str(venv)
-        context.env_vars["UV_PROJECT_ENVIRONMENT"] = str(venv)
-        context.env_vars["PATH"] = f"{venv / 'bin'}:${{PATH}}"
+        context.env_vars[VENV_ENV] = str(venv)
+        context.env_vars.update(dict.fromkeys(EMPTIED, ""))
+        # After the job's own PATH, if it set one, so that its tools stay reachable.
+        context.env_vars["PATH"] = f"{venv / 'bin'}:{context.env_vars.get('PATH', '${PATH}')}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import sys
 import tomllib
@@ -54,6 +56,12 @@ def resolve_project_dir(spec: UvProjectSpec, working_dir: str | None) -> Path:
 
 
 def load_project(path: Path) -> ProjectFiles:
+    if path.exists() and not path.is_dir():
+        raise ProjectError(
+            f"uv_project: the project {path} is a file, not a directory; point "
+            "uv_project.project (or working_dir) at the directory that holds pyproject.toml "
+            "and uv.lock."
+        )
     if not path.is_dir():
         raise ProjectError(
             f"uv_project: project directory {path} does not exist on this node; point "
@@ -84,7 +92,7 @@ def _check_names(
     files: ProjectFiles, kind: str, asked: tuple[str, ...], table: dict, where: str
 ) -> None:
     offered = {canonicalize_name(name) for name in table}
-    unknown = [name for name in asked if name not in offered]
+    unknown = [name for name in asked if canonicalize_name(name) not in offered]
     if unknown:
         raise ProjectError(
             f"uv_project: unknown {kind}(s) {', '.join(unknown)} for {files.path}; the project "
@@ -122,7 +130,7 @@ def check_request(files: ProjectFiles, spec: UvProjectSpec) -> None:
             )
 
 
-_RAY_IN_LOCK = re.compile(r'^\[\[package\]\]\nname = "ray"\nversion = "([^"]+)"', re.M)
+_RAY_IN_LOCK = re.compile(r'^\[\[package\]\]\r?\nname = "ray"\r?\nversion = "([^"]+)"', re.M)
 
 
 def check_ray_pin(files: ProjectFiles, node_ray: str) -> None:
@@ -141,8 +149,76 @@ def check_ray_pin(files: ProjectFiles, node_ray: str) -> None:
 
 
 _PATH_SOURCE = re.compile(r'source = \{ (?:editable|path|directory) = "(?!\.")')
+# Sources that uv builds or unpacks into the venv: a copy, so edits there need a new venv.
+_COPIED_SOURCE = re.compile(r'source = \{ (?:path|directory) = "([^"]+)"')
+# Not part of what a build of a directory source reads.
+_SKIPPED = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", "build"}
 
 
 def refers_to_project_path(files: ProjectFiles, spec: UvProjectSpec) -> bool:
     """Whether the venv will point into the project directory (so its path belongs in the key)."""
     return spec.install_project or bool(_PATH_SOURCE.search(files.lock_text))
+
+
+def _tree_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    if path.is_file():
+        h.update(path.read_bytes())
+        return h.hexdigest()
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIPPED)
+        for name in sorted(filenames):
+            if name.endswith(".pyc"):
+                continue
+            full = os.path.join(dirpath, name)
+            h.update(os.path.relpath(full, path).encode() + b"\0")
+            if os.path.islink(full):
+                h.update(b"link:" + os.readlink(full).encode())
+            else:
+                with open(full, "rb") as f:
+                    h.update(hashlib.file_digest(f, "sha256").digest())
+    return h.hexdigest()
+
+
+def copied_sources(files: ProjectFiles) -> tuple[tuple[str, str], ...]:
+    """(source as in uv.lock, content digest) of each non-editable path or directory source."""
+    digests = []
+    for source in sorted(set(_COPIED_SOURCE.findall(files.lock_text))):
+        target = (files.path / source).resolve()
+        if not target.exists():
+            raise ProjectError(
+                f"uv_project: uv.lock of {files.path} installs {source!r}, which does not "
+                f"exist on this node ({target}): ship it with the project or make it a path "
+                "every node sees."
+            )
+        digests.append((source, _tree_digest(target)))
+    return tuple(digests)
+
+
+def _has_tool_uv(pyproject: Path) -> bool:
+    try:
+        return "uv" in tomllib.loads(pyproject.read_text()).get("tool", {})
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return False
+
+
+def config_files(files: ProjectFiles) -> tuple[tuple[str, str], ...]:
+    """(path, sha256) of the uv config uv applies to this project beyond pyproject.toml: a
+    `uv.toml` beside it, or, if it has no `[tool.uv]`, the nearest one above, as uv finds it."""
+    found = []
+    for directory in (files.path, *files.path.resolve().parents):
+        uv_toml = directory / "uv.toml"
+        if uv_toml.is_file():
+            # The project's own by content alone: the same project in another session's
+            # working_dir is the same venv.
+            label = "uv.toml" if directory == files.path else str(uv_toml)
+            found.append((label, hashlib.sha256(uv_toml.read_bytes()).hexdigest()))
+            break
+        pyproject = directory / "pyproject.toml"
+        if directory == files.path:
+            if b"[tool.uv" in files.pyproject and _has_tool_uv(pyproject):
+                break  # uv stops here; its bytes are keyed already
+        elif pyproject.is_file() and _has_tool_uv(pyproject):
+            found.append((str(pyproject), hashlib.sha256(pyproject.read_bytes()).hexdigest()))
+            break
+    return tuple(found)

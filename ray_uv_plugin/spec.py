@@ -46,6 +46,18 @@ class UvProjectSpec:
             args.append("--no-install-project")
         return args
 
+    def selection(self) -> dict[str, Any]:
+        """What selects the packages, normalised (`Fig` and `fig` are one extra): for the key."""
+        return {
+            "extras": sorted(canonicalize_name(e) for e in self.extras),
+            "all_extras": self.all_extras,
+            "groups": sorted(canonicalize_name(g) for g in self.groups),
+            "no_default_groups": self.no_default_groups,
+            "locked": self.locked,
+            "frozen": self.frozen,
+            "install_project": self.install_project,
+        }
+
     def describe(self) -> str:
         """A short human label: `extras=vllm groups=-` for logs and `ray-uv list`."""
         extras = "all" if self.all_extras else (",".join(self.extras) or "-")
@@ -63,14 +75,14 @@ def _names(field: str, value: Any) -> tuple[str, ...]:
             f"uv_project.{field} must be a list of strings, got {type(value).__name__} "
             f"{value!r}; e.g. {{'{field}': ['name']}}."
         )
-    names = []
+    names: dict[str, str] = {}  # normalised -> as given, which error messages show
     for item in value:
         if not isinstance(item, str) or not item.strip():
             raise UvProjectTypeError(
                 f"uv_project.{field} must hold non-empty strings, got {item!r}."
             )
-        names.append(canonicalize_name(item))
-    return tuple(sorted(set(names)))
+        names.setdefault(canonicalize_name(item), item.strip())
+    return tuple(names[name] for name in sorted(names))
 
 
 def parse_spec(value: Any) -> UvProjectSpec:

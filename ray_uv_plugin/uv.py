@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,10 +16,21 @@ from pathlib import Path
 UV_ENV_VAR = "RAY_UV_PLUGIN_UV"
 
 
+class UvNotFoundError(FileNotFoundError):
+    """No usable uv binary; the message says which setting to fix."""
+
+
 def find_uv() -> str:
     """`RAY_UV_PLUGIN_UV`, else `uv` on PATH, else the binary of the `uv` package we depend on."""
     configured = os.environ.get(UV_ENV_VAR)
     if configured:
+        if not os.path.isfile(configured) or not os.access(configured, os.X_OK):
+            what = "is not executable" if os.path.isfile(configured) else "does not exist"
+            raise UvNotFoundError(
+                f"uv_project: {UV_ENV_VAR}={configured!r} {what} on this node: point it at the "
+                "uv binary (`which uv`) in the environment of `ray start`, or unset it to use "
+                "the uv that ray-uv-plugin installs."
+            )
         return configured
     on_path = shutil.which("uv")
     if on_path:
@@ -25,6 +38,29 @@ def find_uv() -> str:
     from uv import find_uv_bin
 
     return find_uv_bin()
+
+
+_versions: dict[tuple[str, int, int], str] = {}
+
+
+def uv_version(uv: str | None = None) -> str:
+    """`uv 0.13.9 (...)`: part of every venv's key. Asked once per binary and process (a ready
+    venv costs no subprocess after the first request a process serves)."""
+    uv = uv or find_uv()
+    st = os.stat(uv)
+    ident = (os.path.realpath(uv), st.st_mtime_ns, st.st_size)
+    if ident not in _versions:
+        try:
+            out = subprocess.run(
+                [uv, "--version"], capture_output=True, text=True, timeout=60, check=True
+            ).stdout
+        except (subprocess.SubprocessError, OSError) as e:
+            raise UvNotFoundError(
+                f"uv_project: `{uv} --version` failed ({e}): check the uv binary on this node "
+                f"({UV_ENV_VAR} or PATH)."
+            ) from e
+        _versions[ident] = out.strip()
+    return _versions[ident]
 
 
 def format_duration(seconds: float) -> str:
@@ -47,9 +83,19 @@ def _die_with_parent() -> None:
     # venv directory that the next request is rebuilding.
     if sys.platform == "linux":
         import ctypes
-        import signal
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class UvTimeout(TimeoutError):
+    """uv ran past its time limit and was killed, with every process it started."""
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # uv and the builds it started
+    except ProcessLookupError:
+        pass
 
 
 def run_uv(
@@ -57,8 +103,10 @@ def run_uv(
     env: dict[str, str],
     cwd: Path | None = None,
     on_line: Callable[[str], None] | None = None,
+    timeout: float | None = None,
 ) -> UvResult:
-    """Run uv with stdout and stderr merged, as one would read it in a terminal."""
+    """Run uv with stdout and stderr merged, as one would read it in a terminal; past
+    `timeout` seconds, kill it and its children and raise `UvTimeout`."""
     start = time.perf_counter()
     lines: list[str] = []
     with subprocess.Popen(
@@ -71,13 +119,29 @@ def run_uv(
         text=True,
         errors="replace",
         preexec_fn=_die_with_parent,
+        start_new_session=True,  # its own process group, so that a timeout ends its builds too
     ) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if on_line is not None:
-                on_line(line.rstrip("\n"))
-    return UvResult(proc.returncode, "".join(lines), time.perf_counter() - start)
+        timer = None if timeout is None else threading.Timer(timeout, _kill_group, (proc,))
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line)
+                if on_line is not None:
+                    on_line(line.rstrip("\n"))
+            proc.wait()
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+    took = time.perf_counter() - start
+    if timeout is not None and took >= timeout and proc.returncode < 0:
+        raise UvTimeout(f"ran past {timeout:.0f}s")
+    return UvResult(proc.returncode, "".join(lines), took)
 
 
 class UvSyncError(RuntimeError):

@@ -1,37 +1,85 @@
 """Venvs on disk, one per key: found without a subprocess, built once under a file lock.
 
-Layout under the venv dir (`RAY_UV_PLUGIN_VENV_DIR`):
-    <key>/                 the venv, made by `uv sync` with UV_PROJECT_ENVIRONMENT=<key>
-    <key>/.ray-uv-ready    JSON metadata, written last: only a venv with it is ever used
-    <key>.lock             the build lock (filelock), held while uv runs
+Layout under the venv dir (`RAY_UV_PLUGIN_VENV_DIR`, absolute, private to this user: `trust`):
+    <key>/                 the venv, made by `uv sync` with UV_PROJECT_ENVIRONMENT=<key>,
+                           read-only once built
+    <key>/.ray-uv-ready    JSON metadata naming <key>, written last: only a venv with it is used
+    <key>.lock             the build lock (`lockfile`), held while uv runs; it holds the pid of
+                           its last holder and is the record that the plugin made <key>
+
+A ready venv is checked on every use (a few `stat`s): trusted, marker whole and naming its key,
+interpreter and site-packages present; if not, it is rebuilt. Builds are bounded
+(`RAY_UV_PLUGIN_BUILD_TIMEOUT_S`), run in a thread of their own so that a slow build never holds
+up another key, and waits for another build of the same key are bounded and cancellable.
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import json
 import logging
 import os
 import shutil
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from filelock import FileLock
-
-from ray_uv_plugin.key import venv_key
-from ray_uv_plugin.project import ProjectFiles, check_ray_pin, check_request
+from ray_uv_plugin import trust
+from ray_uv_plugin.lockfile import BuildLock
+from ray_uv_plugin.project import (
+    ProjectError,
+    ProjectFiles,
+    check_ray_pin,
+    check_request,
+    refers_to_project_path,
+)
+from ray_uv_plugin.request import VenvRequest, make_request
 from ray_uv_plugin.spec import UvProjectSpec
-from ray_uv_plugin.uv import UvSyncError, explain_failure, find_uv, run_uv
+from ray_uv_plugin.uv import UvSyncError, UvTimeout, explain_failure, find_uv, run_uv
 
 VENV_DIR_ENV = "RAY_UV_PLUGIN_VENV_DIR"
+BUILD_TIMEOUT_ENV = "RAY_UV_PLUGIN_BUILD_TIMEOUT_S"
+DEFAULT_BUILD_TIMEOUT = 1800.0  # a vLLM + torch env from a cold cache, on a slow link
+LOCK_MARGIN = 60.0  # a waiter gives up this long after the build it waits for must have ended
 MARKER = ".ray-uv-ready"
+MARKER_FORMAT = 1
 DEFAULT_VENV_DIR = Path("~/.cache/ray-uv-plugin/venvs")
 
 
+class VenvDirError(ValueError):
+    """A node setting of ours that cannot be used; says what to set."""
+
+
 def venv_root() -> Path:
-    return Path(os.environ.get(VENV_DIR_ENV) or DEFAULT_VENV_DIR).expanduser()
+    root = Path(os.environ.get(VENV_DIR_ENV) or DEFAULT_VENV_DIR).expanduser()
+    if not root.is_absolute():
+        raise VenvDirError(
+            f"uv_project: {VENV_DIR_ENV}={str(root)!r} is relative, so it would mean another "
+            "directory in every worker and session: set an absolute path in the environment "
+            "of `ray start` on every node."
+        )
+    return root
+
+
+def build_timeout() -> float:
+    value = os.environ.get(BUILD_TIMEOUT_ENV)
+    if not value:
+        return DEFAULT_BUILD_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1
+    if seconds <= 0:
+        raise VenvDirError(
+            f"uv_project: {BUILD_TIMEOUT_ENV}={value!r} must be a number of seconds > 0."
+        )
+    return seconds
 
 
 def lock_path(root: Path, key: str) -> Path:
@@ -44,22 +92,139 @@ class Outcome:
     path: Path
     built: bool
     seconds: float
+    rebuilt_because: str | None = None  # a ready venv that was not whole any more
 
     @property
     def python(self) -> Path:
         return self.path / "bin" / "python"
 
 
-def find_ready(root: Path, key: str) -> Path | None:
-    """The ready venv for `key`, touched as used; costs a stat and a utime, no subprocess."""
-    path = root / key
+def read_marker(venv: Path) -> dict[str, Any] | None:
+    """The marker's metadata if it is a trusted regular file holding a JSON object; else None.
+    Never raises: `list` and `gc` read markers of every state."""
     try:
-        os.utime(path / MARKER)
+        return _read_marker(venv)
+    except (OSError, ValueError):
+        return None
+
+
+def _read_marker(venv: Path, touch: bool = False) -> dict[str, Any] | None:
+    try:
+        fd = trust.open_no_follow(venv / MARKER)
     except FileNotFoundError:
         return None
-    except PermissionError:
-        pass  # a read-only shared venv dir: usable, its last use just goes unrecorded
-    return path
+    try:
+        trust.check_fd(venv / MARKER, fd, "the venv's marker")
+        data = os.read(fd, 1 << 20)
+        if touch:
+            try:
+                os.utime(fd)  # its mtime is the venv's last use, for `gc`
+            except PermissionError:
+                pass  # a read-only shared venv dir: usable, its last use goes unrecorded
+    finally:
+        os.close(fd)
+    meta = json.loads(data.decode("utf-8"))
+    if not isinstance(meta, dict):
+        raise ValueError("not a JSON object")
+    return meta
+
+
+def check_ready(root: Path, key: str) -> str | None:
+    """None if `<root>/<key>` is a ready venv we may use (and marks it used); else why not:
+    `absent`, or what is wrong with it. Raises `UntrustedPathError` for what we must not touch.
+    """
+    venv = root / key
+    try:
+        trust.check_dir(venv, "the venv")
+    except FileNotFoundError:
+        return "absent"
+    try:
+        meta = _read_marker(venv, touch=True)
+    except trust.UntrustedPathError:
+        raise
+    except (OSError, ValueError) as e:
+        return f"its marker is unreadable ({e})"
+    if meta is None:
+        return "no marker (an unfinished build)"
+    if meta.get("key") != key or meta.get("format") != MARKER_FORMAT:
+        return f"its marker names key {meta.get('key')!r}, format {meta.get('format')!r}"
+    if not os.path.exists(venv / "bin" / "python"):
+        return "bin/python is missing or its interpreter is gone"
+    site = meta.get("site_packages")
+    if not isinstance(site, str) or not os.path.isdir(venv / site):
+        return f"{site or 'site-packages'} is missing"
+    return None
+
+
+def lookup(request: VenvRequest, root: Path) -> Outcome | None:
+    """The ready venv for this request, if there is one: the path every warm request takes."""
+    start = time.perf_counter()
+    trust.check_root(root)
+    if check_ready(root, request.key) is None:
+        return Outcome(request.key, root / request.key, False, time.perf_counter() - start)
+    return None
+
+
+async def ensure_venv_async(
+    request: VenvRequest,
+    root: Path,
+    logger: logging.Logger | None = None,
+    timeout: float | None = None,
+) -> Outcome:
+    """The ready venv for this request, built once per key across processes and hosts.
+
+    Waiting for another build of the key happens here, on the event loop: cancelling the
+    caller cancels the wait. The build runs in a thread of its own that holds the lock until
+    uv is done (or killed at `timeout`), even if the caller was cancelled meanwhile.
+    """
+    logger = logger or logging.getLogger(__name__)
+    timeout = build_timeout() if timeout is None else timeout
+    start = time.perf_counter()
+    key = request.key
+    try:
+        ready = lookup(request, root)
+    except FileNotFoundError:  # no venv dir yet
+        ready = None
+    if ready is not None:
+        return ready
+    trust.make_root(root)
+    lock = BuildLock(lock_path(root, key))
+    await lock.acquire_async(timeout + LOCK_MARGIN, request.what)
+    try:
+        why = check_ready(root, key)  # another process may have built it while we waited
+    except BaseException:
+        lock.release()
+        raise
+    if why is None:
+        lock.release()
+        return Outcome(key, root / key, False, time.perf_counter() - start)
+    if why != "absent":
+        logger.info("uv_project %s: rebuilding: %s", key, why)
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[float] = loop.create_future()
+
+    def settle(result: float | None, error: BaseException | None) -> None:
+        if done.done():
+            return  # the request was cancelled; the build's outcome is for the next one
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    def build() -> None:
+        result, error = None, None
+        try:
+            result = _build(request, root / key, logger, timeout)
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting request
+            error = e
+        finally:
+            lock.release()
+        loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=build, name=f"uv_project build {key}", daemon=True).start()
+    await done
+    rebuilt = None if why == "absent" else why
+    return Outcome(key, root / key, True, time.perf_counter() - start, rebuilt)
 
 
 def ensure_venv(
@@ -68,66 +233,55 @@ def ensure_venv(
     extra_env: Mapping[str, str] | None = None,
     root: Path | None = None,
     logger: logging.Logger | None = None,
+    timeout: float | None = None,
 ) -> Outcome:
-    """Return the ready venv for this request, building it once per key across processes."""
-    logger = logger or logging.getLogger(__name__)
+    """`ensure_venv_async` for callers without an event loop (tools, tests, benchmarks)."""
     root = root or venv_root()
-    start = time.perf_counter()
-    ready = lookup(spec, files, root)
-    if ready is not None:
-        return ready
-    root.mkdir(parents=True, exist_ok=True)
-    key = venv_key(spec, files)
-    with FileLock(lock_path(root, key)):
-        if find_ready(root, key) is None:  # else another process built it while we waited
-            _build(spec, files, root / key, extra_env or {}, logger)
-            return Outcome(key, root / key, True, time.perf_counter() - start)
-    return Outcome(key, root / key, False, time.perf_counter() - start)
+    request = make_request(spec, files, extra_env or {}, root)
+    return asyncio.run(ensure_venv_async(request, root, logger, timeout))
 
 
-def lookup(spec: UvProjectSpec, files: ProjectFiles, root: Path) -> Outcome | None:
-    """The ready venv for this request, if there is one: the path every warm request takes."""
-    start = time.perf_counter()
-    key = venv_key(spec, files)
-    path = find_ready(root, key)
-    return None if path is None else Outcome(key, path, False, time.perf_counter() - start)
+def _no_space(venv: Path) -> str:
+    free = shutil.disk_usage(venv.parent).free
+    return (
+        f"uv_project: the disk of the venv dir {venv.parent} is full ({free / 1024**2:.0f} MiB "
+        f"free) while building {venv.name}: free space (`ray-uv gc --max-size ...`), or set "
+        "RAY_UV_PLUGIN_VENV_DIR to a larger disk. Nothing half-built was kept."
+    )
 
 
-def sync_env(venv: Path, extra_env: Mapping[str, str]) -> dict[str, str]:
-    """The node's environment, the runtime_env's env_vars over it, pointed at the venv."""
-    # The node's own venv and lock mode must not leak into this sync.
-    dropped = ("VIRTUAL_ENV", "UV_LOCKED", "UV_FROZEN")
-    env = {k: v for k, v in os.environ.items() if k not in dropped}
-    env.update({k: os.path.expandvars(v) for k, v in extra_env.items()})
-    env["UV_PROJECT_ENVIRONMENT"] = str(venv)
-    env.setdefault("UV_PYTHON_DOWNLOADS", "never")
-    return env
-
-
-def _build(
-    spec: UvProjectSpec,
-    files: ProjectFiles,
-    venv: Path,
-    extra_env: Mapping[str, str],
-    logger: logging.Logger,
-) -> None:
+def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: float) -> float:
+    """Build the venv (under the caller's lock); returns uv's time. Leaves nothing on failure."""
     import ray
 
+    files, spec = request.files, request.spec
     check_request(files, spec)
     check_ray_pin(files, ray.__version__)
-    if venv.exists():
-        logger.info("uv_project %s: removing an unfinished build", venv.name)
-        shutil.rmtree(venv)
-    args = ["sync", "--project", str(files.path), *spec.sync_args(), "--python", sys.executable]
+    if os.path.lexists(venv):
+        trust.remove_tree(venv)
+    scratch = _scratch_project(request) if not (spec.locked or spec.frozen) else None
+    project_dir = scratch or files.path
+    args = ["sync", "--project", str(project_dir), *spec.sync_args(), "--python", sys.executable]
     logger.info("uv_project %s: building: %s %s", venv.name, find_uv(), " ".join(args))
+    env = {**request.uv_env, "UV_PROJECT_ENVIRONMENT": str(venv)}
     try:
-        result = run_uv(
-            args,
-            sync_env(venv, extra_env),
-            cwd=files.path,
-            on_line=lambda line: logger.info("uv: %s", line),
-        )
+        try:
+            result = run_uv(
+                args,
+                env,
+                cwd=files.path,
+                on_line=lambda s: logger.info("uv: %s", s),
+                timeout=timeout,
+            )
+        except UvTimeout:
+            raise UvSyncError(
+                f"uv_project: uv sync for {files.path} ran past {timeout:.0f}s and was killed "
+                f"(key {venv.name}); raise {BUILD_TIMEOUT_ENV} on the nodes for very large "
+                "envs, or check the network to the package index."
+            ) from None
         if result.returncode != 0:
+            if "No space left on device" in result.output:
+                raise UvSyncError(f"{_no_space(venv)}\n--- uv output ---\n{result.tail(10)}")
             raise UvSyncError(explain_failure(files.path, result))
         installed = installed_ray_version(venv)
         if installed != ray.__version__:
@@ -137,10 +291,41 @@ def _build(
                 f"=={ray.__version__} a dependency of the environment you ask for and run "
                 "`uv lock`."
             )
-        _write_marker(venv, spec, files, result.seconds)
-    except BaseException:
-        shutil.rmtree(venv, ignore_errors=True)
+        trust.freeze(venv)
+        _write_marker(venv, request, result.seconds)
+    except OSError as e:
+        trust.remove_tree(venv)
+        if e.errno == errno.ENOSPC:
+            raise UvSyncError(_no_space(venv)) from e
         raise
+    except BaseException:
+        trust.remove_tree(venv)
+        raise
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return result.seconds
+
+
+def _scratch_project(request: VenvRequest) -> Path:
+    """`locked: false` lets uv re-lock; it does so in a private copy of the project's metadata,
+    never in the project (a job's working_dir or a shared dir that other jobs read)."""
+    files = request.files
+    if refers_to_project_path(files, request.spec):
+        raise ProjectError(
+            f"uv_project: locked: false would re-lock {files.path}, whose lock has path or "
+            "editable sources (or install_project is set) that only resolve in place, and the "
+            "plugin never rewrites a project's uv.lock: run `uv lock` and use the default "
+            "locked: true, or frozen: true to use the lock as it is."
+        )
+    scratch = Path(tempfile.mkdtemp(prefix=f"ray-uv-{request.key}-"))
+    (scratch / "pyproject.toml").write_bytes(files.pyproject)
+    (scratch / "uv.lock").write_bytes(files.lock)
+    for name, _digest in request.inputs["config"]:  # type: ignore[union-attr]
+        source = files.path / name if name == "uv.toml" else Path(name)
+        if source.name == "uv.toml":
+            shutil.copyfile(source, scratch / "uv.toml")
+    return scratch
 
 
 def installed_ray_version(venv: Path) -> str | None:
@@ -149,26 +334,36 @@ def installed_ray_version(venv: Path) -> str | None:
     return None
 
 
-def _write_marker(venv: Path, spec: UvProjectSpec, files: ProjectFiles, seconds: float) -> None:
+def _site_packages(venv: Path) -> str:
+    found = sorted(venv.glob("lib/python*/site-packages"))
+    if not found:
+        raise UvSyncError(f"uv_project: uv made {venv} without a site-packages dir.")
+    return str(found[0].relative_to(venv))
+
+
+def _write_marker(venv: Path, request: VenvRequest, seconds: float) -> None:
+    """Written last, then the venv's top dir is made read-only too."""
     import ray
 
+    spec = request.spec
     meta = {
+        "format": MARKER_FORMAT,
         "key": venv.name,
-        "project": str(files.path),
+        "project": str(request.files.path),
         "extras": ["*"] if spec.all_extras else list(spec.extras),
         "groups": list(spec.groups),
         "ray": ray.__version__,
         "python": sys.version.split()[0],
+        "site_packages": _site_packages(venv),
         "built_at": time.time(),
         "build_seconds": round(seconds, 3),
+        "inputs": request.inputs,
     }
     tmp = venv / f"{MARKER}.tmp"
-    tmp.write_text(json.dumps(meta, indent=1))
+    fd = trust.open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "w") as f:
+        json.dump(meta, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, venv / MARKER)
-
-
-def read_marker(venv: Path) -> dict | None:
-    try:
-        return json.loads((venv / MARKER).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+    os.chmod(venv, os.lstat(venv).st_mode & 0o7555)

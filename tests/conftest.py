@@ -19,6 +19,10 @@ import ray_uv_plugin  # noqa: E402
 # import): tests start from a plain driver, and tests/test_uv_run_driver.py covers the hook.
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# The plugin compiles bytecode at build time by default (its venvs are read-only): ~6 s per
+# venv with Ray on 2 cores. The tests run as root, who writes `.pyc` files anyway; a test of its
+# own covers the default.
+os.environ.setdefault("UV_COMPILE_BYTECODE", "0")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -10,8 +10,8 @@ import pytest
 import ray
 from ray.exceptions import RuntimeEnvSetupError
 
-from ray_uv_plugin.key import venv_key
 from ray_uv_plugin.project import load_project
+from ray_uv_plugin.request import make_request
 from ray_uv_plugin.spec import parse_spec
 from ray_uv_plugin.uv import UV_ENV_VAR
 from ray_uv_plugin.venv_cache import MARKER, VENV_DIR_ENV
@@ -48,6 +48,7 @@ class Probe:
             "prefix": sys.prefix,
             "VIRTUAL_ENV": os.environ.get("VIRTUAL_ENV"),
             "UV_PROJECT_ENVIRONMENT": os.environ.get("UV_PROJECT_ENVIRONMENT"),
+            "RAY_UV_PLUGIN_VENV": os.environ.get("RAY_UV_PLUGIN_VENV"),
             "PATH": os.environ["PATH"],
             "has": {
                 m: importlib.util.find_spec(m) is not None
@@ -73,8 +74,9 @@ def test_extras_and_groups_select_packages_and_the_driver_env_is_invisible(env):
     with_fig = probe({"project": project, "extras": ["fig"]})
     venv = Path(with_fig["executable"]).parent.parent
     assert venv.parent == env["venvs"]
-    assert with_fig["prefix"] == with_fig["VIRTUAL_ENV"] == str(venv)
-    assert with_fig["UV_PROJECT_ENVIRONMENT"] == str(venv)
+    assert with_fig["prefix"] == with_fig["RAY_UV_PLUGIN_VENV"] == str(venv)
+    # Nothing invites uv in the worker to write into the shared venv (issue 8.4).
+    assert with_fig["VIRTUAL_ENV"] == with_fig["UV_PROJECT_ENVIRONMENT"] == ""
     assert with_fig["PATH"].split(os.pathsep)[0] == str(venv / "bin")
     assert with_fig["has"] == {
         "six": True,
@@ -117,7 +119,7 @@ def test_sixteen_actors_at_once_cause_one_sync(env):
 
 def test_a_half_built_venv_is_rebuilt(env):
     project = write_project(env["tmp"] / "half", ["pyfiglet"])
-    key = venv_key(parse_spec({}), load_project(project))
+    key = make_request(parse_spec({}), load_project(project), {}, env["venvs"]).key
     half = env["venvs"] / key
     (half / "bin").mkdir(parents=True)
     (half / "bin" / "python").write_text("#!/bin/sh\nexit 1\n")  # what a killed build leaves

@@ -29,12 +29,17 @@ def test_every_field_maps_to_uv_sync_flags():
             "install_project": True,
         }
     )
-    assert spec.extras == ("flash-attn", "vllm")  # normalized and sorted: one key per meaning
+    # As given (error messages show the user's own spelling), one per normalised name, sorted.
+    assert spec.extras == ("Flash_Attn", "vllm")
+    # The key sees normalised names: one venv per meaning.
+    assert spec.selection()["extras"] == ["flash-attn", "vllm"]
+    same = parse_spec({"extras": ["flash-attn", "VLLM", "vllm"]})
+    assert same.selection()["extras"] == spec.selection()["extras"]
     assert spec.locked is False
     assert spec.sync_args() == [
         "--frozen",
         "--extra",
-        "flash-attn",
+        "Flash_Attn",
         "--extra",
         "vllm",
         "--group",
@@ -45,8 +50,9 @@ def test_every_field_maps_to_uv_sync_flags():
     assert parse_spec({"locked": False}).sync_args() == ["--no-install-project"]
 
 
-def test_same_meaning_same_spec():
-    assert parse_spec({"extras": ["b", "a", "a"]}) == parse_spec({"extras": ["A", "b"]})
+def test_same_meaning_same_key_inputs():
+    a, b = parse_spec({"extras": ["b", "a", "a"]}), parse_spec({"extras": ["A", "b"]})
+    assert a.selection() == b.selection()
 
 
 @pytest.mark.parametrize(

@@ -79,10 +79,10 @@ def test_a_sync_killed_half_way_is_rebuilt(project, tmp_path, monkeypatch):
     )
     env = {**os.environ, UV_ENV_VAR: str(slow.path)}
     child = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=Path(__file__).parents[1])
-    deadline = time.monotonic() + 60
-    while not list(root.glob("*/bin/python")) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 120
+    while "synced" not in slow.log.read_text() and time.monotonic() < deadline:
         time.sleep(0.1)
-    time.sleep(1.0)  # uv has written the venv; the marker has not been written
+    # uv has written the venv; the marker has not been written
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     (venv,) = [p for p in root.iterdir() if p.is_dir()]

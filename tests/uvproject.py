@@ -69,8 +69,13 @@ class CountingUv:
         self.log = directory / "uv-calls.log"
         self.path = directory / "uv-wrapper.sh"
         self.log.touch()
-        after = f"rc=$?; sleep {sleep_after}; exit $rc" if sleep_after else ""
-        delay = 'sleep "${SLOW_UV_SECONDS:-0}"'
+        # Only `sync` is slowed down: the plugin also asks `uv --version` for its keys.
+        after = (
+            f'rc=$?; [ "$1" = sync ] && echo synced >> {self.log} && sleep {sleep_after}; exit $rc'
+            if sleep_after
+            else ""
+        )
+        delay = '[ "$1" = sync ] && sleep "${SLOW_UV_SECONDS:-0}"'
         self.path.write_text(
             f'#!/bin/sh\necho "$1" >> {self.log}\n{delay}\n{find_uv()} "$@"\n{after}\n'
         )

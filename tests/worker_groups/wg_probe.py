@@ -8,7 +8,7 @@ import sys
 def probe() -> dict:
     return {
         "executable": sys.executable,
-        "virtual_env": os.environ.get("VIRTUAL_ENV"),
+        "virtual_env": os.environ.get("RAY_UV_PLUGIN_VENV"),
         "importable": {
             m: importlib.util.find_spec(m) is not None for m in ("tabulate", "termcolor")
         },

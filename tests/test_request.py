@@ -1,11 +1,16 @@
 """The content key: what changes it, and what must not. No Ray."""
 
 import shutil
+from pathlib import Path
 
-from ray_uv_plugin.key import venv_key
 from ray_uv_plugin.project import load_project
+from ray_uv_plugin.request import make_request
 from ray_uv_plugin.spec import parse_spec
 from tests.uvproject import write_project
+
+
+def venv_key(spec, files, env_vars=None, root=Path("/nonexistent/venvs")) -> str:
+    return make_request(spec, files, env_vars or {}, root).key
 
 
 def test_key_follows_content_not_location(tmp_path):

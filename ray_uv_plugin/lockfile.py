@@ -1,0 +1,128 @@
+"""`<key>.lock`: one build of a key at a time, across processes and hosts sharing the venv dir.
+
+An `flock` on a file opened without following symlinks and checked like every other path we
+trust (`trust`). The holder writes `pid host` into it, so that a waiter can say whom it waited
+for. Waits poll with a non-blocking try: bounded, and, in the async form, cancellable, so that
+a request that Ray gave up on leaves no thread parked on a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+
+from ray_uv_plugin import trust
+
+
+class LockTimeout(TimeoutError):
+    """Waited too long for another build of the same key; says for whom."""
+
+
+class BuildLock:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def try_acquire(self) -> bool:
+        """Take the lock if nobody holds it; never blocks."""
+        assert self._fd is None, "already held"
+        mode = 0o660 if trust.trusted_gid() is not None else 0o600
+        fd = trust.open_no_follow(self.path, os.O_RDWR | os.O_CREAT, mode)
+        try:
+            trust.check_fd(self.path, fd, "the build lock")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            # `gc` unlinks a lock file while it holds it: a lock on that inode guards nothing.
+            try:
+                current = os.lstat(self.path)
+            except FileNotFoundError:
+                current = None
+            mine = os.fstat(fd)
+            if current is None or (current.st_ino, current.st_dev) != (mine.st_ino, mine.st_dev):
+                os.close(fd)
+                return self.try_acquire()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)  # closing drops the flock
+
+    def holder(self) -> str:
+        """`pid 4242 on host-a`, as the holder wrote it, or `unknown pid`."""
+        try:
+            fd = trust.open_no_follow(self.path)
+        except OSError:
+            return "unknown pid"
+        try:
+            words = os.read(fd, 256).decode(errors="replace").split()
+        finally:
+            os.close(fd)
+        if len(words) >= 2 and words[0].isdigit():
+            return f"pid {words[0]} on {words[1]}"
+        return "unknown pid"
+
+    def _timeout(self, waited: float, what: str) -> LockTimeout:
+        return LockTimeout(
+            f"uv_project: waited {waited:.0f}s for another build of {what} ({self.holder()}, "
+            f"holding {self.path}); it is still running or hung: let it finish, or stop that "
+            "process and retry (a killed build leaves nothing that is used)."
+        )
+
+    async def acquire_async(self, timeout: float, what: str) -> None:
+        start = time.monotonic()
+        for delay in _backoff():
+            if self.try_acquire():
+                return
+            waited = time.monotonic() - start
+            if waited >= timeout:
+                raise self._timeout(waited, what)
+            await asyncio.sleep(min(delay, timeout - waited))
+
+
+def _backoff():
+    delay = 0.02
+    while True:
+        yield delay
+        delay = min(delay * 2, 0.5)
+
+
+def is_held(path: Path) -> bool | None:
+    """Whether a process holds this lock now; None if it cannot be told (unreadable).
+
+    Opens read-only (flock needs no write access), so a read-only user can ask too, and never
+    creates a lock file.
+    """
+    try:
+        fd = trust.open_no_follow(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+            return True
+        return None
+    finally:
+        os.close(fd)
+    return False

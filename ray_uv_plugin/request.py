@@ -1,0 +1,72 @@
+"""One request for a venv: every input that shapes it, gathered once at the edge, keyed once.
+
+What is in the key, and why (the README's trust table says the same):
+- `uv.lock` and `pyproject.toml` bytes, and the selection (extras, groups, flags);
+- the project's uv config beyond pyproject.toml (a `uv.toml` beside it or above it);
+- the content of non-editable `path`/`directory` sources (uv copies them into the venv);
+- the interpreter (implementation, version, build, platform, and its path, which the venv
+  links to) and the uv version;
+- the env vars that steer what uv installs (`uv_env.keyed_settings`);
+- the project's path, only where the venv points into it (editable sources, install_project).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ray_uv_plugin import project as project_files
+from ray_uv_plugin.project import ProjectFiles
+from ray_uv_plugin.spec import UvProjectSpec
+from ray_uv_plugin.uv import uv_version
+from ray_uv_plugin.uv_env import keyed_settings, sync_environment
+
+KEY_LENGTH = 16
+
+
+def interpreter_tag() -> str:
+    """The interpreter the venv is made from: version, build, platform and where it lives."""
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    return f"{sys.implementation.name}-{sys.version}-{platform.machine()}-{sys.platform}-{base}"
+
+
+@dataclass(frozen=True)
+class VenvRequest:
+    spec: UvProjectSpec
+    files: ProjectFiles
+    uv_env: Mapping[str, str] = field(repr=False)  # the environment uv runs in
+    inputs: Mapping[str, object]  # everything that shapes the venv, as hashed into `key`
+    key: str
+
+    @property
+    def what(self) -> str:
+        """`<key> (/path/to/project extras=vllm groups=-)`, for log lines and errors."""
+        return f"{self.key} ({self.files.path} {self.spec.describe()})"
+
+
+def make_request(
+    spec: UvProjectSpec, files: ProjectFiles, env_vars: Mapping[str, str], root: Path
+) -> VenvRequest:
+    """Gather and key one request; `env_vars` are the runtime_env's, `root` the venv dir."""
+    uv_env = sync_environment(env_vars, config_dir=root)
+    refers = project_files.refers_to_project_path(files, spec)
+    inputs = {
+        "selection": spec.selection(),
+        "pyproject": hashlib.sha256(files.pyproject).hexdigest(),
+        "lock": hashlib.sha256(files.lock).hexdigest(),
+        "config": project_files.config_files(files),
+        "copied_sources": project_files.copied_sources(files),
+        "interpreter": interpreter_tag(),
+        "uv": uv_version(),
+        "env": keyed_settings(uv_env),
+        "project_path": str(files.path.resolve()) if refers else None,
+    }
+    blob = json.dumps(inputs, sort_keys=True).encode()
+    key = hashlib.sha256(blob).hexdigest()[:KEY_LENGTH]
+    return VenvRequest(spec, files, uv_env, inputs, key)

@@ -1,0 +1,199 @@
+"""Who may have written a path we are about to run or trust: the venv dir's trust model.
+
+A venv is code that Ray workers execute. So the plugin (and `list`, `gc`, `prepare`) use a path
+under the venv dir only if it was made by the user running them, and nobody else can change it:
+
+- the venv dir and each of its ancestors: owned by this user (ancestors: or root), not
+  writable by group or others (an ancestor may be if it is sticky, as `/tmp` is);
+- each `<key>` dir, its marker and `<key>.lock`: owned by this user, not writable by group or
+  others, and never a symlink (opened with `O_NOFOLLOW`).
+
+`RAY_UV_PLUGIN_TRUSTED_GROUP` (a group name or gid) opts in to a venv dir shared by several
+users, e.g. the Ray users of several hosts on NFS: then paths whose group is that group may be
+owned by any user and be group-writable. Others-writable is never trusted.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import shutil
+import stat
+from pathlib import Path
+
+TRUSTED_GROUP_ENV = "RAY_UV_PLUGIN_TRUSTED_GROUP"
+
+
+class UntrustedPathError(PermissionError):
+    """A path under the venv dir that someone else could have written; says what to do."""
+
+
+def trusted_gid() -> int | None:
+    value = os.environ.get(TRUSTED_GROUP_ENV, "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return int(value)
+    try:
+        return grp.getgrnam(value).gr_gid
+    except KeyError:
+        raise UntrustedPathError(
+            f"{TRUSTED_GROUP_ENV}={value!r} names no group on this host: set it to an existing "
+            "group name or gid, or unset it to keep the venv dir private to this user."
+        ) from None
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _group(gid: int) -> str:
+    try:
+        return f"{grp.getgrgid(gid).gr_name} (gid {gid})"
+    except KeyError:
+        return f"gid {gid}"
+
+
+def describe(st: os.stat_result) -> str:
+    """`owner alice (uid 1001), group ray (gid 50), mode 0o777`."""
+    return (
+        f"owner {_user(st.st_uid)}, group {_group(st.st_gid)}, mode {oct(stat.S_IMODE(st.st_mode))}"
+    )
+
+
+def _fix(path: Path) -> str:
+    me = _user(os.geteuid())
+    return (
+        f"the venv dir must be private to {me}: remove {path} (it is rebuilt), or set "
+        f"RAY_UV_PLUGIN_VENV_DIR to a directory only {me} can write; a venv dir shared by a "
+        f"trusted group needs {TRUSTED_GROUP_ENV}=<group> on every node (see the README)"
+    )
+
+
+def why_untrusted(st: os.stat_result, gid: int | None, ancestor: bool = False) -> str | None:
+    """Why a path with this `lstat` must not be trusted, or None if it may be."""
+    group_ok = gid is not None and st.st_gid == gid
+    owners = {os.geteuid(), 0} if ancestor else {os.geteuid()}
+    if st.st_uid not in owners and not group_ok:
+        return "it is owned by another user"
+    sticky = ancestor and st.st_mode & stat.S_ISVTX
+    if st.st_mode & stat.S_IWOTH and not sticky:
+        return "others can write it"
+    if st.st_mode & stat.S_IWGRP and not (sticky or group_ok):
+        return "its group can write it"
+    return None
+
+
+def _raise(path: Path, st: os.stat_result, why: str, what: str) -> None:
+    raise UntrustedPathError(
+        f"uv_project: refusing {what} {path}: {why} ({describe(st)}); {_fix(path)}."
+    )
+
+
+def check_stat(path: Path, st: os.stat_result, what: str, kind: int = stat.S_IFDIR) -> None:
+    """Raise unless `st` (an `lstat`/`fstat` of `path`) is of `kind` and trusted."""
+    if stat.S_ISLNK(st.st_mode):
+        _raise(path, st, "it is a symlink, which is never followed", what)
+    if stat.S_IFMT(st.st_mode) != kind:
+        wanted = "a directory" if kind == stat.S_IFDIR else "a regular file"
+        raise UntrustedPathError(
+            f"uv_project: {what} {path} is not {wanted} ({describe(st)}): remove it, or point "
+            "RAY_UV_PLUGIN_VENV_DIR at a directory of your own."
+        )
+    why = why_untrusted(st, trusted_gid())
+    if why:
+        _raise(path, st, why, what)
+
+
+def check_dir(path: Path, what: str) -> os.stat_result:
+    """`lstat` of `path`, checked: a trusted directory, not a symlink. FileNotFoundError if gone."""
+    st = os.lstat(path)
+    check_stat(path, st, what)
+    return st
+
+
+def check_root(root: Path) -> None:
+    """The venv dir and every directory above it: trusted (see the module docstring)."""
+    real = Path(os.path.realpath(root))
+    gid = trusted_gid()
+    for ancestor in reversed(real.parents):
+        st = os.lstat(ancestor)
+        why = why_untrusted(st, gid, ancestor=True)
+        if why:
+            _raise(ancestor, st, why, f"a directory above the venv dir {root}:")
+    check_dir(real, "the venv dir")
+
+
+def open_no_follow(path: Path, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
+    """Open `path` without following a symlink at it (ELOOP is reported as untrusted)."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno == 40:  # ELOOP: the last component is a symlink
+            _raise(path, os.lstat(path), "it is a symlink, which is never followed", "the file")
+        raise
+
+
+def check_fd(path: Path, fd: int, what: str) -> os.stat_result:
+    st = os.fstat(fd)
+    check_stat(path, st, what, stat.S_IFREG)
+    return st
+
+
+def new_dir_mode() -> int:
+    return 0o2750 if trusted_gid() is not None else 0o700
+
+
+def make_root(root: Path) -> None:
+    """Create the venv dir private to this user (or to the trusted group), then check it."""
+    if not root.is_absolute():
+        raise UntrustedPathError(
+            f"uv_project: RAY_UV_PLUGIN_VENV_DIR={str(root)!r} is relative, so every worker "
+            "would resolve it against its own directory: set an absolute path on every node."
+        )
+    if not os.path.lexists(root):
+        try:
+            os.makedirs(root, mode=new_dir_mode())
+        except FileExistsError:
+            pass
+        gid = trusted_gid()
+        if gid is not None:
+            os.chown(root, -1, gid)
+            os.chmod(root, 0o2770)
+    check_root(root)
+
+
+def freeze(venv: Path) -> None:
+    """After a build: nobody but its owner may change anything, and its directories are
+    read-only, so that a worker cannot add, replace or remove a file by accident. The top dir
+    is left to the caller, which writes the marker into it first.
+
+    Files keep their owner bits: uv hardlinks them from its cache, and a mode is per inode.
+    """
+    for dirpath, dirnames, filenames in os.walk(venv, topdown=False):
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_mode & 0o022:
+                os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o022)
+        if dirpath != str(venv):
+            os.chmod(dirpath, stat.S_IMODE(os.lstat(dirpath).st_mode) & ~0o222)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a venv (frozen or half-built), never following a symlink out of it."""
+    if not os.path.lexists(path):
+        return
+    if os.path.islink(path) or not os.path.isdir(path):
+        os.unlink(path)
+        return
+    for dirpath, _dirnames, _filenames in os.walk(path):
+        try:
+            os.chmod(dirpath, stat.S_IMODE(os.lstat(dirpath).st_mode) | stat.S_IRWXU)
+        except FileNotFoundError:
+            continue
+    shutil.rmtree(path)
