@@ -38,7 +38,8 @@ class BuildLock:
         mode = 0o660 if trust.trusted_gid() is not None else 0o600
         fd = trust.open_no_follow(self.path, os.O_RDWR | os.O_CREAT, mode)
         try:
-            trust.check_fd(self.path, fd, "the build lock")
+            if trust.check_fd(self.path, fd, "the build lock").st_uid == os.geteuid():
+                os.fchmod(fd, mode)  # whatever the umask: the trusted group must open it too
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

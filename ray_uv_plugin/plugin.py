@@ -79,7 +79,7 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         spec = parse_spec(runtime_env[FIELD])
         files = load_project(resolve_project_dir(spec, request_working_dir(runtime_env)))
         root = venv_root()
-        request = make_request(spec, files, runtime_env.get("env_vars") or {}, root)
+        request = make_request(spec, files, runtime_env.get("env_vars") or {})
         outcome = await ensure_venv_async(request, root, logger)
         verb = "built" if outcome.built else "reused"
         took = time.perf_counter() - start

@@ -222,3 +222,13 @@ def config_files(files: ProjectFiles) -> tuple[tuple[str, str], ...]:
             found.append((str(pyproject), hashlib.sha256(pyproject.read_bytes()).hexdigest()))
             break
     return tuple(found)
+
+
+def copied_source_names(files: ProjectFiles) -> list[str]:
+    """Names of the packages that uv.lock installs from a non-editable path/directory source."""
+    lock = tomllib.loads(files.lock_text)
+    return sorted(
+        p["name"]
+        for p in lock.get("package", [])
+        if "directory" in p.get("source", {}) or "path" in p.get("source", {})
+    )

@@ -19,7 +19,6 @@ import platform
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ray_uv_plugin import project as project_files
 from ray_uv_plugin.project import ProjectFiles
@@ -51,10 +50,13 @@ class VenvRequest:
 
 
 def make_request(
-    spec: UvProjectSpec, files: ProjectFiles, env_vars: Mapping[str, str], root: Path
+    spec: UvProjectSpec, files: ProjectFiles, env_vars: Mapping[str, str]
 ) -> VenvRequest:
-    """Gather and key one request; `env_vars` are the runtime_env's, `root` the venv dir."""
-    uv_env = sync_environment(env_vars, config_dir=root)
+    """Gather and key one request; `env_vars` are the runtime_env's."""
+    uv_env = sync_environment(env_vars)
+    config_file = uv_env.get("UV_CONFIG_FILE")
+    if config_file and not os.path.isabs(config_file):  # uv reads it from the project dir
+        uv_env["UV_CONFIG_FILE"] = str(files.path / config_file)
     refers = project_files.refers_to_project_path(files, spec)
     inputs = {
         "selection": spec.selection(),
@@ -64,7 +66,7 @@ def make_request(
         "copied_sources": project_files.copied_sources(files),
         "interpreter": interpreter_tag(),
         "uv": uv_version(),
-        "env": keyed_settings(uv_env),
+        "env": keyed_settings(uv_env, resolves=not (spec.locked or spec.frozen)),
         "project_path": str(files.path.resolve()) if refers else None,
     }
     blob = json.dumps(inputs, sort_keys=True).encode()

@@ -15,11 +15,13 @@ owned by any user and be group-writable. Others-writable is never trusted.
 
 from __future__ import annotations
 
+import fcntl
 import grp
 import os
 import pwd
 import shutil
 import stat
+import sys
 from pathlib import Path
 
 TRUSTED_GROUP_ENV = "RAY_UV_PLUGIN_TRUSTED_GROUP"
@@ -121,7 +123,13 @@ def check_root(root: Path) -> None:
     real = Path(os.path.realpath(root))
     gid = trusted_gid()
     for ancestor in reversed(real.parents):
-        st = os.lstat(ancestor)
+        try:
+            st = os.lstat(ancestor)
+        except PermissionError as e:
+            raise UntrustedPathError(
+                f"uv_project: cannot check {ancestor} above the venv dir {root} ({e.strerror}): "
+                "the venv dir must be reachable by the user that runs Ray."
+            ) from e
         why = why_untrusted(st, gid, ancestor=True)
         if why:
             _raise(ancestor, st, why, f"a directory above the venv dir {root}:")
@@ -167,13 +175,41 @@ def make_root(root: Path) -> None:
     check_root(root)
 
 
-def freeze(venv: Path) -> None:
+_FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS, _FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10
+
+
+def _set_immutable(directory: str, on: bool) -> bool:
+    """chattr +i / -i on a directory: nobody, root included, can add, rename or remove an
+    entry in it. Only root may set it, and not every file system has it (False then)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        buf = bytearray(4)
+        fcntl.ioctl(fd, _FS_IOC_GETFLAGS, buf, True)
+        flags = int.from_bytes(buf, sys.byteorder)
+        wanted = flags | _FS_IMMUTABLE_FL if on else flags & ~_FS_IMMUTABLE_FL
+        if wanted != flags:
+            fcntl.ioctl(fd, _FS_IOC_SETFLAGS, wanted.to_bytes(4, sys.byteorder))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def freeze(venv: Path) -> bool:
     """After a build: nobody but its owner may change anything, and its directories are
     read-only, so that a worker cannot add, replace or remove a file by accident. The top dir
     is left to the caller, which writes the marker into it first.
 
+    Mode bits do not stop root, so a plugin run by root also makes every directory below the
+    top one immutable (chattr +i) where the file system allows it; returns whether it did.
+    (The top dir stays mutable for root: `gc` renames it before it deletes it.)
     Files keep their owner bits: uv hardlinks them from its cache, and a mode is per inode.
     """
+    immutable = os.geteuid() == 0
     for dirpath, dirnames, filenames in os.walk(venv, topdown=False):
         for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
             path = os.path.join(dirpath, name)
@@ -182,6 +218,19 @@ def freeze(venv: Path) -> None:
                 os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o022)
         if dirpath != str(venv):
             os.chmod(dirpath, stat.S_IMODE(os.lstat(dirpath).st_mode) & ~0o222)
+            immutable = immutable and _set_immutable(dirpath, True)
+    return immutable
+
+
+def thaw(path: Path) -> None:
+    """Undo `freeze` on a tree (never following symlinks), so that it can be removed."""
+    for dirpath, _dirnames, _filenames in os.walk(path):
+        if os.geteuid() == 0:
+            _set_immutable(dirpath, False)
+        try:
+            os.chmod(dirpath, stat.S_IMODE(os.lstat(dirpath).st_mode) | stat.S_IRWXU)
+        except FileNotFoundError:
+            continue
 
 
 def remove_tree(path: Path) -> None:
@@ -191,9 +240,5 @@ def remove_tree(path: Path) -> None:
     if os.path.islink(path) or not os.path.isdir(path):
         os.unlink(path)
         return
-    for dirpath, _dirnames, _filenames in os.walk(path):
-        try:
-            os.chmod(dirpath, stat.S_IMODE(os.lstat(dirpath).st_mode) | stat.S_IRWXU)
-        except FileNotFoundError:
-            continue
+    thaw(path)
     shutil.rmtree(path)

@@ -42,6 +42,7 @@ DROPPED = (
 )
 LINK_MODES = ("hardlink", "copy", "clone")  # all give the same files; `symlink` is refused
 DEFAULT_LINK_MODE = "hardlink"
+EMPTY_CONFIG_DIR = Path(__file__).parent / "uv_config"  # holds an empty uv/uv.toml
 
 NOT_KEYED = frozenset(
     {
@@ -96,7 +97,7 @@ class UvEnvError(ValueError):
 
 
 def sync_environment(
-    extra_env: Mapping[str, str], config_dir: Path, node_env: Mapping[str, str] | None = None
+    extra_env: Mapping[str, str], node_env: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """The node's environment with the runtime_env's env_vars over it, as uv will see it
     (less UV_PROJECT_ENVIRONMENT, which names the venv and so comes after the key)."""
@@ -113,8 +114,9 @@ def sync_environment(
             "the uv cache breaks when the cache is cleaned or belongs to another job. Use one "
             f"of {', '.join(LINK_MODES)} (the default is {DEFAULT_LINK_MODE}), or unset it."
         )
-    # No user or system uv.toml: config_dir (the venv dir) holds no `uv/` subdirectory.
-    env["XDG_CONFIG_HOME"] = env["XDG_CONFIG_DIRS"] = str(config_dir)
+    # No user or system uv.toml: both dirs hold an empty `uv/uv.toml`; without one, uv falls
+    # back to /etc/uv/uv.toml.
+    env["XDG_CONFIG_HOME"] = env["XDG_CONFIG_DIRS"] = str(EMPTY_CONFIG_DIR)
     return env
 
 
@@ -126,11 +128,24 @@ def _keyed(name: str) -> bool:
     return not name.startswith(NOT_KEYED_PREFIXES)
 
 
-def keyed_settings(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+RESOLVE_VARS = frozenset(
+    {
+        "UV_INDEX_URL",
+        "UV_EXTRA_INDEX_URL",
+        "UV_DEFAULT_INDEX",
+        "UV_INDEX",
+        "UV_FIND_LINKS",
+        "UV_INDEX_STRATEGY",
+        "UV_OFFLINE",
+    }
+)
+
+
+def keyed_settings(env: Mapping[str, str], resolves: bool = False) -> tuple[tuple[str, str], ...]:
     """The variables of `env` that shape the venv, with their values (a config file named by
     `UV_CONFIG_FILE` by its content)."""
     items = []
-    for name in sorted(filter(_keyed, env)):
+    for name in sorted(n for n in env if _keyed(n) or (resolves and n in RESOLVE_VARS)):
         value = env[name]
         if name == "UV_CONFIG_FILE":
             try:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ray_uv_plugin import project as project_files
 from ray_uv_plugin import trust
 from ray_uv_plugin.lockfile import BuildLock
 from ray_uv_plugin.project import (
@@ -170,6 +171,7 @@ async def ensure_venv_async(
     root: Path,
     logger: logging.Logger | None = None,
     timeout: float | None = None,
+    lock_timeout: float | None = None,
 ) -> Outcome:
     """The ready venv for this request, built once per key across processes and hosts.
 
@@ -179,6 +181,7 @@ async def ensure_venv_async(
     """
     logger = logger or logging.getLogger(__name__)
     timeout = build_timeout() if timeout is None else timeout
+    lock_timeout = timeout + LOCK_MARGIN if lock_timeout is None else lock_timeout
     start = time.perf_counter()
     key = request.key
     try:
@@ -189,7 +192,7 @@ async def ensure_venv_async(
         return ready
     trust.make_root(root)
     lock = BuildLock(lock_path(root, key))
-    await lock.acquire_async(timeout + LOCK_MARGIN, request.what)
+    await lock.acquire_async(lock_timeout, request.what)
     try:
         why = check_ready(root, key)  # another process may have built it while we waited
     except BaseException:
@@ -234,11 +237,12 @@ def ensure_venv(
     root: Path | None = None,
     logger: logging.Logger | None = None,
     timeout: float | None = None,
+    lock_timeout: float | None = None,
 ) -> Outcome:
     """`ensure_venv_async` for callers without an event loop (tools, tests, benchmarks)."""
     root = root or venv_root()
-    request = make_request(spec, files, extra_env or {}, root)
-    return asyncio.run(ensure_venv_async(request, root, logger, timeout))
+    request = make_request(spec, files, extra_env or {})
+    return asyncio.run(ensure_venv_async(request, root, logger, timeout, lock_timeout))
 
 
 def _no_space(venv: Path) -> str:
@@ -262,6 +266,8 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
     scratch = _scratch_project(request) if not (spec.locked or spec.frozen) else None
     project_dir = scratch or files.path
     args = ["sync", "--project", str(project_dir), *spec.sync_args(), "--python", sys.executable]
+    for name in project_files.copied_source_names(files):  # uv caches their builds by mtime
+        args += ["--refresh-package", name]
     logger.info("uv_project %s: building: %s %s", venv.name, find_uv(), " ".join(args))
     env = {**request.uv_env, "UV_PROJECT_ENVIRONMENT": str(venv)}
     try:
@@ -291,8 +297,8 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
                 f"=={ray.__version__} a dependency of the environment you ask for and run "
                 "`uv lock`."
             )
-        trust.freeze(venv)
-        _write_marker(venv, request, result.seconds)
+        immutable = trust.freeze(venv)
+        _write_marker(venv, request, result.seconds, immutable)
     except OSError as e:
         trust.remove_tree(venv)
         if e.errno == errno.ENOSPC:
@@ -341,7 +347,7 @@ def _site_packages(venv: Path) -> str:
     return str(found[0].relative_to(venv))
 
 
-def _write_marker(venv: Path, request: VenvRequest, seconds: float) -> None:
+def _write_marker(venv: Path, request: VenvRequest, seconds: float, immutable: bool) -> None:
     """Written last, then the venv's top dir is made read-only too."""
     import ray
 
@@ -357,6 +363,7 @@ def _write_marker(venv: Path, request: VenvRequest, seconds: float) -> None:
         "site_packages": _site_packages(venv),
         "built_at": time.time(),
         "build_seconds": round(seconds, 3),
+        "immutable": immutable,  # chattr +i below the top dir (root only), else modes alone
         "inputs": request.inputs,
     }
     tmp = venv / f"{MARKER}.tmp"

@@ -32,8 +32,35 @@ def _plugin_registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
     os.environ["RAY_RUNTIME_ENV_PLUGINS"] = ray_uv_plugin.plugin_config()
     os.environ["RAY_UV_PLUGIN_VENV_DIR"] = str(tmp_path_factory.mktemp("venvs"))
     yield
+    # Venvs built as root are immutable below their top dir: let pytest remove old runs.
+    from ray_uv_plugin.trust import thaw
+
+    thaw(tmp_path_factory.getbasetemp())
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def other_user() -> Iterator[tuple[str, int, int]]:
+    """A second Unix user (name, uid, gid), created for the run and removed after it; the tests
+    that need one are about what another user may plant or remove. Needs root."""
+    import pwd
+    import secrets
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("creating a second Unix user needs root; run the suite as root to cover it")
+    name = f"rayuv{secrets.token_hex(3)}"
+    subprocess.run(
+        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name],
+        check=True,
+    )
+    try:
+        entry = pwd.getpwnam(name)
+        yield name, entry.pw_uid, entry.pw_gid
+    finally:
+        subprocess.run(["userdel", name], check=False)
+        subprocess.run(["groupdel", name], check=False, capture_output=True)

@@ -119,7 +119,7 @@ def test_sixteen_actors_at_once_cause_one_sync(env):
 
 def test_a_half_built_venv_is_rebuilt(env):
     project = write_project(env["tmp"] / "half", ["pyfiglet"])
-    key = make_request(parse_spec({}), load_project(project), {}, env["venvs"]).key
+    key = make_request(parse_spec({}), load_project(project), {}).key
     half = env["venvs"] / key
     (half / "bin").mkdir(parents=True)
     (half / "bin" / "python").write_text("#!/bin/sh\nexit 1\n")  # what a killed build leaves
@@ -187,6 +187,18 @@ def test_every_bad_input_fails_the_actor_clearly_and_builds_nothing(env):
             "package index could not be reached",
         ),
         "no project": ({"uv_project": {}}, "set runtime_env 'working_dir'"),
+        "project is a file": (
+            {"uv_project": {"project": str(p["nolock"] / "pyproject.toml")}},
+            "is a file, not a directory",
+        ),
+        "extra as given": (
+            {"uv_project": {"project": good, "extras": ["Flash_Attn"]}},
+            "unknown extra(s) Flash_Attn",
+        ),
+        "symlink link mode": (
+            {"uv_project": {"project": good}, "env_vars": {"UV_LINK_MODE": "symlink"}},
+            "UV_LINK_MODE='symlink' is not allowed",
+        ),
     }
     refs = {
         name: Probe.options(runtime_env=runtime_env).remote().where.remote()
@@ -216,3 +228,56 @@ def test_a_slow_build_does_not_hold_up_other_environments(env):
     assert fast["has"]["six"] and still_building == []
     assert ray.get(slow_ref, timeout=180)["has"]["pyfiglet"]
     ray.kill(slow)
+
+
+def test_a_venv_planted_by_another_user_fails_the_actor_clearly(env, other_user):
+    from tests.test_trust import chown_tree, plant
+
+    name, uid, gid = other_user
+    project = write_project(env["tmp"] / "planted", ["tabulate"])
+    key = make_request(parse_spec({}), load_project(project), {}).key
+    pwned = env["tmp"] / "pwned"
+    chown_tree(plant(env["venvs"], key, pwned), uid, gid)
+    with pytest.raises(RuntimeEnvSetupError) as info:
+        probe({"project": str(project)})
+    assert f"refusing the venv {env['venvs'] / key}" in str(info.value)
+    assert f"owner {name} (uid {uid})" in str(info.value)
+    assert not pwned.exists()
+
+
+@ray.remote(num_cpus=0)
+def try_to_change_my_venv(uv: str, project: str) -> dict:
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    site = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    before = sorted(os.listdir(site))
+    attempts = {
+        "pip install": [uv, "pip", "install", "tabulate"],
+        "sync": [uv, "sync", "--project", project, "--extra", "fig"],
+    }
+    with tempfile.TemporaryDirectory() as cwd:  # not inside a project that has a .venv
+        rcs = {
+            name: subprocess.run(cmd, capture_output=True, cwd=cwd).returncode
+            for name, cmd in attempts.items()
+        }
+    return {"prefix": sys.prefix, "rcs": rcs, "changed": sorted(os.listdir(site)) != before}
+
+
+def test_a_worker_cannot_change_the_shared_venv(env):
+    """A worker's `uv pip install` finds no venv to install into, and `uv sync` of its project
+    makes the project's own .venv: the shared venv, and the next worker, stay as built."""
+    project = write_project(env["tmp"] / "guarded", ["six"], extras={"fig": ["pyfiglet"]})
+    runtime_env = {"uv_project": {"project": str(project)}}
+    got = ray.get(
+        try_to_change_my_venv.options(runtime_env=runtime_env).remote(
+            str(env["uv"].path), str(project)
+        ),
+        timeout=180,
+    )
+    assert got["rcs"]["pip install"] != 0 and not got["changed"]
+    assert not (Path(got["prefix"]) / "lib" / "python3.11" / "site-packages" / "pyfiglet").exists()
+    after = probe({"project": str(project)})
+    assert after["prefix"] == got["prefix"] and not after["has"]["pyfiglet"]

@@ -123,3 +123,56 @@ def test_checks_before_uv_runs(project, tmp_path, counting_uv):
     with pytest.raises(ProjectError, match="unknown extra"):
         ensure_venv(parse_spec({"extras": ["gpu"]}), load_project(project), root=tmp_path)
     assert counting_uv.syncs() == 0
+
+
+def _break(venv: Path, how: str) -> None:
+    """Damage a ready venv the way an operator or a crashed disk might."""
+    from ray_uv_plugin.trust import remove_tree, thaw
+
+    site = next(venv.glob("lib/python*/site-packages"))
+    thaw(venv)  # the plugin leaves venvs read-only
+    if how == "site-packages removed":
+        remove_tree(site)
+    elif how == "bin/python removed":
+        (venv / "bin" / "python").unlink()
+    else:
+        (venv / MARKER).unlink()
+        content = {
+            "marker empty": b"",
+            "marker garbage": b"\x89PNG\x00\xff",
+            "marker a JSON list": b"[1, 2]",
+            "marker of another key": b'{"format": 1, "key": "0000000000000000"}',
+        }[how]
+        (venv / MARKER).write_bytes(content)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "site-packages removed",
+        "bin/python removed",
+        "marker empty",
+        "marker garbage",
+        "marker a JSON list",
+        "marker of another key",
+    ],
+)
+def test_a_ready_venv_that_is_no_longer_whole_is_rebuilt(project, tmp_path, counting_uv, how):
+    root = tmp_path / "venvs"
+    first = ensure_venv(parse_spec({}), load_project(project), root=root)
+    _break(first.path, how)
+    again = ensure_venv(parse_spec({}), load_project(project), root=root)
+    assert again.built and again.path == first.path and counting_uv.syncs() == 2
+    assert again.rebuilt_because is not None
+    assert _python_can_import(again.path, "six")
+    assert read_marker(again.path)["key"] == first.key
+
+
+def test_bytecode_is_compiled_at_build_time_by_default(project, tmp_path, monkeypatch):
+    """The venv is read-only: workers of a user other than root could not write `.pyc` files,
+    and every one of them would compile every module it imports again."""
+    monkeypatch.delenv("UV_COMPILE_BYTECODE")  # the test suite turns it off for speed
+    outcome = ensure_venv(parse_spec({}), load_project(project), root=tmp_path / "venvs")
+    site = next(outcome.path.glob("lib/python*/site-packages"))
+    assert list((site / "__pycache__").glob("six.cpython-*.pyc"))
+    assert read_marker(outcome.path)["inputs"]["env"] == [["UV_COMPILE_BYTECODE", "1"]]

@@ -1,0 +1,171 @@
+"""A slow or hung build cannot freeze the node (issue 8.3): builds time out, lock waits are
+bounded and cancellable, different keys never wait on each other. Real uv; Ray at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from ray.exceptions import RuntimeEnvSetupError
+
+from ray_uv_plugin.lockfile import LockTimeout
+from ray_uv_plugin.project import load_project
+from ray_uv_plugin.request import make_request
+from ray_uv_plugin.spec import parse_spec
+from ray_uv_plugin.uv import UV_ENV_VAR, UvSyncError
+from ray_uv_plugin.venv_cache import BUILD_TIMEOUT_ENV, VENV_DIR_ENV, ensure_venv, ensure_venv_async
+from tests.uvproject import CountingUv, write_project
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def projects(tmp_path_factory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("limits")
+    return write_project(tmp / "slow", ["six"]), write_project(tmp / "small", ["tomli-w"])
+
+
+def processes_running(needle: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if needle in cmdline:
+            found.append(int(pid))
+    return found
+
+
+def test_a_build_past_its_timeout_is_killed_and_leaves_nothing(projects, tmp_path, monkeypatch):
+    hung = CountingUv(tmp_path / "uv", sleep_after=47.25)  # uv syncs, then "hangs"
+    monkeypatch.setenv(UV_ENV_VAR, str(hung.path))
+    root = tmp_path / "venvs"
+    start = time.monotonic()
+    with pytest.raises(UvSyncError, match=r"uv sync for .*/slow ran past 6s and was killed"):
+        ensure_venv(parse_spec({}), load_project(projects[0]), root=root, timeout=6)
+    assert time.monotonic() - start < 30
+    assert "synced" in hung.log.read_text()  # the venv had been written...
+    assert [p.name for p in root.iterdir()] == [f"{p.name}" for p in root.glob("*.lock")]
+    time.sleep(0.5)
+    assert processes_running("sleep 47.25") == []  # ...and uv's whole process group is gone
+
+
+def hold_lock(lock: Path) -> subprocess.Popen:
+    code = (
+        "import sys, time; from pathlib import Path; from ray_uv_plugin.lockfile import BuildLock\n"
+        "assert BuildLock(Path(sys.argv[1])).try_acquire(); print('held', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, str(lock)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None and child.stdout.readline() == "held\n"
+    return child
+
+
+def test_a_lock_held_by_another_process_is_waited_for_a_bounded_time(projects, tmp_path):
+    root = tmp_path / "venvs"
+    root.mkdir(mode=0o700)
+    files = load_project(projects[1])
+    key = make_request(parse_spec({}), files, {}).key
+    holder = hold_lock(root / f"{key}.lock")
+    try:
+        with pytest.raises(LockTimeout) as info:
+            ensure_venv(parse_spec({}), files, root=root, lock_timeout=2)
+        assert f"waited 2s for another build of {key}" in str(info.value)
+        assert f"pid {holder.pid} on " in str(info.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert ensure_venv(parse_spec({}), files, root=root).built  # the holder died: go on
+
+
+def test_a_cancelled_wait_leaves_no_thread_and_no_lock(projects, tmp_path):
+    root = tmp_path / "venvs"
+    root.mkdir(mode=0o700)
+    files = load_project(projects[1])
+    request = make_request(parse_spec({}), files, {})
+    holder = hold_lock(root / f"{request.key}.lock")
+    try:
+        before = threading.active_count()
+
+        async def give_up_soon() -> None:
+            await asyncio.wait_for(ensure_venv_async(request, root), timeout=1.0)
+
+        with pytest.raises(asyncio.TimeoutError):
+            asyncio.run(give_up_soon())
+        assert threading.active_count() == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert ensure_venv(parse_spec({}), files, root=root).built
+
+
+def test_a_slow_build_does_not_hold_up_another_key(projects, tmp_path, monkeypatch):
+    monkeypatch.setenv(UV_ENV_VAR, str(CountingUv(tmp_path / "uv").path))
+    root = tmp_path / "venvs"
+    slow = make_request(parse_spec({}), load_project(projects[0]), {"SLOW_UV_SECONDS": "25"})
+    small = make_request(parse_spec({}), load_project(projects[1]), {})
+    finished: dict[str, float] = {}
+
+    async def both() -> None:
+        start = time.monotonic()
+
+        async def one(name, request) -> None:
+            await ensure_venv_async(request, root)
+            finished[name] = time.monotonic() - start
+
+        await asyncio.gather(one("slow", slow), one("small", small))
+
+    asyncio.run(both())
+    assert finished["small"] < 15 < 25 <= finished["slow"]
+
+
+# --- in Ray: a request that Ray timed out leaves nothing parked --------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_with_slow_uv(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ray-limits")
+    saved = {k: os.environ.get(k) for k in (UV_ENV_VAR, VENV_DIR_ENV, BUILD_TIMEOUT_ENV)}
+    os.environ[UV_ENV_VAR] = str(CountingUv(tmp / "uvbin").path)
+    os.environ[VENV_DIR_ENV] = str(tmp / "venvs")
+    os.environ[BUILD_TIMEOUT_ENV] = "40"
+    ray.init(address="local", num_cpus=4)
+    yield tmp
+    ray.shutdown()
+    for k, v in saved.items():
+        os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+@ray.remote(num_cpus=0)
+def packages() -> list[str]:
+    import importlib.util
+
+    return [m for m in ("six", "tomli_w") if importlib.util.find_spec(m)]
+
+
+def test_timed_out_requests_do_not_stop_other_envs_from_building(ray_with_slow_uv, projects):
+    """Ten requests for a slow env, each given up by Ray after 3 s (and retried by Ray's agent),
+    then an unrelated env: it builds at once instead of queueing behind parked threads."""
+    slow_env = {
+        "uv_project": {"project": str(projects[0])},
+        "env_vars": {"SLOW_UV_SECONDS": "30"},
+        "config": {"setup_timeout_seconds": 3},
+    }
+    doomed = [packages.options(runtime_env=slow_env).remote() for _ in range(10)]
+    for ref in doomed:
+        with pytest.raises((RuntimeEnvSetupError, ray.exceptions.GetTimeoutError)):
+            ray.get(ref, timeout=120)
+    start = time.monotonic()
+    small = {"uv_project": {"project": str(projects[1])}}
+    assert ray.get(packages.options(runtime_env=small).remote(), timeout=120) == ["tomli_w"]
+    assert time.monotonic() - start < 25
