@@ -14,9 +14,14 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ray_uv_plugin import plugin_config
 from ray_uv_plugin.uv import format_duration
+
+if TYPE_CHECKING:
+    from ray_uv_plugin.inventory import VenvEntry
+    from ray_uv_plugin.prepare import NodeResult
 
 EPILOG = "Docs: docs/operations.md. Every command has --help."
 
@@ -46,12 +51,25 @@ def cmd_plugin_config(args: argparse.Namespace) -> int:
 # --- list ------------------------------------------------------------------------------------
 
 
-def cmd_list(args: argparse.Namespace) -> int:
-    from ray_uv_plugin import inventory
-    from ray_uv_plugin.venv_cache import venv_root
+def _state(e: VenvEntry) -> str:
+    """The STATE column: the state, what is wrong, and whether gc may ever remove it."""
+    if e.users:
+        return f"in use ({len(e.users)} processes)"
+    state = f"{e.state}: {e.note}" if e.note else e.state
+    return f"{state}; not ours: {e.not_ours}" if e.not_ours else state
 
-    root = venv_root()
-    entries = inventory.scan(root)
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from ray_uv_plugin import inventory, trust
+    from ray_uv_plugin.venv_cache import VenvDirError, venv_root
+
+    try:
+        root = venv_root()
+        exists = inventory.check_venv_dir(root, "list")
+    except (VenvDirError, trust.UntrustedPathError) as e:
+        raise CliError(str(e)) from e
+    inv = inventory.scan(root) if exists else inventory.Inventory()
+    entries = inv.venvs
     usage = inventory.measure([e.path for e in entries])
     now = time.time()
     if args.json:
@@ -60,6 +78,8 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "key": e.key,
                 "path": str(e.path),
                 "state": e.state,
+                "note": e.note or None,
+                "not_ours": e.not_ours,
                 "project": e.project,
                 "extras": e.extras,
                 "groups": e.groups,
@@ -71,54 +91,69 @@ def cmd_list(args: argparse.Namespace) -> int:
             }
             for e in entries
         ]
-        print(json.dumps({"venv_dir": str(root), "venvs": rows}, indent=1))
+        leftovers = [{"path": str(p), "why": "garbage: gc removes it"} for p in inv.garbage]
+        leftovers += [{"path": str(o.path), "why": o.why} for o in inv.leftovers]
+        others = [{"path": str(o.path), "why": o.why} for o in inv.others]
+        out = {"venv_dir": str(root), "venvs": rows, "leftovers": leftovers, "others": others}
+        print(json.dumps(out, indent=1))
         return 0
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(soft_wrap=True)
     if not entries:
-        console.print(f"No venvs in {root}")
-        return 0
-    table = Table(box=None, pad_edge=False)
-    for column in ("KEY", "PROJECT", "EXTRAS", "GROUPS", "SIZE", "LAST USE", "STATE"):
-        table.add_column(column, justify="right" if column == "SIZE" else "left")
-    for e in reversed(entries):  # most recently used first
-        state = e.state if not e.users else f"in use ({len(e.users)} processes)"
-        table.add_row(
-            e.key,
-            e.project,
-            ",".join(e.extras) or "-",
-            ",".join(e.groups) or "-",
-            inventory.format_bytes(usage.size(e.path)),
-            inventory.format_age(now - e.last_used),
-            state,
-        )
-    console.print(table, soft_wrap=True)
-    total = inventory.format_bytes(usage.size(*usage.inodes))
-    console.print(f"{len(entries)} venvs, {total} in {root}")
+        console.print(f"No venvs in {root}", markup=False, highlight=False)
+    else:
+        table = Table(box=None, pad_edge=False)
+        for column in ("KEY", "PROJECT", "EXTRAS", "GROUPS", "SIZE", "LAST USE", "STATE"):
+            table.add_column(column, justify="right" if column == "SIZE" else "left")
+        for e in reversed(entries):  # most recently used first
+            cells = (
+                e.key,
+                e.project,
+                ",".join(e.extras) or "-",
+                ",".join(e.groups) or "-",
+                inventory.format_bytes(usage.size(e.path)),
+                inventory.format_age(now - e.last_used),
+                _state(e),
+            )
+            table.add_row(*map(escape, cells))
+        console.print(table, soft_wrap=True)
+        total = inventory.format_bytes(usage.size(*usage.inodes))
+        console.print(f"{len(entries)} venvs, {total} in {root}", markup=False, highlight=False)
+    for o in inv.others:
+        console.print(f"{o.path.name}: not ours, left alone: {o.why}", markup=False)
     return 0
 
 
 # --- gc --------------------------------------------------------------------------------------
 
 
-def cmd_gc(args: argparse.Namespace) -> int:
-    from ray_uv_plugin import gc, inventory
-    from ray_uv_plugin.venv_cache import venv_root
+def _label(e: VenvEntry) -> str:
+    return f"{e.key} ({e.project})" if e.meta else e.key
 
-    root = venv_root()
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from ray_uv_plugin import gc, inventory, trust
+    from ray_uv_plugin.venv_cache import VenvDirError, venv_root
+
     try:
+        root = venv_root()
         report = gc.collect(root, args.older_than, args.max_size, args.dry_run)
-    except gc.GcError as e:
+    except (gc.GcError, VenvDirError, trust.UntrustedPathError) as e:
         raise CliError(str(e)) from e
     verb = "Would remove" if args.dry_run else "Removed"
     for d in report.removed:
-        print(f"{verb} {d.entry.key} ({d.entry.project}): {d.reason}")
+        print(f"{verb} {_label(d.entry)}: {d.reason}")
     for d in report.kept:
-        print(f"Kept {d.entry.key} ({d.entry.project}): {d.reason}")
+        print(f"Kept {_label(d.entry)}: {d.reason}")
     for path in report.garbage:
         print(f"{verb} leftover {path.name}")
+    for o in report.leftovers:
+        print(f"Kept leftover {o.path.name}: {o.why}")
+    for o in report.others:
+        print(f"{o.path.name}: not ours, left alone: {o.why}")
     freed = inventory.format_bytes(report.freed_bytes)
     left = inventory.format_bytes(report.remaining_bytes)
     print(
@@ -137,8 +172,20 @@ def cmd_gc(args: argparse.Namespace) -> int:
 # --- prepare ---------------------------------------------------------------------------------
 
 
+def node_line(r: NodeResult) -> str:
+    """One node's result as rich markup; what came from the node is escaped, so that an error
+    about `ray[default]` keeps its `[default]`."""
+    from rich.markup import escape
+
+    if r.ok:
+        line = f"uv_project {r.key}: {r.outcome} in {format_duration(r.seconds)}"
+        return escape(f"{r.label}: {line}")
+    return f"{escape(r.label)}: [red]failed[/red]: {escape(r.error or 'unknown error')}"
+
+
 def cmd_prepare(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
@@ -166,7 +213,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     try:
         nodes = prepare.alive_nodes()
         console.print(
-            f"Preparing uv_project {json.dumps(value)} of {project} on {_nodes(len(nodes))}"
+            f"Preparing uv_project {json.dumps(value)} of {project} on {_nodes(len(nodes))}",
+            markup=False,
         )
         with Progress(
             TextColumn("{task.description}"),
@@ -179,11 +227,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             task = progress.add_task("Building", total=len(nodes))
 
             def on_result(r: prepare.NodeResult) -> None:
-                if r.ok:
-                    line = f"uv_project {r.key}: {r.outcome} in {format_duration(r.seconds)}"
-                    progress.console.print(f"{r.label}: {line}")
-                else:
-                    progress.console.print(f"{r.label}: [red]failed[/red]: {r.error}")
+                progress.console.print(node_line(r))
                 progress.advance(task)
 
             results = prepare.prepare_nodes(value, nodes, args.timeout, on_result)
@@ -193,7 +237,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     for column in ("NODE", "ADDRESS", "RESULT", "SECONDS", "UV SYNC", "VENV"):
         table.add_column(column)
     for r in sorted(results, key=lambda r: r.address):
-        table.add_row(
+        cells = (
             r.node_id[:8],
             r.address,
             r.outcome,
@@ -201,12 +245,14 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             "-" if r.build_seconds is None else f"{r.build_seconds:.2f}",
             r.key or "-",
         )
+        table.add_row(*map(escape, cells))
     Console().print(table, soft_wrap=True)
     failed = [r for r in results if not r.ok]
     if failed:
         console.print(
             f"error: {len(failed)} of {_nodes(len(results))} failed: "
-            + ", ".join(r.label for r in failed)
+            + ", ".join(r.label for r in failed),
+            markup=False,
         )
         return 1
     built = sum(r.built for r in results)
@@ -365,7 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
         "gc",
         help="remove unused venvs",
         description="Remove venvs under RAY_UV_PLUGIN_VENV_DIR that no live process on this "
-        "host runs in and that are not being built; unfinished builds and leftovers always go. "
+        "host runs in and that are not being built; dead builds (after an hour) and leftovers "
+        "always go. Nothing that is not provably the plugin's is touched: it is listed with why. "
         "Prints what `du` sees freed.",
     )
     p.add_argument(

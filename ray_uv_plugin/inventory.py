@@ -1,30 +1,43 @@
 """What the venv dir holds: each venv's state, metadata, last use, disk usage and live users.
 
 Read-only: `ray-uv list` shows it, `gc` decides from it. Everything here works from the file
-system and `/proc` alone, so it sees venvs of every Ray session on the host, and of none.
+system and `/proc` alone, so it sees venvs of every Ray session on the host, and of none. It
+never follows a symlink, never creates a file, and never raises on an odd entry: the venv dir
+may have been set to a directory that holds other things, so each entry is classified as a
+venv of ours, a leftover of ours, or something that is not ours (which `gc` never touches).
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import re
+import stat
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
+from ray_uv_plugin import lockfile, trust
 from ray_uv_plugin.request import KEY_LENGTH
-from ray_uv_plugin.venv_cache import MARKER, lock_path, read_marker
+from ray_uv_plugin.venv_cache import MARKER, VenvDirError, lock_path, read_marker
 
-KEY_PATTERN = re.compile(rf"^[0-9a-f]{{{KEY_LENGTH}}}$")
-# `gc` renames a venv to `<key>.gc-<pid>` before deleting it: a leftover is garbage.
-TRASH_PATTERN = re.compile(rf"^[0-9a-f]{{{KEY_LENGTH}}}\.gc-\d+$")
+KEY = rf"[0-9a-f]{{{KEY_LENGTH}}}"
+KEY_PATTERN = re.compile(rf"^{KEY}$")
+KEY_PREFIX = re.compile(rf"^{KEY}")
+LOCK_PATTERN = re.compile(rf"^({KEY})\.lock$")
+# `gc` renames a venv to `<key>.gc-<pid>` before deleting it: a leftover is garbage once that
+# gc is gone.
+TRASH_PATTERN = re.compile(rf"^({KEY})\.gc-(\d+)$")
+# The plugin's `VENV_ENV`, set in every worker (not imported: importing the plugin imports Ray).
+VENV_ENV = b"RAY_UV_PLUGIN_VENV="
+OLD_VENV_ENV = b"VIRTUAL_ENV="  # what versions before it set
 
-READY = "ready"  # marker written: usable
-BUILDING = "building"  # its lock is held: uv is (or a waiter is about to be) building it
-INCOMPLETE = "incomplete"  # no marker and nobody holds the lock: a failed or killed build
+READY = "ready"  # marker written and naming its key: usable
+BUILDING = "building"  # no marker, its lock is held (or cannot be checked): a build runs
+INCOMPLETE = "incomplete"  # no marker, lock free, made by uv and the plugin: a dead build
+BROKEN = "broken marker"  # a marker that is no JSON object of this key: never used
+UNTRUSTED = "untrusted"  # owned by someone else, or writable by others: never touched
 
 
 @dataclass(frozen=True)
@@ -33,8 +46,13 @@ class VenvEntry:
     path: Path
     state: str
     meta: Mapping | None
-    last_used: float  # marker mtime (the plugin touches it on every reuse), else the dir's
+    # Marker mtime for a ready venv (the plugin touches it on every reuse); else when its dir
+    # or build lock last changed (the lock holder writes its pid when a build starts).
+    last_used: float
     users: tuple[int, ...] = ()  # pids of live processes running in this venv
+    note: str = ""  # what is wrong: why broken, untrusted, or why a build cannot be checked
+    not_ours: str | None = None  # a broken one: why it is not provably the plugin's
+    owner: int | None = None  # its uid
 
     @property
     def project(self) -> str:
@@ -49,15 +67,80 @@ class VenvEntry:
         return list((self.meta or {}).get("groups", []))
 
 
-def lock_is_held(lock: Path) -> bool:
-    """Whether some process holds this build lock now (a try with timeout 0, released at once)."""
-    if not lock.exists():
-        return False  # never create lock files for venvs nobody builds
+@dataclass(frozen=True)
+class Other:
+    """An entry that is not a venv: a leftover of ours, or something that is not ours."""
+
+    path: Path
+    why: str
+
+
+@dataclass
+class Inventory:
+    venvs: list[VenvEntry] = field(default_factory=list)  # oldest use first
+    garbage: list[Path] = field(default_factory=list)  # trash of a dead gc, orphan lock files
+    leftovers: list[Other] = field(default_factory=list)  # ours, but must stay for now
+    others: list[Other] = field(default_factory=list)  # not ours: never touched
+
+
+def check_venv_dir(root: Path, command: str) -> bool:
+    """Refuse a venv dir that `list`/`gc` must not work on; False if it does not exist.
+
+    `/`, `$HOME` and their ancestors hold the user's own files (a venv dir set to one of them
+    by mistake); a venv dir of another user is theirs to clean (and we could not anyway), so
+    `command` says to run it as that user. Then the trust checks the plugin makes (`trust`).
+    """
+    real = Path(os.path.realpath(root))
+    for home in _homes():
+        if real == home or real in home.parents:
+            raise VenvDirError(
+                f"the venv dir {root} is {'your home' if real == home else 'above your home'} "
+                f"({home}), which holds your own files: set RAY_UV_PLUGIN_VENV_DIR to the "
+                "directory that holds only venvs (default ~/.cache/ray-uv-plugin/venvs)."
+            )
+    if real == Path("/"):
+        raise VenvDirError(f"the venv dir {root} is /: set RAY_UV_PLUGIN_VENV_DIR to a venv dir.")
     try:
-        FileLock(lock, timeout=0).acquire().lock.release()
-    except Timeout:
-        return True
-    return False
+        st = os.lstat(real)
+    except FileNotFoundError:
+        return False
+    except PermissionError as e:
+        raise VenvDirError(
+            f"cannot read the venv dir {root} ({e.strerror}): run `ray-uv {command}` as the "
+            "user that runs Ray."
+        ) from None
+    gid = trust.trusted_gid()
+    if st.st_uid != os.geteuid() and (gid is None or st.st_gid != gid):
+        sudo = user_name(st.st_uid, f"#{st.st_uid}")
+        raise VenvDirError(
+            f"the venv dir {root} belongs to {_who(st.st_uid)}, not to you, "
+            f"{_who(os.geteuid())}: its venvs are that user's to list and remove: run "
+            f"`ray-uv {command}` as that user, e.g. `sudo -u {sudo} ray-uv {command}`."
+        )
+    trust.check_root(root)
+    return True
+
+
+def user_name(uid: int, unknown: str | None = None) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return unknown or f"uid {uid}"
+
+
+def _who(uid: int) -> str:
+    """`alice (uid 1001)`, or `uid 1001` for a uid without a name."""
+    name = user_name(uid)
+    return name if name == f"uid {uid}" else f"{name} (uid {uid})"
+
+
+def _homes() -> set[Path]:
+    homes = {os.environ.get("HOME", "")}
+    try:
+        homes.add(pwd.getpwuid(os.geteuid()).pw_dir)
+    except KeyError:
+        pass
+    return {Path(os.path.realpath(h)) for h in homes if h}
 
 
 def _proc_entries(proc: Path) -> Iterable[tuple[int, Path]]:
@@ -73,18 +156,19 @@ def _proc_entries(proc: Path) -> Iterable[tuple[int, Path]]:
 def venv_users(proc: Path = Path("/proc")) -> dict[str, set[int]]:
     """Real path of a venv -> pids of the live processes that run in it.
 
-    A process runs in a venv if its environment says `VIRTUAL_ENV=<venv>` (the plugin sets it
-    for every worker) or its argv[0] is `<venv>/bin/python...` (Ray starts workers with the
-    venv's interpreter). Processes we may not read are skipped: run `gc` as the user that runs
-    Ray (or root) so that none are.
+    A process runs in a venv if its environment says `RAY_UV_PLUGIN_VENV=<venv>` (the plugin
+    sets it for every worker; Ray workers' argv[0] is `ray::Name`, so this is what counts),
+    `VIRTUAL_ENV=<venv>` (older versions set that), or its argv[0] is `<venv>/bin/python...`.
+    Processes we may not read are skipped: run `gc` as the user that runs Ray (or root).
     """
     users: dict[str, set[int]] = {}
     for pid, pdir in _proc_entries(proc):
         venvs: set[str] = set()
         try:
             for item in (pdir / "environ").read_bytes().split(b"\0"):
-                if item.startswith(b"VIRTUAL_ENV="):
-                    venvs.add(os.fsdecode(item[len(b"VIRTUAL_ENV=") :]))
+                for prefix in (VENV_ENV, OLD_VENV_ENV):
+                    if item.startswith(prefix):
+                        venvs.add(os.fsdecode(item[len(prefix) :]))
             argv0 = os.fsdecode((pdir / "cmdline").read_bytes().split(b"\0")[0])
         except OSError:
             continue
@@ -97,49 +181,204 @@ def venv_users(proc: Path = Path("/proc")) -> dict[str, set[int]]:
     return users
 
 
-def scan(root: Path, users: Mapping[str, set[int]] | None = None) -> list[VenvEntry]:
-    """The venvs under `root`, oldest use first; `users` from `venv_users()` (scanned if None)."""
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
+
+
+def _kind(st: os.stat_result) -> str:
+    if stat.S_ISLNK(st.st_mode):
+        return "a symlink (never followed)"
+    return "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+
+
+def _marker(venv: Path, key: str) -> tuple[dict | None, str | None, float | None]:
+    """(metadata, what is wrong with the marker, its mtime); all None when there is none."""
+    st = _lstat(venv / MARKER)
+    if st is None:
+        return None, None, None
+    if not stat.S_ISREG(st.st_mode):
+        return None, f"its marker is {_kind(st)}", st.st_mtime
+    why = trust.why_untrusted(st, trust.trusted_gid())
+    if why:
+        return None, f"its marker is untrusted: {why}", st.st_mtime
+    meta = read_marker(venv)
+    if meta is None:
+        return None, "its marker is not a JSON object", st.st_mtime
+    if meta.get("key") != key:
+        return None, f"its marker names key {meta.get('key')!r}", st.st_mtime
+    return meta, None, st.st_mtime
+
+
+def _made_by_uv(venv: Path) -> bool:
+    """Whether `<venv>/pyvenv.cfg` is a regular file with the `uv = ` line uv writes. Its mode
+    is not checked: a dead build was never frozen, so its files have the builder's umask."""
+    st = _lstat(venv / "pyvenv.cfg")
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return False  # and never opened: a FIFO would block
+    try:
+        fd = trust.open_no_follow(venv / "pyvenv.cfg")
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        text = os.read(fd, 1 << 16).decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return any(re.match(r"uv\s*=", line.strip()) for line in text.splitlines())
+
+
+def _held(lock: Path) -> bool | None:
+    """`lockfile.is_held`, asked only of a regular file (opening a FIFO would block): a lock
+    that is anything else is no build lock of the plugin, which never makes one."""
+    st = _lstat(lock)
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return False
+    return lockfile.is_held(lock)
+
+
+def _build_record(root: Path, key: str) -> tuple[str | None, float]:
+    """(why `<key>` is not provably the plugin's, or None; mtime of its lock file, or 0).
+
+    Proof is both uv's `pyvenv.cfg` in it and our `<key>.lock` beside it (the plugin creates
+    the lock before uv runs): a directory merely named like a key is somebody else's.
+    """
+    lock = lock_path(root, key)
+    st = _lstat(lock)
+    if st is None:
+        return f"no build lock {lock.name} of the plugin beside it", 0.0
+    if not stat.S_ISREG(st.st_mode):
+        return f"{lock.name} is {_kind(st)}", 0.0
+    why = trust.why_untrusted(st, trust.trusted_gid())
+    if why:
+        return f"{lock.name} is untrusted: {why}", 0.0
+    if not _made_by_uv(root / key):
+        return "it has no pyvenv.cfg written by uv", st.st_mtime
+    return None, st.st_mtime
+
+
+def _venv(root: Path, key: str, users: Mapping[str, set[int]]) -> VenvEntry | Other | None:
+    path = root / key
+    st = _lstat(path)
+    if st is None:
+        return None  # removed while we looked
+    if not stat.S_ISDIR(st.st_mode):
+        return Other(path, f"named like a venv but {_kind(st)}")
+    pids = tuple(sorted(users.get(os.path.realpath(path), ())))
+    why = trust.why_untrusted(st, trust.trusted_gid())
+    if why:
+        note = f"{why} ({trust.describe(st)})"
+        return VenvEntry(key, path, UNTRUSTED, None, st.st_mtime, pids, note, owner=st.st_uid)
+    meta, problem, marker_mtime = _marker(path, key)
+    if meta is not None and marker_mtime is not None:
+        return VenvEntry(key, path, READY, meta, marker_mtime, pids, owner=st.st_uid)
+    not_ours, lock_mtime = _build_record(root, key)
+    changed = max(st.st_mtime, lock_mtime)
+    if problem is not None:
+        return VenvEntry(key, path, BROKEN, None, changed, pids, problem, not_ours, st.st_uid)
+    held = _held(lock_path(root, key))
+    if held is None:
+        note = "its build lock cannot be checked: maybe being built"
+        return VenvEntry(key, path, BUILDING, None, changed, pids, note, owner=st.st_uid)
+    if held:
+        return VenvEntry(key, path, BUILDING, None, changed, pids, owner=st.st_uid)
+    if _lstat(path / MARKER) is not None:  # a build wrote it, then let go of the lock
+        return _venv(root, key, users)
+    if not_ours:
+        return Other(path, f"named like a venv, no marker, and {not_ours}")
+    return VenvEntry(key, path, INCOMPLETE, None, changed, pids, owner=st.st_uid)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError, ValueError):
+        return True  # another user's process, or not a pid we can ask about: keep its trash
+    return True
+
+
+def _trash(root: Path, name: str, inv: Inventory) -> None:
+    """`<key>.gc-<pid>` is garbage only once that gc is gone and nobody holds the key's lock:
+    a gc that is still running may be putting it back."""
+    path = root / name
+    match = TRASH_PATTERN.match(name)
+    assert match is not None
+    st = _lstat(path)
+    if st is None:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        inv.others.append(Other(path, f"named like a gc's trash but {_kind(st)}"))
+    elif why := trust.why_untrusted(st, trust.trusted_gid()):
+        inv.others.append(Other(path, f"untrusted: {why} ({trust.describe(st)})"))
+    elif _pid_alive(int(match.group(2))):
+        inv.leftovers.append(Other(path, f"trash of gc pid {match.group(2)}, still running"))
+    elif _held(lock_path(root, match.group(1))) is not False:
+        inv.leftovers.append(Other(path, "its key's build lock is held"))
+    elif st.st_uid != os.geteuid():
+        inv.leftovers.append(Other(path, f"owned by {user_name(st.st_uid)}: run gc as that user"))
+    else:
+        inv.garbage.append(path)
+
+
+def _lock(root: Path, name: str, key: str, inv: Inventory) -> None:
+    """`<key>.lock` is garbage when it is a trusted regular file, its venv is gone and nobody
+    holds it; while its venv exists it is part of it."""
+    path = root / name
+    st = _lstat(path)
+    if st is None:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        inv.others.append(Other(path, f"named like a build lock but {_kind(st)}"))
+    elif why := trust.why_untrusted(st, trust.trusted_gid()):
+        inv.others.append(Other(path, f"untrusted: {why} ({trust.describe(st)})"))
+    elif os.path.lexists(root / key) or _held(path) is not False:
+        return  # its venv's, or a build that is about to make the venv
+    else:
+        inv.garbage.append(path)
+
+
+def scan(root: Path, users: Mapping[str, set[int]] | None = None) -> Inventory:
+    """Everything under `root`, classified; `users` from `venv_users()` (scanned if None)."""
     if users is None:
         users = venv_users()
-    entries = []
+    inv = Inventory()
     try:
         names = sorted(os.listdir(root))
     except FileNotFoundError:
-        return []
+        return inv
     for name in names:
-        path = root / name
-        if not KEY_PATTERN.match(name) or not path.is_dir() or path.is_symlink():
-            continue
-        meta = read_marker(path)
-        try:
-            last_used = (path / MARKER).stat().st_mtime if meta else path.stat().st_mtime
-        except FileNotFoundError:  # removed or finished while we looked
-            continue
-        if meta is not None:
-            state = READY
-        else:
-            state = BUILDING if lock_is_held(lock_path(root, name)) else INCOMPLETE
-        pids = tuple(sorted(users.get(os.path.realpath(path), ())))
-        entries.append(VenvEntry(name, path, state, meta, last_used, pids))
-    entries.sort(key=lambda e: e.last_used)
-    return entries
+        _classify(root, name, users, inv)
+    inv.venvs.sort(key=lambda e: e.last_used)
+    return inv
 
 
-def leftovers(root: Path) -> tuple[list[Path], list[Path]]:
-    """Garbage that is no venv: trash dirs of an interrupted `gc`, and lock files whose venv is
-    gone and whose lock nobody holds."""
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return [], []
-    trash = [root / n for n in sorted(names) if TRASH_PATTERN.match(n)]
-    locks = []
-    for name in sorted(names):
-        key = name.removesuffix(".lock")
-        if name.endswith(".lock") and KEY_PATTERN.match(key) and not (root / key).exists():
-            if not lock_is_held(root / name):
-                locks.append(root / name)
-    return trash, locks
+def scan_one(root: Path, name: str) -> Inventory:
+    """One entry of `root`, classified again (`gc` does so just before it removes garbage)."""
+    inv = Inventory()
+    _classify(root, name, {}, inv)
+    return inv
+
+
+def _classify(root: Path, name: str, users: Mapping[str, set[int]], inv: Inventory) -> None:
+    if KEY_PATTERN.match(name):
+        found = _venv(root, name, users)
+        if isinstance(found, VenvEntry):
+            inv.venvs.append(found)
+        elif found is not None:
+            inv.others.append(found)
+    elif TRASH_PATTERN.match(name):
+        _trash(root, name, inv)
+    elif match := LOCK_PATTERN.match(name):
+        _lock(root, name, match.group(1), inv)
+    else:
+        inv.others.append(Other(root / name, "not named like a venv (16 hex digits)"))
 
 
 @dataclass
@@ -173,24 +412,23 @@ class DiskUsage:
 
 
 def _walk(path: Path, into: dict[tuple[int, int], int]) -> None:
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
+    st = _lstat(path)
+    if st is None:
         return
     into[(st.st_dev, st.st_ino)] = st.st_blocks * 512
-    stack = [str(path)] if path.is_dir() and not path.is_symlink() else []
+    stack = [str(path)] if stat.S_ISDIR(st.st_mode) else []
     while stack:
         try:
             with os.scandir(stack.pop()) as it:
                 for entry in it:
                     try:
                         st = entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
+                    except OSError:
                         continue
                     into[(st.st_dev, st.st_ino)] = st.st_blocks * 512
-                    if entry.is_dir(follow_symlinks=False):
+                    if stat.S_ISDIR(st.st_mode):
                         stack.append(entry.path)
-        except (FileNotFoundError, NotADirectoryError):
+        except OSError:  # gone, or unreadable to us: counted as far as we can see
             continue
 
 

@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import time
+from urllib.parse import urlparse
 
 from ray._private.runtime_env.context import RuntimeEnvContext
 from ray._private.runtime_env.plugin import RuntimeEnvPlugin
@@ -45,10 +46,10 @@ def request_working_dir(runtime_env: dict) -> str | None:
     uri = runtime_env.get("working_dir")
     if not uri:
         return None
-    from ray._private.runtime_env.packaging import get_local_dir_from_uri, parse_uri
+    from ray._private.runtime_env.packaging import get_local_dir_from_uri
 
-    if uri.startswith("local://"):
-        return parse_uri(uri)[1]
+    if uri.startswith("local://"):  # a dir that exists on every node: `local:///abs/path`
+        return urlparse(uri).path
     base = _runtime_env_dir()
     if base is None:
         return os.environ.get(WORKING_DIR_ENV)

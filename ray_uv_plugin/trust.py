@@ -31,6 +31,10 @@ class UntrustedPathError(PermissionError):
     """A path under the venv dir that someone else could have written; says what to do."""
 
 
+class WrongTypeError(UntrustedPathError):
+    """A trusted path of the wrong kind: a file where a directory belongs, or the reverse."""
+
+
 def trusted_gid() -> int | None:
     value = os.environ.get(TRUSTED_GROUP_ENV, "").strip()
     if not value:
@@ -100,15 +104,15 @@ def check_stat(path: Path, st: os.stat_result, what: str, kind: int = stat.S_IFD
     """Raise unless `st` (an `lstat`/`fstat` of `path`) is of `kind` and trusted."""
     if stat.S_ISLNK(st.st_mode):
         _raise(path, st, "it is a symlink, which is never followed", what)
-    if stat.S_IFMT(st.st_mode) != kind:
-        wanted = "a directory" if kind == stat.S_IFDIR else "a regular file"
-        raise UntrustedPathError(
-            f"uv_project: {what} {path} is not {wanted} ({describe(st)}): remove it, or point "
-            "RAY_UV_PLUGIN_VENV_DIR at a directory of your own."
-        )
     why = why_untrusted(st, trusted_gid())
     if why:
         _raise(path, st, why, what)
+    if stat.S_IFMT(st.st_mode) != kind:
+        wanted = "a directory" if kind == stat.S_IFDIR else "a regular file"
+        raise WrongTypeError(
+            f"uv_project: {what} {path} is not {wanted} ({describe(st)}): remove it, or point "
+            "RAY_UV_PLUGIN_VENV_DIR at a directory of your own."
+        )
 
 
 def check_dir(path: Path, what: str) -> os.stat_result:
@@ -137,9 +141,10 @@ def check_root(root: Path) -> None:
 
 
 def open_no_follow(path: Path, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
-    """Open `path` without following a symlink at it (ELOOP is reported as untrusted)."""
+    """Open `path` without following a symlink at it (ELOOP is reported as untrusted), and
+    without blocking on a FIFO planted in its place (`check_fd` then refuses it)."""
     try:
-        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
     except OSError as e:
         if e.errno == 40:  # ELOOP: the last component is a symlink
             _raise(path, os.lstat(path), "it is a symlink, which is never followed", "the file")

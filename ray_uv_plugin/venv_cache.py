@@ -141,6 +141,8 @@ def check_ready(root: Path, key: str) -> str | None:
         return "absent"
     try:
         meta = _read_marker(venv, touch=True)
+    except trust.WrongTypeError:
+        return "its marker is not a regular file"
     except trust.UntrustedPathError:
         raise
     except (OSError, ValueError) as e:

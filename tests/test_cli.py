@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -18,7 +19,7 @@ from ray_uv_plugin import cli
 from ray_uv_plugin.inventory import format_bytes
 from ray_uv_plugin.schema import SCHEMAS_ENV, schema_path
 from ray_uv_plugin.venv_cache import MARKER
-from tests.test_gc import du_bytes
+from tests.test_gc import du_bytes, made_by_plugin
 
 RAY_UV = str(Path(sys.executable).parent / "ray-uv")
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,6 +161,99 @@ def test_list_and_gc_on_a_venv_dir(tmp_path: Path) -> None:
     bare = ray_uv("gc", env=env)
     assert new.exists()
     assert "hint: only unfinished builds and leftovers go without limits" in bare.stdout
+
+
+def test_list_and_gc_report_odd_entries_instead_of_crashing(tmp_path: Path) -> None:
+    """Markers that are a directory, binary, a JSON list, another key's, or a symlink: `list`
+    and `gc` report them as broken, and gc removes one only if the plugin provably made it."""
+    env = {"RAY_UV_PLUGIN_VENV_DIR": str(tmp_path)}
+    odd = {"1" * 16: "a directory", "2" * 16: "binary", "3" * 16: "a JSON list"}
+    odd |= {"4" * 16: "another key's", "5" * 16: "a symlink"}
+    for key in odd:
+        (tmp_path / key / "lib").mkdir(parents=True)
+    (tmp_path / ("1" * 16) / MARKER).mkdir()
+    (tmp_path / ("2" * 16) / MARKER).write_bytes(b"\x00\xff\xfe{")
+    (tmp_path / ("3" * 16) / MARKER).write_text("[1, 2]")
+    (tmp_path / ("4" * 16) / MARKER).write_text(json.dumps({"format": 1, "key": "f" * 16}))
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-marker"
+    elsewhere.write_text(json.dumps({"format": 1, "key": "5" * 16, "project": "/p"}))
+    (tmp_path / ("5" * 16) / MARKER).symlink_to(elsewhere)
+    ours = made_by_plugin(tmp_path, "6" * 16, hours=2)  # the plugin's, unchanged for 2 hours
+    (ours / MARKER).write_text("[]")
+    os.utime(ours, (0, 0))
+    (tmp_path / "experiment.csv").write_text("run,loss\n")
+
+    out = ray_uv("list", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    listed = json.loads(out.stdout)
+    states = {v["key"]: v["state"] for v in listed["venvs"]}
+    assert states == {key: "broken marker" for key in [*odd, ours.name]}
+    notes = {v["key"]: v["note"] for v in listed["venvs"]}
+    assert notes == {
+        "1" * 16: "its marker is a directory",
+        "2" * 16: "its marker is not a JSON object",
+        "3" * 16: "its marker is not a JSON object",
+        "4" * 16: f"its marker names key {'f' * 16!r}",
+        "5" * 16: "its marker is a symlink (never followed)",
+        "6" * 16: "its marker is not a JSON object",
+    }
+    not_ours = {v["key"]: v["not_ours"] for v in listed["venvs"]}
+    assert not_ours == {
+        **{key: f"no build lock {key}.lock of the plugin beside it" for key in odd},
+        ours.name: None,
+    }
+    assert listed["others"] == [
+        {"path": str(tmp_path / "experiment.csv"), "why": "not named like a venv (16 hex digits)"}
+    ]
+    table = ray_uv("list", env=env)
+    assert table.returncode == 0, table.stderr
+    assert "experiment.csv: not ours, left alone: not named like a venv" in table.stdout
+
+    out = ray_uv("gc", "--older-than", "0", env=env)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert f"Removed {'6' * 16}: broken marker: its marker is not a JSON object" in out.stdout
+    assert (
+        f"Kept {'1' * 16}: broken marker: its marker is a directory; not ours, left alone: "
+        f"no build lock {'1' * 16}.lock of the plugin beside it"
+    ) in out.stdout
+    assert "experiment.csv: not ours, left alone: not named like a venv" in out.stdout
+    assert sorted(os.listdir(tmp_path)) == sorted([*odd, "experiment.csv"])
+    assert elsewhere.exists()
+
+
+def test_list_and_gc_refuse_home_and_slash(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    made_by_plugin(home, "0123456789abcdef")  # an old gc took this for a dead build
+    env = {"HOME": str(home), "RAY_UV_PLUGIN_VENV_DIR": str(home)}
+    for args in (["gc", "--older-than", "0"], ["list"]):
+        out = ray_uv(*args, env=env)
+        assert out.returncode == 2
+        assert out.stderr == (
+            f"error: the venv dir {home} is your home ({home}), which holds your own files: set "
+            "RAY_UV_PLUGIN_VENV_DIR to the directory that holds only venvs (default "
+            "~/.cache/ray-uv-plugin/venvs).\n"
+        )
+    assert (home / "0123456789abcdef" / "pyvenv.cfg").exists()
+    out = ray_uv("list", env={"HOME": str(home), "RAY_UV_PLUGIN_VENV_DIR": "/"})
+    assert out.returncode == 2 and "error: the venv dir / is above your home" in out.stderr
+
+
+def test_a_failed_nodes_error_keeps_its_brackets() -> None:
+    """`ray-uv prepare` prints each node's error through rich: `[default]` must survive."""
+    from rich.console import Console
+
+    from ray_uv_plugin.prepare import NodeResult
+
+    error = "uv_project: ray[default]==2.60.0 is not in [project] dependencies: [bold]x"
+    failed = NodeResult("3f2a9c1d00ff", "10.0.0.7", ok=False, seconds=1.5, error=error)
+    built = NodeResult("77aa00", "10.0.0.8", ok=True, seconds=2.0, built=True, key="[red]k")
+    console = Console(file=io.StringIO(), width=300, color_system=None, soft_wrap=True)
+    console.print(cli.node_line(failed))
+    console.print(cli.node_line(built))
+    assert console.file.getvalue().splitlines() == [
+        f"10.0.0.7 (3f2a9c1d): failed: {error}",
+        "10.0.0.8 (77aa00): uv_project [red]k: built in 2.00s",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -2,26 +2,34 @@
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
 import random
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import packaging
 import pytest
 
-from ray_uv_plugin import gc, inventory
-from ray_uv_plugin.inventory import BUILDING, INCOMPLETE, READY, VenvEntry
+from ray_uv_plugin import gc, inventory, lockfile
+from ray_uv_plugin.inventory import BUILDING, INCOMPLETE, READY, UNTRUSTED, VenvEntry
 from ray_uv_plugin.project import load_project
 from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.venv_cache import MARKER, ensure_venv, lock_path
+from ray_uv_plugin.venv_cache import MARKER, VenvDirError, ensure_venv, lock_path
 from tests.uvproject import write_project
 
 DAY = 86400.0
 NOW = 1_000_000_000.0
+ROOT = Path(__file__).resolve().parents[1]
+DEAD_PID = int(Path("/proc/sys/kernel/pid_max").read_text())  # pids are below it: never alive
 
 
 def du_bytes(*paths: Path) -> int:
@@ -139,40 +147,43 @@ def test_measure_matches_real_du_with_hardlinks_and_symlinks(tmp_path: Path) -> 
     assert u.freed([b], [a]) == du_bytes(a, b) - du_bytes(a)
 
 
-def test_venv_users_sees_virtual_env_and_argv0(tmp_path: Path) -> None:
+def test_venv_users_sees_the_plugins_variable_virtual_env_and_argv0(tmp_path: Path) -> None:
     venv = tmp_path / "0123456789abcdef"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
     sleep = ["-c", "import time; time.sleep(60)"]
-    by_env = subprocess.Popen(
-        [sys.executable, *sleep], env={**os.environ, "VIRTUAL_ENV": str(venv)}
+    plain = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "RAY_UV_PLUGIN_VENV")}
+    # A Ray worker as the plugin starts it now: argv[0] `ray::Name`, RAY_UV_PLUGIN_VENV set.
+    by_plugin = subprocess.Popen(
+        ["ray::Worker", "60"],
+        executable=shutil.which("sleep"),
+        env={**plain, "RAY_UV_PLUGIN_VENV": str(venv)},
     )
-    by_argv = subprocess.Popen(
-        [str(venv / "bin" / "python"), *sleep],
-        env={k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"},
-    )
+    by_env = subprocess.Popen([sys.executable, *sleep], env={**plain, "VIRTUAL_ENV": str(venv)})
+    by_argv = subprocess.Popen([str(venv / "bin" / "python"), *sleep], env=plain)
+    procs = [by_plugin, by_env, by_argv]
     try:
         time.sleep(0.3)
         users = inventory.venv_users()
-        assert {by_env.pid, by_argv.pid} <= users[os.path.realpath(venv)]
+        assert {p.pid for p in procs} <= users[os.path.realpath(venv)]
     finally:
-        by_env.kill()
-        by_argv.kill()
-        by_env.wait()
-        by_argv.wait()
+        for p in procs:
+            p.kill()
+            p.wait()
     assert os.path.realpath(venv) not in inventory.venv_users()
 
 
 @pytest.fixture
-def held_lock() -> Iterator[callable]:
-    """Hold a file lock in another process, as a building raylet would."""
+def held_lock() -> Iterator[Callable[[Path], None]]:
+    """Hold a build lock in another process, as a building raylet would."""
     procs: list[subprocess.Popen] = []
 
     def hold(path: Path) -> None:
         code = (
-            "import sys, time; from filelock import FileLock\n"
-            "lock = FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True)\n"
-            "time.sleep(120)\n"
+            "import sys, time; from pathlib import Path; from ray_uv_plugin.lockfile import "
+            "BuildLock\n"
+            "lock = BuildLock(Path(sys.argv[1])); assert lock.try_acquire()\n"
+            "print('held', flush=True); time.sleep(120)\n"
         )
         p = subprocess.Popen(
             [sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True
@@ -186,27 +197,219 @@ def held_lock() -> Iterator[callable]:
         p.wait()
 
 
+def made_by_plugin(root: Path, key: str, marker: dict | None = None, hours: float = 2) -> Path:
+    """What the plugin leaves, without uv: `<key>/pyvenv.cfg` as uv writes it, `<key>.lock`
+    holding its last holder's pid, a marker naming the key if `marker`; unchanged for `hours`."""
+    venv = root / key
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\nuv = 0.13.9\nversion_info = 3.11.7\n")
+    lock_path(root, key).write_text("4242 node-a\n")
+    touched = [venv, lock_path(root, key)]
+    if marker is not None:
+        (venv / MARKER).write_text(json.dumps({"format": 1, "key": key, **marker}))
+        touched.append(venv / MARKER)
+    t = time.time() - hours * 3600
+    for path in touched:
+        os.utime(path, (t, t))
+    return venv
+
+
 def test_scan_states_and_leftovers(tmp_path: Path, held_lock) -> None:
     root = tmp_path
-    ready, building, dead = "a" * 16, "b" * 16, "c" * 16
-    for key in (ready, building, dead):
-        (root / key / "bin").mkdir(parents=True)
-    (root / ready / MARKER).write_text('{"project": "/p", "extras": ["x"], "groups": []}')
-    lock_path(root, dead).touch()  # a lock file nobody holds: the build died
+    ready, building, dead, fresh = "a" * 16, "b" * 16, "c" * 16, "f" * 16
+    made_by_plugin(root, ready, {"project": "/p", "extras": ["x"], "groups": []}, hours=0)
+    made_by_plugin(root, building)
     held_lock(lock_path(root, building))
-    (root / f"{'d' * 16}.gc-123").mkdir()  # an interrupted gc
+    made_by_plugin(root, dead)  # no marker, lock free, unchanged for 2 hours: the build died
+    made_by_plugin(root, fresh, hours=0)  # the same, but just now
+    trash = f"{'d' * 16}.gc-{DEAD_PID}"
+    (root / trash).mkdir()  # an interrupted gc
     lock_path(root, "e" * 16).touch()  # lock of a venv that is gone
     (root / "not-a-venv").mkdir()
-    states = {e.key: e.state for e in inventory.scan(root, users={})}
-    assert states == {ready: READY, building: BUILDING, dead: INCOMPLETE}
-    trash, locks = inventory.leftovers(root)
-    assert [p.name for p in trash] == [f"{'d' * 16}.gc-123"]
-    assert [p.name for p in locks] == [f"{'e' * 16}.lock"]
+    inv = inventory.scan(root, users={})
+    states = {e.key: e.state for e in inv.venvs}
+    assert states == {ready: READY, building: BUILDING, dead: INCOMPLETE, fresh: INCOMPLETE}
+    assert [p.name for p in inv.garbage] == [trash, f"{'e' * 16}.lock"]
+    assert [o.path.name for o in inv.others] == ["not-a-venv"]
     report = gc.collect(root, older_than_days=0)
     assert keys(report.removed) == [dead]
-    assert sorted(p.name for p in report.garbage) == [f"{'d' * 16}.gc-123", f"{'e' * 16}.lock"]
-    assert sorted(os.listdir(root)) == sorted([ready, building, f"{building}.lock", "not-a-venv"])
-    assert {d.entry.key: d.reason for d in report.kept}[building] == "being built"
+    assert sorted(p.name for p in report.garbage) == [trash, f"{'e' * 16}.lock"]
+    reasons = {d.entry.key: d.reason for d in report.kept}
+    assert reasons[building] == "being built"
+    assert reasons[fresh] == "unfinished build, changed 0s ago: may still be in use"
+    assert reasons[ready] == "used 0s ago"
+    assert sorted(os.listdir(root)) == sorted(
+        [ready, f"{ready}.lock", building, f"{building}.lock", fresh, f"{fresh}.lock", "not-a-venv"]
+    )
+
+
+def test_a_build_that_ends_while_scanned_is_ready_not_dead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plugin writes the marker, then lets go of the lock: a scan that found no marker and
+    then a free lock looks at the marker again instead of calling the venv a dead build."""
+    key = "a" * 16
+    venv = made_by_plugin(tmp_path, key)
+
+    def build_ends(path: Path) -> bool:
+        (venv / MARKER).write_text(json.dumps({"format": 1, "key": key, "project": "/p"}))
+        return False
+
+    monkeypatch.setattr(lockfile, "is_held", build_ends)
+    assert [(e.key, e.state) for e in inventory.scan(tmp_path, users={}).venvs] == [(key, READY)]
+
+
+def snapshot(*dirs: Path) -> dict[str, object]:
+    """Every path under `dirs` with its type, owner, mode and content (or link target)."""
+    seen: dict[str, object] = {}
+    for d in dirs:
+        for dirpath, dirnames, filenames in os.walk(d):
+            for name in dirnames + filenames:
+                path = os.path.join(dirpath, name)
+                st = os.lstat(path)
+                if stat.S_ISLNK(st.st_mode):
+                    content: object = os.readlink(path)
+                elif stat.S_ISREG(st.st_mode):
+                    content = Path(path).read_bytes()
+                else:
+                    content = None
+                seen[path] = (st.st_mode, st.st_uid, content)
+    return seen
+
+
+def test_gc_leaves_what_is_not_ours_alone(tmp_path: Path) -> None:
+    """A venv dir set by mistake to a dir of other things: gc removes nothing that is not
+    provably a venv of the plugin, follows no symlink, and says why it left each thing."""
+    root, outside = tmp_path / "venvs", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "experiment.csv").write_text("run,loss\n1,0.3\n")
+    data = root / "0123456789abcdef"  # named like a key: no pyvenv.cfg, no lock
+    data.mkdir()
+    (data / "results.txt").write_text("keep me")
+    victim = made_by_plugin(outside, "1" * 16)  # looks like ours, but outside the venv dir
+    (root / ("1" * 16)).symlink_to(victim)
+    (outside / "precious.txt").write_text("keep me too")
+    (root / f"{'2' * 16}.lock").symlink_to(outside / "precious.txt")
+    (root / f"{'3' * 16}.gc-{DEAD_PID}").symlink_to(victim)
+    made_by_plugin(root, "4" * 16)
+    lock_path(root, "4" * 16).unlink()  # made by uv, but not by the plugin
+    made_by_plugin(root, "5" * 16)
+    (root / ("5" * 16) / "pyvenv.cfg").write_text("home = /usr/bin\n")  # not by uv
+    writable = made_by_plugin(root, "6" * 16, {"project": "/p"}, hours=999)
+    writable.chmod(0o777)  # anybody could have put anything in it
+    (root / f"{'9' * 16}.lock").mkdir()
+    os.mkfifo(root / f"{'a' * 16}.lock")  # opening a FIFO would block: never opened
+    (root / ("b" * 16)).mkdir()
+    os.mkfifo(root / f"{'b' * 16}.lock")
+    made_by_plugin(root, "c" * 16)
+    (root / ("c" * 16) / "pyvenv.cfg").unlink()
+    os.mkfifo(root / ("c" * 16) / "pyvenv.cfg")
+    foreign = None
+    if os.geteuid() == 0:
+        foreign = made_by_plugin(root, "7" * 16, {"project": "/p"}, hours=999)
+        for path in (foreign, foreign / MARKER, lock_path(root, foreign.name)):
+            os.chown(path, 65534, 65534, follow_symlinks=False)
+        (root / f"{'8' * 16}.lock").touch()
+        os.chown(root / f"{'8' * 16}.lock", 65534, 65534)
+    for path in (data, root / "experiment.csv"):
+        os.utime(path, (0, 0))  # ages old enough for anything
+    before = snapshot(root, outside)
+    report = gc.collect(root, older_than_days=0)
+    assert report.removed == [] and report.garbage == []
+    assert snapshot(root, outside) == before
+    others = {o.path.name: o.why for o in report.others}
+    assert others["experiment.csv"] == "not named like a venv (16 hex digits)"
+    assert others[data.name] == (
+        "named like a venv, no marker, and no build lock 0123456789abcdef.lock of the plugin "
+        "beside it"
+    )
+    assert others["1" * 16] == "named like a venv but a symlink (never followed)"
+    assert others[f"{'2' * 16}.lock"] == "named like a build lock but a symlink (never followed)"
+    assert others[f"{'3' * 16}.gc-{DEAD_PID}"] == (
+        "named like a gc's trash but a symlink (never followed)"
+    )
+    assert others["4" * 16].endswith(f"no build lock {'4' * 16}.lock of the plugin beside it")
+    assert others["5" * 16].endswith("it has no pyvenv.cfg written by uv")
+    assert others[f"{'9' * 16}.lock"] == "named like a build lock but a directory"
+    assert others[f"{'a' * 16}.lock"] == "named like a build lock but not a regular file"
+    assert others["b" * 16].endswith(f"{'b' * 16}.lock is not a regular file")
+    assert others["c" * 16].endswith("it has no pyvenv.cfg written by uv")
+    kept = {d.entry.key: d.reason for d in report.kept}
+    assert kept["6" * 16].startswith("untrusted, left alone: others can write it (owner ")
+    if foreign is not None:
+        assert kept["7" * 16].startswith(
+            "untrusted, left alone: it is owned by another user (owner nobody (uid 65534)"
+        )
+        assert others[f"{'8' * 16}.lock"].startswith("untrusted: it is owned by another user")
+    assert all(e.state == UNTRUSTED for e in inventory.scan(root).venvs)
+
+
+def test_gc_refuses_a_venv_dir_of_slash_or_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    made_by_plugin(home, "0123456789abcdef")  # what an old gc would take for a dead build
+    monkeypatch.setenv("HOME", str(home))
+    before = snapshot(tmp_path)
+    with pytest.raises(VenvDirError, match=rf"the venv dir {home} is your home \({home}\)"):
+        gc.collect(home, older_than_days=0)
+    with pytest.raises(VenvDirError, match=f"the venv dir {tmp_path} is above your home"):
+        gc.collect(tmp_path, older_than_days=0)
+    with pytest.raises(VenvDirError, match="the venv dir / is above your home"):
+        gc.collect(Path("/"), older_than_days=0, dry_run=True)
+    with pytest.raises(VenvDirError, match="is your home"):  # the account's, whatever HOME says
+        gc.collect(Path(pwd.getpwuid(os.geteuid()).pw_dir), older_than_days=0, dry_run=True)
+    with pytest.raises(VenvDirError, match="is your home"):
+        inventory.check_venv_dir(home / ".." / "home", "list")
+    assert snapshot(tmp_path) == before
+
+
+def test_gc_refuses_a_venv_dir_of_another_user(tmp_path: Path) -> None:
+    """The venv dir's owner is not the invoker (here: root running gc on nobody's dir)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another user")
+    theirs = tmp_path / "theirs"
+    made_by_plugin(theirs, "a" * 16, {"project": "/p"}, hours=999)
+    os.chown(theirs, 65534, 65534)
+    before = snapshot(theirs)
+    with pytest.raises(VenvDirError) as e:
+        gc.collect(theirs, older_than_days=0)
+    assert str(e.value) == (
+        f"the venv dir {theirs} belongs to nobody (uid 65534), not to you, root (uid 0): its "
+        "venvs are that user's to list and remove: run `ray-uv gc` as that user, e.g. "
+        "`sudo -u nobody ray-uv gc`."
+    )
+    with pytest.raises(VenvDirError, match="`sudo -u nobody ray-uv list`"):
+        inventory.check_venv_dir(theirs, "list")
+    assert snapshot(theirs) == before
+
+
+def test_trash_is_garbage_only_once_its_gc_is_gone(tmp_path: Path, held_lock) -> None:
+    """Another gc may be putting its trash back: trash goes only when that gc's pid is dead and
+    nobody holds the key's lock."""
+    root = tmp_path
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        running = root / f"{'a' * 16}.gc-{live.pid}"
+        locked = root / f"{'b' * 16}.gc-{DEAD_PID}"
+        dead = root / f"{'c' * 16}.gc-{DEAD_PID}"
+        for trash in (running, locked, dead):
+            (trash / "lib" / "site").mkdir(parents=True)
+            (trash / "lib" / "site" / "mod.py").write_text("x = 1\n")
+            (trash / "lib" / "site").chmod(0o555)  # venvs are read-only once built
+            (trash / "lib").chmod(0o555)
+        held_lock(lock_path(root, "b" * 16))
+        report = gc.collect(root)
+        assert report.garbage == [dead]
+        assert {o.path: o.why for o in report.leftovers} == {
+            running: f"trash of gc pid {live.pid}, still running",
+            locked: "its key's build lock is held",
+        }
+        assert sorted(os.listdir(root)) == sorted([running.name, locked.name, f"{'b' * 16}.lock"])
+    finally:
+        live.kill()
+        live.wait()
 
 
 # --- real venvs built by uv ------------------------------------------------------------------
@@ -234,7 +437,7 @@ def test_gc_keeps_a_venv_in_use_and_frees_what_du_sees(project: Path, tmp_path: 
     used, idle = build(project, root, "six"), build(project, root, "ini")
     age_venv(used, 30)
     age_venv(idle, 30)
-    # A worker as the plugin starts it: the venv's python, VIRTUAL_ENV set.
+    # A worker as the plugin starts it: the venv's python, RAY_UV_PLUGIN_VENV set.
     worker = subprocess.Popen(
         [
             str(used / "bin" / "python"),
@@ -242,7 +445,7 @@ def test_gc_keeps_a_venv_in_use_and_frees_what_du_sees(project: Path, tmp_path: 
             "import sys, six; print('up', flush=True); sys.stdin.readline()\n"
             "import ray; print(six.__version__, ray.__version__, flush=True)",
         ],
-        env={**os.environ, "VIRTUAL_ENV": str(used)},
+        env={**os.environ, "RAY_UV_PLUGIN_VENV": str(used)},
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -267,7 +470,7 @@ def test_gc_keeps_a_venv_in_use_and_frees_what_du_sees(project: Path, tmp_path: 
     report = gc.collect(root, older_than_days=7)
     assert keys(report.removed) == [used.name]
     assert report.freed_bytes == du_before - du_bytes(root)
-    assert inventory.scan(root) == []
+    assert inventory.scan(root).venvs == []
 
 
 def test_dry_run_removes_nothing(project: Path, tmp_path: Path) -> None:
@@ -276,7 +479,7 @@ def test_dry_run_removes_nothing(project: Path, tmp_path: Path) -> None:
     age_venv(venv, 30)
     report = gc.collect(root, older_than_days=1, dry_run=True)
     assert keys(report.removed) == [venv.name]
-    assert report.freed_bytes == du_bytes(venv) > 0
+    assert report.freed_bytes == du_bytes(venv, lock_path(root, venv.name)) > 0
     assert (venv / MARKER).exists()
 
 
@@ -302,7 +505,7 @@ def test_gc_does_not_touch_a_build_in_progress(project: Path, tmp_path: Path) ->
     seen_building = []
     deadline = time.time() + 60
     while builder.poll() is None and time.time() < deadline:
-        entries = inventory.scan(root)
+        entries = inventory.scan(root).venvs
         if any(e.state == BUILDING for e in entries):
             report = gc.collect(root, older_than_days=0)
             seen_building.append([d.reason for d in report.kept])
@@ -313,7 +516,9 @@ def test_gc_does_not_touch_a_build_in_progress(project: Path, tmp_path: Path) ->
     venv_path, built = out.split()
     assert built == "True"
     assert seen_building, "the build finished before gc could see it in progress"
-    assert all(reasons == ["being built"] for reasons in seen_building)
+    # Each gc saw it being built, or (the build ended between the two scans) just made.
+    assert ["being built"] in seen_building, seen_building
+    assert all(r in (["being built"], ["used 0s ago"]) for r in seen_building), seen_building
     check = subprocess.run(
         [f"{venv_path}/bin/python", "-c", "import six, iniconfig"], capture_output=True
     )
@@ -344,7 +549,7 @@ def test_gc_racing_the_plugin_never_breaks_a_request(project: Path, tmp_path: Pa
     deadline = time.time() + 10
     try:
         while time.time() < deadline:
-            for e in inventory.scan(root):
+            for e in inventory.scan(root).venvs:
                 if e.state == READY:
                     age_venv(e.path, 1)
             removed += len(gc.collect(root, older_than_days=0).removed)
@@ -356,3 +561,163 @@ def test_gc_racing_the_plugin_never_breaks_a_request(project: Path, tmp_path: Pa
     venv = ensure_venv(spec, files, root=root).path
     assert subprocess.run([str(venv / "bin" / "python"), "-c", "import six"]).returncode == 0
     assert [n for n in os.listdir(root) if ".gc-" in n] == []
+
+
+def kill_build(venv: Path, hours: float = 0) -> None:
+    """Make a built venv look like a build killed before its marker, `hours` ago."""
+    venv.chmod(0o755)  # a built venv's top dir is read-only
+    (venv / MARKER).unlink(missing_ok=True)
+    t = time.time() - hours * 3600
+    for path in (venv, lock_path(venv.parent, venv.name)):
+        if path.exists():
+            os.utime(path, (t, t))
+
+
+def test_a_dead_build_goes_only_once_old_and_only_if_the_plugin_made_it(
+    project: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "venvs"
+    dead, orphan = build(project, root, "six"), build(project, root, "ini")
+    kill_build(dead)
+    kill_build(orphan)
+    lock_path(root, orphan.name).unlink()  # made by uv, but nothing says the plugin made it
+    report = gc.collect(root)
+    assert report.removed == []
+    assert {d.entry.key: d.reason for d in report.kept} == {
+        dead.name: "unfinished build, changed 0s ago: may still be in use"
+    }
+    assert [o.path for o in report.others] == [orphan]
+    kill_build(dead, hours=2)  # no marker, lock free, unchanged for longer than a build runs
+    os.utime(orphan, (0, 0))
+    du_before = du_bytes(root)
+    report = gc.collect(root)
+    assert [(d.entry.key, d.reason) for d in report.removed] == [(dead.name, "unfinished build")]
+    assert not dead.exists() and not lock_path(root, dead.name).exists()
+    assert report.freed_bytes == du_before - du_bytes(root) > 0
+    assert (orphan / "pyvenv.cfg").exists() and [o.path for o in report.others] == [orphan]
+
+
+# --- a second Unix user ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def user_dir() -> Iterator[Path]:
+    """A directory every user can traverse (tmp_path is root's alone), with a copy of the code
+    a second user runs: ray_uv_plugin and its one dependency that list and gc import."""
+    base = Path(tempfile.mkdtemp(prefix="ray-uv-user-", dir="/tmp"))
+    try:
+        ignore = shutil.ignore_patterns("__pycache__")
+        shutil.copytree(ROOT / "ray_uv_plugin", base / "lib" / "ray_uv_plugin", ignore=ignore)
+        shutil.copytree(Path(packaging.__file__).parent, base / "lib" / "packaging", ignore=ignore)
+        for dirpath, _dirnames, filenames in os.walk(base):
+            os.chmod(dirpath, 0o755)
+            for name in filenames:
+                os.chmod(os.path.join(dirpath, name), 0o644)
+        yield base
+    finally:
+        shutil.rmtree(base)
+
+
+CLI = "import sys; from ray_uv_plugin.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def as_user(user: tuple[str, int, int], base: Path, env: dict[str, str], *args: str):
+    """`ray-uv args` run as `user` (conftest's `other_user`), with a Python it can run (root's
+    may be under /root, which only root may enter)."""
+    if not shutil.which("runuser"):
+        pytest.skip("needs runuser to run a command as another user")
+    for python in (os.path.realpath(sys.executable), "/usr/bin/python3"):
+        command = [
+            "runuser", "-u", user[0], "--", "/usr/bin/env", "-i", "PATH=/usr/bin:/bin",
+            f"HOME={base}", f"PYTHONPATH={base / 'lib'}", "PYTHONDONTWRITEBYTECODE=1",
+            *(f"{k}={v}" for k, v in env.items()), python, "-c",
+        ]  # fmt: skip
+        probe = "import sys; assert sys.version_info >= (3, 11)"
+        if subprocess.run([*command, probe], cwd=base, capture_output=True).returncode == 0:
+            return subprocess.run(
+                [*command, CLI, *args], cwd=base, capture_output=True, text=True, timeout=120
+            )
+    pytest.skip(f"no Python >= 3.11 that {user[0]} may run")
+
+
+def chown_tree(path: Path, uid: int, gid: int) -> None:
+    os.chown(path, uid, gid, follow_symlinks=False)
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+
+
+def test_another_user_cannot_gc_roots_venv_dir(other_user, user_dir: Path) -> None:
+    """Another user runs `ray-uv gc`/`list` on root's venv dir: a clear refusal that names the
+    owner, no traceback, nothing removed."""
+    root = user_dir / "venvs"
+    made_by_plugin(root, "a" * 16, {"project": "/p"}, hours=999)
+    made_by_plugin(root, "b" * 16)  # a dead build
+    root.chmod(0o755)
+    before = snapshot(root)
+    env = {"RAY_UV_PLUGIN_VENV_DIR": str(root)}
+    for command in (["gc", "--older-than", "0"], ["list", "--json"]):
+        out = as_user(other_user, user_dir, env, *command)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert "Traceback" not in out.stderr
+        assert out.stderr == (
+            f"error: the venv dir {root} belongs to root (uid 0), not to you, {other_user[0]} "
+            f"(uid {other_user[1]}): its venvs are that user's to list and remove: run "
+            f"`ray-uv {command[0]}` as that user, e.g. `sudo -u root ray-uv {command[0]}`.\n"
+        )
+    assert snapshot(root) == before
+
+
+def test_a_read_only_member_of_the_trusted_group_lists_without_crashing(
+    other_user, user_dir: Path
+) -> None:
+    """A venv dir shared with a trusted group that the user may read but not write (lock files
+    it cannot open): `list` reports, `gc` keeps what it cannot check or does not own."""
+    root = user_dir / "shared"
+    made_by_plugin(root, "a" * 16, {"project": "/p"}, hours=999)
+    made_by_plugin(root, "b" * 16)  # no marker, and a lock the user cannot open
+    gid = other_user[2]
+    chown_tree(root, 0, gid)
+    for dirpath, _dirnames, filenames in os.walk(root):
+        os.chmod(dirpath, 0o2750)
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o640)
+    for key in ("a" * 16, "b" * 16):
+        lock_path(root, key).chmod(0o600)
+    before = snapshot(root)
+    env = {"RAY_UV_PLUGIN_VENV_DIR": str(root), "RAY_UV_PLUGIN_TRUSTED_GROUP": str(gid)}
+    out = as_user(other_user, user_dir, env, "list", "--json")
+    assert out.returncode == 0, out.stderr
+    states = {v["key"]: (v["state"], v["note"]) for v in json.loads(out.stdout)["venvs"]}
+    assert states == {
+        "a" * 16: ("ready", None),
+        "b" * 16: ("building", "its build lock cannot be checked: maybe being built"),
+    }
+    out = as_user(other_user, user_dir, env, "gc", "--older-than", "0")
+    assert out.returncode == 0, out.stderr
+    assert f"Kept {'a' * 16} (/p): owned by root: run gc as that user" in out.stdout
+    assert f"Kept {'b' * 16}: its build lock cannot be checked: maybe being built" in out.stdout
+    assert snapshot(root) == before
+
+
+def test_a_user_removes_its_own_read_only_venvs(other_user, user_dir: Path) -> None:
+    """Built venvs are read-only (no write bits on their dirs): a user who is not root can
+    still remove its own, and the trash of its own gc that died midway."""
+    root = user_dir / "mine"
+    venv = made_by_plugin(root, "a" * 16, {"project": "/p"}, hours=999)
+    trash = root / f"{'b' * 16}.gc-{DEAD_PID}"
+    for top in (venv, trash):
+        (top / "lib" / "site").mkdir(parents=True)
+        (top / "lib" / "site" / "mod.py").write_text("x = 1\n")
+    chown_tree(root, other_user[1], other_user[2])
+    for top in (venv, trash):
+        for sub in (top / "lib" / "site", top / "lib", top):
+            sub.chmod(0o555)
+    os.utime(venv / MARKER, (0, 0))
+    root.chmod(0o700)
+    env = {"RAY_UV_PLUGIN_VENV_DIR": str(root)}
+    out = as_user(other_user, user_dir, env, "gc", "--older-than", "0")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"Removed {venv.name} (/p): unused for" in out.stdout
+    assert f"Removed leftover {trash.name}" in out.stdout
+    assert os.listdir(root) == []

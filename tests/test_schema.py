@@ -165,7 +165,7 @@ def test_uv_project_is_exported_and_the_package_import_stays_light() -> None:
     code = (
         "import sys, ray_uv_plugin\n"
         "ray_uv_plugin.plugin_config()\n"
-        "print(sorted(m for m in ('ray', 'filelock', 'rich') if m in sys.modules))\n"
+        "print(sorted(m for m in ('ray', 'rich', 'packaging') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -183,3 +183,5 @@ def test_the_wheel_ships_the_schema(tmp_path: Path) -> None:
         assert "ray_uv_plugin/schemas/uv_project.json" in names
         assert json.loads(zf.read("ray_uv_plugin/schemas/uv_project.json")) == load_schema()
         assert "ray_uv_plugin/cli.py" in names
+        # The empty uv config dir that keeps user and system uv.toml files out of builds.
+        assert "ray_uv_plugin/uv_config/uv/uv.toml" in names

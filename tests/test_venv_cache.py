@@ -135,6 +135,9 @@ def _break(venv: Path, how: str) -> None:
         remove_tree(site)
     elif how == "bin/python removed":
         (venv / "bin" / "python").unlink()
+    elif how == "marker a directory":
+        (venv / MARKER).unlink()
+        (venv / MARKER).mkdir()
     else:
         (venv / MARKER).unlink()
         content = {
@@ -155,6 +158,7 @@ def _break(venv: Path, how: str) -> None:
         "marker garbage",
         "marker a JSON list",
         "marker of another key",
+        "marker a directory",
     ],
 )
 def test_a_ready_venv_that_is_no_longer_whole_is_rebuilt(project, tmp_path, counting_uv, how):
