@@ -29,6 +29,7 @@ from benchmarks.report import machine, plot, print_report, summarize, targets, w
 from benchmarks.runner import Case, Sample, Settings, run_all, run_sample, write_uv_wrapper
 from benchmarks.scenarios import BY_ID, HAND_SYNC, Inputs
 from ray_uv_plugin.project import load_project, resolve_project_dir
+from ray_uv_plugin.request import make_request
 from ray_uv_plugin.spec import parse_spec
 from ray_uv_plugin.venv_cache import ensure_venv, lookup
 
@@ -100,7 +101,7 @@ def plugin_cost(project: BenchProject, root: Path, calls: int = 2000) -> dict[st
         start = time.perf_counter()
         spec = parse_spec(value)
         files = load_project(resolve_project_dir(spec, None))
-        outcome = lookup(spec, files, root)
+        outcome = lookup(make_request(spec, files, {}), root)
         times.append(time.perf_counter() - start)
         assert outcome is not None, "the warm venv is not ready"
     times.sort()
