@@ -44,17 +44,23 @@ LINK_MODES = ("hardlink", "copy", "clone")  # all give the same files; `symlink`
 DEFAULT_LINK_MODE = "hardlink"
 EMPTY_CONFIG_DIR = Path(__file__).parent / "uv_config"  # holds an empty uv/uv.toml
 
-NOT_KEYED = frozenset(
+# Where uv resolves from: no locked install depends on them (every file comes from the URL and
+# hash in uv.lock), but `locked: false` resolves with them, and then they are keyed.
+RESOLVE_VARS = frozenset(
     {
-        "UV_CACHE_DIR",
-        "UV_NO_CACHE",
-        "UV_OFFLINE",
         "UV_INDEX_URL",
         "UV_EXTRA_INDEX_URL",
         "UV_DEFAULT_INDEX",
         "UV_INDEX",
         "UV_FIND_LINKS",
         "UV_INDEX_STRATEGY",
+        "UV_OFFLINE",
+    }
+)
+NOT_KEYED = RESOLVE_VARS | frozenset(
+    {
+        "UV_CACHE_DIR",
+        "UV_NO_CACHE",
         "UV_KEYRING_PROVIDER",
         "UV_NATIVE_TLS",
         "UV_INSECURE_HOST",
@@ -126,19 +132,6 @@ def _keyed(name: str) -> bool:
     if not name.startswith("UV_") or name in NOT_KEYED or name in CONTROLLED:
         return False
     return not name.startswith(NOT_KEYED_PREFIXES)
-
-
-RESOLVE_VARS = frozenset(
-    {
-        "UV_INDEX_URL",
-        "UV_EXTRA_INDEX_URL",
-        "UV_DEFAULT_INDEX",
-        "UV_INDEX",
-        "UV_FIND_LINKS",
-        "UV_INDEX_STRATEGY",
-        "UV_OFFLINE",
-    }
-)
 
 
 def keyed_settings(env: Mapping[str, str], resolves: bool = False) -> tuple[tuple[str, str], ...]:
