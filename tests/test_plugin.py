@@ -200,10 +200,9 @@ def test_every_bad_input_fails_the_actor_clearly_and_builds_nothing(env):
             "UV_LINK_MODE='symlink' is not allowed",
         ),
     }
-    refs = {
-        name: Probe.options(runtime_env=runtime_env).remote().where.remote()
-        for name, (runtime_env, _) in cases.items()
-    }
+    # The handles are kept: older Rays (2.44) lose an actor whose handle is dropped at once.
+    actors = {name: Probe.options(runtime_env=env).remote() for name, (env, _) in cases.items()}
+    refs = {name: actor.where.remote() for name, actor in actors.items()}
     before = ready_venvs(env["venvs"])
     for name, (_, words) in cases.items():
         with pytest.raises(RuntimeEnvSetupError) as info:
