@@ -7,8 +7,11 @@ every worker in the uv environment its class is registered for.
                            bundle_indices_list=[(0, [0, 1]), (1, [0, 1])])
 """
 
+from worker_groups._helper_tasks import HELPER_PYTHON_ENV, HelperTaskError
 from worker_groups.builder import RayWorkerBuilder
 from worker_groups.cluster import (
+    DEFAULT_MASTER_PORT_RANGE_HIGH,
+    DEFAULT_MASTER_PORT_RANGE_LOW,
     InfeasibleClusterError,
     PlacementGroupTimeoutError,
     RayVirtualCluster,
@@ -23,10 +26,15 @@ from worker_groups.registry import (
     get_actor_uv_project,
     register_actor_environment,
 )
-from worker_groups.sharding import NamedSharding, ShardingError
+from worker_groups.sharding import REPLICATED_AXES, NamedSharding, ShardingError
 
 __all__ = [
     "ACTOR_ENVIRONMENT_REGISTRY",
+    "DEFAULT_MASTER_PORT_RANGE_HIGH",
+    "DEFAULT_MASTER_PORT_RANGE_LOW",
+    "HELPER_PYTHON_ENV",
+    "REPLICATED_AXES",
+    "HelperTaskError",
     "PY_EXECUTABLES",
     "InfeasibleClusterError",
     "MultiWorkerFuture",

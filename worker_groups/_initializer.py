@@ -96,10 +96,13 @@ class IsolatedWorkerInitializer:
         num_gpus_per_node: int | None = None,
         **extra_options: Any,
     ) -> Any:
-        """Create the worker. Options, lowest to highest precedence: the caller's
-        ``extra_options``; what the class's ``configure_worker`` asks for (with a warning where
-        it overrides the caller); the placement (scheduling strategy, ``num_gpus``)."""
-        options = copy.deepcopy(extra_options)
+        """Create the worker. Options, lowest to highest precedence: the class's own
+        ``@ray.remote(...)`` options; the caller's ``extra_options`` (merged into them key by key,
+        so the decorator's ``runtime_env.env_vars`` survive under the group's); what the class's
+        ``configure_worker`` asks for (with a warning where it overrides the caller); the
+        placement (scheduling strategy, ``num_gpus``)."""
+        defaults = getattr(self.actor_class, "_default_options", None) or {}
+        options = merge_options(_ray_decorator_options(defaults), extra_options)
         init_kwargs = dict(self.init_kwargs)
         if hasattr(self.user_class, "configure_worker"):
             resources, env_vars, extra_kwargs, runtime_env = _call_configure(
@@ -119,12 +122,9 @@ class IsolatedWorkerInitializer:
                     )
                 options[key] = value
             env = options.setdefault("runtime_env", {})
-            for key, value in runtime_env.items():
-                if key != "env_vars":
-                    env[key] = value
             merged_vars = env.setdefault("env_vars", {})
-            for key, value in {**runtime_env.get("env_vars", {}), **env_vars}.items():
-                if key in merged_vars and merged_vars[key] != value:
+            for key, value in env_vars.items():
+                if key in merged_vars and merged_vars[key] != str(value):
                     logger.warning(
                         "%s.configure_worker sets env %s=%r over %r",
                         name,
@@ -133,6 +133,7 @@ class IsolatedWorkerInitializer:
                         merged_vars[key],
                     )
                 merged_vars[key] = str(value)
+            options["runtime_env"] = merge_options(env, runtime_env)
             init_kwargs.update(extra_kwargs)
         # One CPU of the bundle unless someone chose: a predictable share when groups colocate.
         options.setdefault("num_cpus", 1)
@@ -143,3 +144,26 @@ class IsolatedWorkerInitializer:
         )
         options["num_gpus"] = num_gpus
         return self.actor_class.options(**options).remote(*self.init_args, **init_kwargs)
+
+
+def merge_options(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``override`` merged into a copy of ``base``: dicts key by key, anything else replaced."""
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_options(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _ray_decorator_options(defaults: dict[str, Any]) -> dict[str, Any]:
+    """A decorator's options as ``.options()`` takes them: Ray keeps ``nsight`` as ``_nsight``."""
+    options = copy.deepcopy(dict(defaults))
+    env = options.get("runtime_env")
+    if isinstance(env, dict) and "_nsight" in env:
+        env = dict(env)
+        env.setdefault("nsight", env.pop("_nsight"))
+        env.pop("_nsight", None)
+        options["runtime_env"] = env
+    return options

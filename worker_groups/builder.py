@@ -16,6 +16,7 @@ from typing import Any
 import ray
 import ray.cloudpickle
 from ray.actor import ActorHandle
+from ray.runtime_env import RuntimeEnvConfig
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -57,6 +58,20 @@ def restore_method_signatures(handle: ActorHandle, specs: MethodSpecs) -> None:
         if is_generator and not shell._is_generator and name not in handle._ray_method_num_returns:
             shell._num_returns = "streaming"
         shell._is_generator = is_generator
+
+
+def check_runtime_env_config(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A runtime_env ``config`` (``{"setup_timeout_seconds": 1800}``), checked on the driver
+    by Ray's own `RuntimeEnvConfig`: a typo fails here, not in every worker."""
+    if config is None:
+        return None
+    if not isinstance(config, dict):
+        raise TypeError(f"runtime_env_config must be a dict, got {type(config).__name__}")
+    try:
+        RuntimeEnvConfig(**config)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"runtime_env_config={config!r}: {e}") from None
+    return copy.deepcopy(config)
 
 
 # Shipped by value: the initializer runs in environments that lack this package.

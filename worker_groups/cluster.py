@@ -1,14 +1,19 @@
-"""`RayVirtualCluster`: one placement group per (virtual) node, one ``{"GPU": 1, "CPU": k}`` bundle
-per GPU, reserved up front so every worker group placed on it starts where it was planned.
+"""`RayVirtualCluster`: ``{"GPU": 1, "CPU": k}`` bundles over nodes, reserved as placement groups
+on first use, so that every worker group placed on them starts where it was planned.
 
 ``k = max_colocated_worker_groups``: each colocated group's worker takes one CPU of its bundle and
 ``1 / k`` of its GPU. Logical GPUs work on CPU-only machines (``ray.init(num_gpus=4)``).
+
+Two layouts, as in NeMo RL: one ``PACK`` placement group per node (the default), or, with
+``_init_placement_groups(use_unified_pg=True)``, one group over all bundles whose bundle order
+``_sorted_bundle_indices`` follows the hardware (see `topology`), for model-parallel groups that
+span nodes. Creating the cluster touches no Ray; the placement groups are made when first asked
+for, and removed by `shutdown` or when the cluster is garbage collected.
 """
 
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -17,9 +22,21 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from worker_groups._helper_tasks import (
+    gpu_and_topology,
+    helper_runtime_env,
+    node_ip_and_free_port,
+    run_helpers,
+)
+from worker_groups.topology import BundleInfo, sort_bundle_indices_by_topology
+
 logger = logging.getLogger(__name__)
 
 STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
+# Below the usual ephemeral range (32768+), so a port picked here is not taken by the kernel for
+# an outgoing connection before the rendezvous binds it. Half-open: [low, high).
+DEFAULT_MASTER_PORT_RANGE_LOW = 1400
+DEFAULT_MASTER_PORT_RANGE_HIGH = 1999
 
 
 class ResourceInsufficientError(RuntimeError):
@@ -34,16 +51,12 @@ class PlacementGroupTimeoutError(ResourceInsufficientError, TimeoutError):
     """The request fits the cluster, but its resources did not free up in time."""
 
 
-@ray.remote(num_cpus=0)
-def _node_ip_and_free_port() -> tuple[str, int]:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    return ray.util.get_node_ip_address(), port
-
-
 def _fmt(resources: dict[str, float]) -> str:
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) + "}"
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class RayVirtualCluster:
@@ -56,13 +69,16 @@ class RayVirtualCluster:
         max_colocated_worker_groups: int = 1,
         num_gpus_per_node: int = 8,
         name: str = "",
-        placement_group_strategy: str = "STRICT_PACK",
+        placement_group_strategy: str = "SPREAD",
+        port_range_low: int | None = None,
+        port_range_high: int | None = None,
+        segment_size: None = None,
+        node_resource_constraints: list[dict[str, float]] | None = None,
+        *,
         ready_timeout_s: float = 180.0,
     ) -> None:
         counts = list(bundle_ct_per_node_list)
-        if not counts or any(
-            not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in counts
-        ):
+        if not counts or not all(_is_count(c) and c >= 0 for c in counts):
             raise ValueError(
                 f"bundle_ct_per_node_list={bundle_ct_per_node_list!r}: give a non-empty list of "
                 "bundle counts (ints >= 0), one per node, e.g. [2, 2]"
@@ -71,11 +87,11 @@ class RayVirtualCluster:
             raise ValueError(
                 "bundle_ct_per_node_list asks for no bundles at all: ask for at least 1"
             )
-        if not isinstance(max_colocated_worker_groups, int) or max_colocated_worker_groups < 1:
+        if not _is_count(max_colocated_worker_groups) or max_colocated_worker_groups < 1:
             raise ValueError(
                 f"max_colocated_worker_groups={max_colocated_worker_groups!r} must be an int >= 1"
             )
-        if use_gpus and (not isinstance(num_gpus_per_node, int) or num_gpus_per_node < 1):
+        if use_gpus and (not _is_count(num_gpus_per_node) or num_gpus_per_node < 1):
             raise ValueError(f"num_gpus_per_node={num_gpus_per_node!r} must be an int >= 1")
         if use_gpus and max(counts) > num_gpus_per_node:
             raise ValueError(
@@ -87,72 +103,132 @@ class RayVirtualCluster:
             raise ValueError(
                 f"placement_group_strategy={placement_group_strategy!r}; use one of {STRATEGIES}"
             )
+        low = DEFAULT_MASTER_PORT_RANGE_LOW if port_range_low is None else port_range_low
+        high = DEFAULT_MASTER_PORT_RANGE_HIGH if port_range_high is None else port_range_high
+        if not (_is_count(low) and _is_count(high) and 1 <= low < high <= 65536):
+            raise ValueError(
+                f"port range [{low!r}, {high!r}) must be ints with 1 <= low < high <= 65536"
+            )
+        if segment_size is not None:
+            raise ValueError(
+                f"segment_size={segment_size!r}: NVLink-domain segment trimming is not supported "
+                "here; leave it None (bundles are still sorted by topology, see docs)"
+            )
+        if node_resource_constraints is not None and len(node_resource_constraints) != len(counts):
+            raise ValueError(
+                f"node_resource_constraints has {len(node_resource_constraints)} entries for "
+                f"{len(counts)} nodes: give one dict (or None) per node"
+            )
+        if ready_timeout_s <= 0:
+            raise ValueError(f"ready_timeout_s={ready_timeout_s!r} must be > 0")
         self._bundle_ct_per_node_list = counts
+        self._world_size = sum(counts)
         self.use_gpus = use_gpus
         self.max_colocated_worker_groups = max_colocated_worker_groups
         self.num_gpus_per_node = num_gpus_per_node
         self.name = name
         self.placement_group_strategy = placement_group_strategy
-        self._ports_given: set[tuple[str, int]] = set()
+        self.port_range_low, self.port_range_high = low, high
+        self.segment_size = None
+        self.node_resource_constraints = node_resource_constraints
+        self.ready_timeout_s = ready_timeout_s
+        self._allocated_master_ports: set[int] = set()
         self._node_placement_groups: list[PlacementGroup] | None = None
-        self._create_placement_groups(ready_timeout_s)
+        self._sorted_bundle_indices: list[int] | None = None
+        self._nvlink_domain_per_bundle_index: tuple[str, ...] | None = None
+        self._shut_down = False
 
-    def bundle_resources(self) -> dict[str, float]:
-        return {"CPU": self.max_colocated_worker_groups, **({"GPU": 1} if self.use_gpus else {})}
+    def bundle_resources(self, node_idx: int = 0) -> dict[str, float]:
+        extra = (self.node_resource_constraints or [None] * (node_idx + 1))[node_idx] or {}
+        gpu = {"GPU": 1} if self.use_gpus else {}
+        return {"CPU": self.max_colocated_worker_groups, **gpu, **extra}
 
-    def _check_feasible(self) -> None:
+    # -- placement groups -------------------------------------------------------------------
+
+    def _init_placement_groups(
+        self, strategy: str | None = None, use_unified_pg: bool = False
+    ) -> list[PlacementGroup]:
+        """Create the placement groups unless they exist: one ``PACK`` group per node, or one
+        group of every bundle with ``strategy`` (default: the cluster's) when ``use_unified_pg``.
+        Waits at most ``ready_timeout_s``; a request that can never fit fails at once."""
+        if self._shut_down:
+            raise RuntimeError("this RayVirtualCluster was shut down: create a new one")
+        if self._node_placement_groups is not None:
+            return self._node_placement_groups
+        strategy = self.placement_group_strategy if strategy is None else strategy
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy={strategy!r}; use one of {STRATEGIES}")
+        per_node = [
+            [self.bundle_resources(i)] * count
+            for i, count in enumerate(self._bundle_ct_per_node_list)
+        ]
+        if use_unified_pg:
+            requests = [([b for node in per_node for b in node], strategy, "unified")]
+        else:
+            requests = [(b, "PACK", f"node{i}") for i, b in enumerate(per_node) if b]
+        self._check_feasible(requests)
+        pgs = [
+            placement_group(bundles, strategy=s, name=f"{self.name}-{n}" if self.name else "")
+            for bundles, s, n in requests
+        ]
+        self._wait_ready(pgs)
+        self._node_placement_groups = pgs
+        if use_unified_pg and self.use_gpus:
+            self._sort_unified_bundles(pgs[0])
+        return pgs
+
+    def _check_feasible(self, requests: list[tuple[list[dict], str, str]]) -> None:
         """Fail now, naming what is missing, instead of waiting out the timeout."""
-        bundle = self.bundle_resources()
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-        totals = {k: sum(n.get(k, 0) for n in nodes) for k in bundle}
-        need = {k: v * sum(self._bundle_ct_per_node_list) for k, v in bundle.items()}
-        short = {k: need[k] - totals[k] for k in need if need[k] > totals[k]}
+        keys = {k for bundles, _, _ in requests for b in bundles for k in b}
+        need = {k: sum(b.get(k, 0) for bs, _, _ in requests for b in bs) for k in keys}
+        totals = {k: sum(n.get(k, 0) for n in nodes) for k in keys}
+        short = {k: need[k] - totals[k] for k in keys if need[k] > totals[k]}
         if short:
             raise InfeasibleClusterError(
                 f"virtual cluster {self._bundle_ct_per_node_list} needs {_fmt(need)} in all but "
                 f"the Ray cluster has {_fmt(totals)} over {len(nodes)} node(s): missing "
                 f"{_fmt(short)}. Ask for fewer bundles or add nodes."
             )
-        if self.placement_group_strategy != "STRICT_PACK":
-            return
-        for i, count in enumerate(self._bundle_ct_per_node_list):
-            pg_need = {k: v * count for k, v in bundle.items()}
-            if count and not any(all(n.get(k, 0) >= v for k, v in pg_need.items()) for n in nodes):
-                largest = max(nodes, key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)), default={})
+
+        def fits(res: dict[str, float]) -> bool:
+            return any(all(n.get(k, 0) >= v for k, v in res.items()) for n in nodes)
+
+        for bundles, strategy, label in requests:
+            whole = {k: sum(b.get(k, 0) for b in bundles) for k in keys}
+            if not fits(bundles[0]):
                 raise InfeasibleClusterError(
-                    f"virtual node {i} needs {_fmt(pg_need)} on one node (STRICT_PACK) but the "
-                    f"largest node has {_fmt({k: largest.get(k, 0) for k in bundle})}: use fewer "
-                    "bundles per node or placement_group_strategy='PACK'."
+                    f"no node can hold one bundle {_fmt(bundles[0])} of placement group {label}"
+                )
+            if strategy == "STRICT_PACK" and not fits(whole):
+                raise InfeasibleClusterError(
+                    f"placement group {label} needs {_fmt(whole)} on one node (STRICT_PACK) but "
+                    "no node has that much: use placement_group_strategy='PACK' or fewer bundles"
+                )
+            if strategy == "STRICT_SPREAD" and len(bundles) > len(nodes):
+                raise InfeasibleClusterError(
+                    f"placement group {label} has {len(bundles)} bundles but STRICT_SPREAD needs "
+                    f"a node for each and the cluster has {len(nodes)}"
                 )
 
-    def _create_placement_groups(self, timeout_s: float) -> None:
-        self._check_feasible()
-        bundle = self.bundle_resources()
-        pgs = [
-            placement_group(
-                [dict(bundle) for _ in range(count)],
-                strategy=self.placement_group_strategy,
-                name=f"{self.name}-node-{i}" if self.name else "",
-            )
-            for i, count in enumerate(self._bundle_ct_per_node_list)
-            if count
-        ]
+    def _wait_ready(self, pgs: list[PlacementGroup]) -> None:
         start = time.perf_counter()
         ready, pending = ray.wait(
-            [pg.ready() for pg in pgs], num_returns=len(pgs), timeout=timeout_s
+            [pg.ready() for pg in pgs], num_returns=len(pgs), timeout=self.ready_timeout_s
         )
         if pending:
             for pg in pgs:
                 remove_placement_group(pg)
+            keys = {k for pg in pgs for b in pg.bundle_specs for k in b}
             raise PlacementGroupTimeoutError(
                 f"placement groups for virtual cluster {self._bundle_ct_per_node_list} "
-                f"({_fmt(bundle)} per bundle) were not ready after {timeout_s:g}s: "
-                f"{len(pending)} of {len(pgs)} still pending; available now: "
-                f"{_fmt({k: ray.available_resources().get(k, 0) for k in bundle})}. Other jobs or "
-                "placement groups hold the resources: free them or ask for fewer bundles."
+                f"({_fmt(self.bundle_resources())} per bundle) were not ready after "
+                f"{self.ready_timeout_s:g}s: {len(pending)} of {len(pgs)} still pending; "
+                f"available now: {_fmt({k: ray.available_resources().get(k, 0) for k in keys})}. "
+                "Other jobs or placement groups hold the resources: free them or ask for fewer "
+                "bundles."
             )
         ray.get(ready)
-        self._node_placement_groups = pgs
         logger.info(
             "virtual cluster %s: %d placement group(s) ready in %.2fs",
             self._bundle_ct_per_node_list,
@@ -160,41 +236,98 @@ class RayVirtualCluster:
             time.perf_counter() - start,
         )
 
+    def _sort_unified_bundles(self, pg: PlacementGroup) -> None:
+        """One probe per bundle (its GPU id and topology) and the hardware order of bundles."""
+        nodes = ray.util.placement_group_table(pg)["bundles_to_node_id"]
+        refs = [
+            gpu_and_topology.options(
+                runtime_env=helper_runtime_env(),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i),
+            ).remote()
+            for i in range(pg.bundle_count)
+        ]
+        facts = run_helpers(refs, "topology probe of the unified placement group")
+        infos = [BundleInfo(g, d, r, nodes[i]) for i, (g, d, r) in enumerate(facts)]
+        self._nvlink_domain_per_bundle_index = tuple(i.nvlink_domain for i in infos)
+        self._sorted_bundle_indices = sort_bundle_indices_by_topology(infos)
+
     def get_placement_groups(self) -> list[PlacementGroup]:
-        """One placement group per node that has bundles, in node order."""
-        if self._node_placement_groups is None:
-            raise RuntimeError("this RayVirtualCluster was shut down: create a new one")
-        return list(self._node_placement_groups)
+        """The placement groups (created on first call): one per node that has bundles, in node
+        order, or the single unified one."""
+        return [pg for pg in self._init_placement_groups() if pg.bundle_specs]
 
     def world_size(self) -> int:
-        return sum(self._bundle_ct_per_node_list)
+        return self._world_size
 
     def node_count(self) -> int:
-        return len(self.get_placement_groups())
+        return sum(1 for count in self._bundle_ct_per_node_list if count > 0)
+
+    # -- addresses and ports ----------------------------------------------------------------
+
+    def get_available_address_and_port(self, pg_idx: int, bundle_idx: int) -> tuple[str, int]:
+        """The node IP of a bundle and a port in the cluster's range that is free there."""
+        return self.get_available_addresses_and_ports_batch([(pg_idx, bundle_idx)])[0]
+
+    def get_available_addresses_and_ports_batch(
+        self, pg_bundle_pairs: list[tuple[int, int]], batch_size: int = 256
+    ) -> list[tuple[str, int]]:
+        """`get_available_address_and_port` for many bundles at once, in input order; at most
+        ``batch_size`` results are fetched at a time."""
+        pgs = self.get_placement_groups()
+        refs = []
+        for pg_idx, bundle_idx in pg_bundle_pairs:
+            pg = pgs[0] if len(pgs) == 1 else pgs[pg_idx]
+            if not 0 <= bundle_idx < pg.bundle_count:
+                raise IndexError(f"bundle {bundle_idx} not in 0..{pg.bundle_count - 1}")
+            strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle_idx)
+            refs.append(
+                node_ip_and_free_port.options(
+                    runtime_env=helper_runtime_env(), scheduling_strategy=strategy
+                ).remote(self.port_range_low, self.port_range_high)
+            )
+        results: list[tuple[str, int]] = []
+        for start in range(0, len(refs), batch_size):
+            chunk = refs[start : start + batch_size]
+            results.extend(tuple(r) for r in run_helpers(chunk, "address and port probe"))
+        return results
 
     def get_master_address_and_port(self) -> tuple[str, int]:
-        """A free port on the node of the first bundle, never one this cluster handed out before,
-        so two groups on the same bundles get distinct ``MASTER_PORT`` values."""
-        pg = self.get_placement_groups()[0]
-        strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
-        for _ in range(20):
-            addr, port = ray.get(
-                _node_ip_and_free_port.options(scheduling_strategy=strategy).remote()
-            )
-            if (addr, port) not in self._ports_given:
-                self._ports_given.add((addr, port))
+        """An address and free port on the first bundle (in hardware order), never a port this
+        cluster handed out before, so two groups on the same bundles get distinct ports."""
+        bundle = self._sorted_bundle_indices[0] if self._sorted_bundle_indices else 0
+        for _ in range(10):
+            addr, port = self.get_available_address_and_port(0, bundle)
+            if port not in self._allocated_master_ports:
+                self._allocated_master_ports.add(port)
                 return addr, port
-        raise RuntimeError(f"no new free port found on {addr} after 20 tries")
+        raise RuntimeError(
+            f"no new free port in [{self.port_range_low}, {self.port_range_high}) after 10 tries; "
+            f"handed out already: {sorted(self._allocated_master_ports)}"
+        )
+
+    # -- teardown ---------------------------------------------------------------------------
 
     def shutdown(self) -> bool:
-        """Remove the placement groups; safe to call twice."""
+        """Remove the placement groups; safe to call twice, and a no-op once Ray is down."""
+        self._shut_down = True
         pgs, self._node_placement_groups = self._node_placement_groups, None
-        for pg in pgs or []:
+        self._sorted_bundle_indices = self._nvlink_domain_per_bundle_index = None
+        if not pgs or not ray.is_initialized():
+            return True
+        for pg in pgs:
             try:
                 remove_placement_group(pg)
             except Exception as e:  # noqa: BLE001 - keep removing the others
                 logger.warning("could not remove placement group %s: %s", pg.id.hex(), e)
         return True
+
+    def __del__(self) -> None:
+        # A cluster dropped without shutdown() must not hold its GPUs until the job ends.
+        if getattr(self, "_node_placement_groups", None) is not None:
+            try:
+                self.shutdown()
+            except Exception:  # noqa: BLE001, S110 - at interpreter exit Ray may be half gone
+                pass
 
     def __enter__(self) -> RayVirtualCluster:
         return self
@@ -203,6 +336,12 @@ class RayVirtualCluster:
         self.shutdown()
 
     def __repr__(self) -> str:
-        state = "shut down" if self._node_placement_groups is None else "ready"
+        state = (
+            "shut down"
+            if self._shut_down
+            else "not placed yet"
+            if self._node_placement_groups is None
+            else "placed"
+        )
         per_bundle = _fmt(self.bundle_resources())
         return f"RayVirtualCluster({self._bundle_ct_per_node_list}, {per_bundle} each, {state})"

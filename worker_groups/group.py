@@ -23,7 +23,12 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
-from worker_groups.builder import RayWorkerBuilder, restore_method_signatures
+from worker_groups._helper_tasks import uv_run_no_sync_problem
+from worker_groups.builder import (
+    RayWorkerBuilder,
+    check_runtime_env_config,
+    restore_method_signatures,
+)
 from worker_groups.cluster import RayVirtualCluster
 from worker_groups.dispatch import (
     check_layout_covers,
@@ -67,6 +72,7 @@ class RayWorkerGroup:
         env_vars: dict[str, str] | None = None,
         *,
         startup_timeout_s: float | None = DEFAULT_STARTUP_TIMEOUT_S,
+        runtime_env_config: dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(remote_worker_builder, RayWorkerBuilder):
             raise TypeError(
@@ -82,13 +88,14 @@ class RayWorkerGroup:
         if startup_timeout_s is not None and startup_timeout_s <= 0:
             raise ValueError(f"startup_timeout_s must be > 0 or None, got {startup_timeout_s}")
         self.startup_timeout_s = startup_timeout_s
+        self.runtime_env_config = check_runtime_env_config(runtime_env_config)
         self.cluster = cluster
         self.name_prefix = name_prefix
         self.sharding_annotations = sharding_annotations
         self.ray_actor_class_fqn = remote_worker_builder.ray_actor_class_fqn
         self._workers: list[ActorHandle] = []
         self._worker_metadata: list[dict[str, Any]] = []
-        self._initializers: list[ActorHandle] = []
+        self._initializer_pool: dict[int, ActorHandle] = {}
         self.dp_leader_worker_indices: list[int] = []
         self.worker_to_tied_group_index: dict[int, int] = {}
         if bundle_indices_list is None:
@@ -131,6 +138,7 @@ class RayWorkerGroup:
 
     def _check_bundle_indices(self, groups: Any) -> list[tuple[int, list[int]]]:
         counts = [pg.bundle_count for pg in self.cluster.get_placement_groups()]
+        unified = len(counts) == 1  # one group: node_idx is only a label (NODE_RANK)
         seen: set[tuple[int, int]] = set()
         checked = []
         for entry in groups:
@@ -141,22 +149,23 @@ class RayWorkerGroup:
                 raise TypeError(
                     f"bundle_indices_list entry {entry!r}: use (node_idx, [bundle, ...])"
                 ) from None
-            if not 0 <= node < len(counts):
+            if node < 0 or not (unified or node < len(counts)):
                 raise ValueError(f"bundle_indices_list: node {node} not in 0..{len(counts) - 1}")
             if not bundles:
                 raise ValueError(f"bundle_indices_list: tied group on node {node} has no bundles")
+            have = counts[0 if unified else node]
             for b in bundles:
-                if not 0 <= b < counts[node]:
+                if not 0 <= b < have:
                     raise ValueError(
                         f"bundle_indices_list: bundle {b} is not in node {node}'s bundles "
-                        f"0..{counts[node] - 1}"
+                        f"0..{have - 1}"
                     )
-                if (node, b) in seen:
+                if (0 if unified else node, b) in seen:
                     raise ValueError(
                         f"bundle_indices_list: bundle {b} of node {node} is used twice; to share "
                         "bundles, create another group (max_colocated_worker_groups)"
                     )
-                seen.add((node, b))
+                seen.add((0 if unified else node, b))
             checked.append((node, bundles))
         if not checked:
             raise ValueError("bundle_indices_list is empty: give at least one tied group")
@@ -170,20 +179,26 @@ class RayWorkerGroup:
     ) -> None:
         """Create every worker at once (one initializer per node), then wait for all of them."""
         pgs = self.cluster.get_placement_groups()
+        if remote_worker_builder.runtime_env().get("uv_project") is None:
+            problem = uv_run_no_sync_problem(self.ray_actor_class_fqn)
+            if problem:
+                raise RuntimeError(problem)
         self.master_address, self.master_port = self.cluster.get_master_address_and_port()
-        base = remote_worker_builder.worker_options(
-            {"runtime_env": {"env_vars": dict(env_vars or {})}}
-        )
+        pairs = [(node, b) for node, bundles in bundle_indices_list for b in bundles]
+        addresses = self.cluster.get_available_addresses_and_ports_batch(pairs)
+        group_env = {"env_vars": dict(env_vars or {})}
+        if self.runtime_env_config is not None:
+            group_env["config"] = dict(self.runtime_env_config)
+        base = remote_worker_builder.worker_options({"runtime_env": group_env})
         num_gpus = 1 / self.cluster.max_colocated_worker_groups if self.cluster.use_gpus else 0
-        initializers: dict[int, ActorHandle] = {}
         futures = []
         rank = 0
         for group_idx, (node, bundles) in enumerate(bundle_indices_list):
-            if node not in initializers:
-                initializers[node] = remote_worker_builder.make_initializer(
-                    base["runtime_env"], pgs[node], bundles[0]
+            pg = pgs[0] if len(pgs) == 1 else pgs[node]
+            if node not in self._initializer_pool:
+                self._initializer_pool[node] = remote_worker_builder.make_initializer(
+                    base["runtime_env"], pg, bundles[0]
                 )
-                self._initializers.append(initializers[node])
             self.dp_leader_worker_indices.append(rank)
             for local_rank, bundle in enumerate(bundles):
                 name = (
@@ -199,13 +214,15 @@ class RayWorkerGroup:
                     NODE_RANK=str(node),
                     MASTER_ADDR=self.master_address,
                     MASTER_PORT=str(self.master_port),
+                    AVAILABLE_ADDR_LIST=str([a for a, _ in addresses]),
+                    AVAILABLE_PORT_LIST=str([p for _, p in addresses]),
                 )
                 if self.name_prefix:  # named actors must be unique: only when asked for
                     options["name"] = name
                 leader_bundles = (node, list(bundles)) if local_rank == 0 else None
                 futures.append(
-                    initializers[node].create_worker.remote(
-                        pgs[node],
+                    self._initializer_pool[node].create_worker.remote(
+                        pg,
                         bundle,
                         num_gpus,
                         leader_bundles,
@@ -230,7 +247,8 @@ class RayWorkerGroup:
         start = time.perf_counter()
         try:
             self._workers = self._get_before_deadline(futures, start, "created")
-            specs = ray.get(self._initializers[0].method_specs.remote())
+            first = next(iter(self._initializer_pool.values()))
+            specs = ray.get(first.method_specs.remote())
             for worker in self._workers:
                 restore_method_signatures(worker, specs)
             self._wait_ready(start)
@@ -471,13 +489,14 @@ class RayWorkerGroup:
             except Exception as e:  # noqa: BLE001 - clean up the rest regardless
                 logger.warning("cleanup %s failed: %s; killing the workers", cleanup_method, e)
                 success = False
-        for actor in [*self._workers, *self._initializers]:  # workers first: they are owned
+        # Workers first: their initializers own them.
+        for actor in [*self._workers, *self._initializer_pool.values()]:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception as e:  # noqa: BLE001
                 logger.warning("could not kill %s: %s", actor, e)
                 success = False
-        self._workers, self._initializers, self._worker_metadata = [], [], []
+        self._workers, self._initializer_pool, self._worker_metadata = [], {}, []
         return success
 
     def __len__(self) -> int:

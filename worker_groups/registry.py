@@ -27,6 +27,13 @@ class PY_EXECUTABLES:  # noqa: N801 - the name NeMo RL users know
     BASE: UvProjectValue = {}
     TORCH: UvProjectValue = {"extras": ["torch"]}
     VLLM: UvProjectValue = {"extras": ["vllm"]}
+    # NeMo RL's other presets: the extra of the same name, of a project that defines it.
+    FSDP: UvProjectValue = {"extras": ["fsdp"]}
+    AUTOMODEL: UvProjectValue = {"extras": ["automodel"]}
+    MCORE: UvProjectValue = {"extras": ["mcore"]}
+    NEMO_GYM: UvProjectValue = {"extras": ["nemo_gym"]}
+    SGLANG: UvProjectValue = {"extras": ["sglang"]}
+    TRTLLM: UvProjectValue = {"extras": ["trtllm"]}
 
 
 ACTOR_ENVIRONMENT_REGISTRY: dict[str, UvProjectValue] = {

@@ -4,6 +4,7 @@ environments differ observably."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,11 +16,15 @@ from ray.cluster_utils import Cluster
 HERE = Path(__file__).resolve().parent
 # The test worker classes live beside this file; workers import them through PYTHONPATH.
 WORKER_ENV = {"PYTHONPATH": str(HERE)}
+SYSTEM_ENV = {"WG_SYSTEM_A": "system", "WG_SYSTEM_B": "system"}
 
 
 @pytest.fixture(scope="package")
 def two_node_cluster() -> Iterator[Cluster]:
-    """Two raylets on this host, each with 4 CPUs and 2 logical GPUs."""
+    """Two raylets on this host, each with 4 CPUs and 2 logical GPUs. The raylets, and so every
+    worker, inherit `SYSTEM_ENV`: the node environment, lowest in env-var precedence."""
+    saved = {k: os.environ.get(k) for k in SYSTEM_ENV}
+    os.environ.update(SYSTEM_ENV)
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 4, "num_gpus": 2, "include_dashboard": False},
@@ -32,6 +37,11 @@ def two_node_cluster() -> Iterator[Cluster]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def wait_until(check: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:

@@ -39,24 +39,28 @@ def small() -> Iterator[RayVirtualCluster]:
     """One GPU bundle per node; checks afterwards that nothing of it is left."""
     before = set(live_placement_groups())
     cluster = RayVirtualCluster([1, 1], num_gpus_per_node=2, name="wg-life")
+    cluster.get_placement_groups()  # reserved now: some tests need the resources held
     yield cluster
     cluster.shutdown()
     wait_until(lambda: set(live_placement_groups()) <= before, what="placement groups removed")
 
 
 def actor_ids(group: RayWorkerGroup) -> set[str]:
-    return {a._actor_id.hex() for a in [*group.workers, *group._initializers]}
+    return {a._actor_id.hex() for a in [*group.workers, *group._initializer_pool.values()]}
 
 
 def test_infeasible_cluster_fails_fast_naming_what_is_missing() -> None:
     start = time.monotonic()
     with pytest.raises(InfeasibleClusterError, match=r"missing \{GPU: 2\}") as e:
-        RayVirtualCluster([2, 2, 2], num_gpus_per_node=2)
+        RayVirtualCluster([2, 2, 2], num_gpus_per_node=2).get_placement_groups()
     assert "needs {CPU: 6, GPU: 6} in all but the Ray cluster has {CPU: 8, GPU: 4}" in str(e.value)
-    with pytest.raises(InfeasibleClusterError, match=r"virtual node 0 needs \{CPU: 3, GPU: 3\} on"):
-        RayVirtualCluster([3], num_gpus_per_node=4)
+    strict = RayVirtualCluster([3], num_gpus_per_node=4, placement_group_strategy="STRICT_PACK")
+    with pytest.raises(InfeasibleClusterError, match=r"unified needs \{CPU: 3, GPU: 3\} on one"):
+        strict._init_placement_groups(use_unified_pg=True)
     with pytest.raises(InfeasibleClusterError, match=r"missing \{CPU: 8\}"):
-        RayVirtualCluster([2, 2], num_gpus_per_node=2, max_colocated_worker_groups=4)
+        RayVirtualCluster(
+            [2, 2], num_gpus_per_node=2, max_colocated_worker_groups=4
+        ).get_placement_groups()
     assert time.monotonic() - start < 5  # no waiting on a request that can never fit
     assert isinstance(e.value, ValueError)
 
@@ -69,6 +73,14 @@ def test_infeasible_cluster_fails_fast_naming_what_is_missing() -> None:
         ({"bundle_ct_per_node_list": [3], "num_gpus_per_node": 2}, "puts 3 GPU bundles on one"),
         ({"bundle_ct_per_node_list": [1], "max_colocated_worker_groups": 0}, ">= 1"),
         ({"bundle_ct_per_node_list": [1], "placement_group_strategy": "PACKED"}, "use one of"),
+        (
+            {"bundle_ct_per_node_list": [1], "port_range_low": 2000, "port_range_high": 2000},
+            "low <",
+        ),
+        ({"bundle_ct_per_node_list": [1], "port_range_high": 70000}, "<= 65536"),
+        ({"bundle_ct_per_node_list": [1], "segment_size": 2}, "segment trimming is not"),
+        ({"bundle_ct_per_node_list": [1, 1], "node_resource_constraints": [{}]}, "one dict"),
+        ({"bundle_ct_per_node_list": [1], "ready_timeout_s": 0}, "must be > 0"),
     ],
 )
 def test_bad_cluster_arguments(kwargs: dict, message: str) -> None:
@@ -80,7 +92,7 @@ def test_busy_resources_time_out_and_leave_nothing(small: RayVirtualCluster) -> 
     before = set(live_placement_groups())
     start = time.monotonic()
     with pytest.raises(PlacementGroupTimeoutError, match="not ready after 2s.*available now") as e:
-        RayVirtualCluster([2, 2], num_gpus_per_node=2, ready_timeout_s=2)
+        RayVirtualCluster([2, 2], num_gpus_per_node=2, ready_timeout_s=2).get_placement_groups()
     assert time.monotonic() - start < 10
     assert isinstance(e.value, TimeoutError)
     wait_until(lambda: set(live_placement_groups()) <= before, what="timed-out groups removed")
@@ -88,6 +100,7 @@ def test_busy_resources_time_out_and_leave_nothing(small: RayVirtualCluster) -> 
 
 def test_shutdown_twice_and_use_after_shutdown() -> None:
     cluster = RayVirtualCluster([1], num_gpus_per_node=2)
+    assert len(cluster.get_placement_groups()) == 1
     assert cluster.shutdown() and cluster.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         cluster.get_placement_groups()
@@ -116,7 +129,7 @@ def test_workers_that_cannot_be_scheduled_time_out_clearly(small: RayVirtualClus
     before = {a["ActorID"] for a in alive_actors()}
     try:
         # max_colocated_worker_groups=1: the first group holds every bundle's CPU and GPU.
-        with pytest.raises(WorkerStartupTimeoutError, match=r"2 of 2 workers .* after 3s"):
+        with pytest.raises(WorkerStartupTimeoutError, match=r"of 2 workers .* after 3s"):
             RayWorkerGroup(
                 small,
                 RayWorkerBuilder("wg_workers.EchoWorker"),

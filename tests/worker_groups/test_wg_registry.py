@@ -13,6 +13,7 @@ from worker_groups import (
     get_actor_uv_project,
     register_actor_environment,
 )
+from worker_groups.registry import check_uv_project
 
 
 @pytest.fixture
@@ -24,6 +25,11 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> dict:
 def test_presets_and_example_entries() -> None:
     assert PY_EXECUTABLES.SYSTEM is None
     assert PY_EXECUTABLES.BASE == {}
+    # NeMo RL's preset names, as the extra of the same name; each is a valid uv_project value.
+    for name in ("VLLM", "FSDP", "AUTOMODEL", "MCORE", "NEMO_GYM", "SGLANG", "TRTLLM"):
+        value = getattr(PY_EXECUTABLES, name)
+        assert value == {"extras": [name.lower()]}
+        assert check_uv_project(value, name) == value
     assert ACTOR_ENVIRONMENT_REGISTRY["examples.torch_worker.TorchWorker"] == {"extras": ["torch"]}
     assert ACTOR_ENVIRONMENT_REGISTRY["examples.vllm_worker.VllmGenerationWorker"] == {
         "extras": ["vllm"]

@@ -76,7 +76,7 @@ def test_each_group_runs_in_its_own_environment(
     assert sys.executable not in exe_a | exe_b
     assert in_a[0]["virtual_env"] == str(Path(next(iter(exe_a))).parent.parent)
     # The initializers import the class too: they run in the same environment.
-    assert ray.get(a._initializers[0].python_executable.remote()) in exe_a
+    assert ray.get(a._initializer_pool[0].python_executable.remote()) in exe_a
     assert in_a[0]["table"].split() == ["1", "2"]
 
 

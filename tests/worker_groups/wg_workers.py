@@ -66,3 +66,34 @@ class ConfiguredWorker(EchoWorker):
 class BrokenWorker:
     def __init__(self) -> None:
         raise RuntimeError("BrokenWorker refuses to start")
+
+
+@ray.remote(
+    num_cpus=1,
+    runtime_env={
+        "env_vars": {
+            "WG_SYSTEM_A": "decorator",
+            "WG_LAYER_1": "decorator",
+            "WG_LAYER_2": "decorator",
+            "WG_LAYER_3": "decorator",
+        },
+        "config": {"setup_timeout_seconds": 777},
+    },
+)
+class DecoratedWorker:
+    """Options of its own in the decorator, and a `configure_worker` in NeMo RL's 4-tuple form."""
+
+    @staticmethod
+    def configure_worker(
+        num_gpus: float, bundle_indices: tuple | None = None, num_gpus_per_node: int | None = None
+    ) -> tuple[dict, dict, dict, dict]:
+        return {"num_gpus": num_gpus}, {"WG_LAYER_1": "configure_worker"}, {}, {}
+
+    def env(self) -> dict[str, Any]:
+        config = ray.get_runtime_context().runtime_env.get("config") or {}
+        names = [*(k for k in os.environ if k.startswith(("WG_", "AVAILABLE_"))), *RANK_VARS]
+        return {
+            **{k: os.environ.get(k) for k in names},
+            "config": dict(config),
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
