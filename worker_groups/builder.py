@@ -21,6 +21,7 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from worker_groups import _initializer
+from worker_groups._helper_tasks import uv_run_no_sync_problem
 from worker_groups.registry import (
     UvProjectValue,
     _check_fqn,
@@ -130,7 +131,12 @@ class RayWorkerBuilder:
         placement_group_bundle_index: int = 0,
     ) -> ActorHandle:
         """Start an initializer (no CPU) on the worker's bundle: its node builds the venv that
-        the worker then reuses."""
+        the worker then reuses. A class whose interpreter can never start under this job (no
+        ``uv_project`` under ``uv run --no-sync``) fails here, before any actor exists."""
+        if runtime_env.get("uv_project") is None:
+            problem = uv_run_no_sync_problem(self.ray_actor_class_fqn)
+            if problem:
+                raise RuntimeError(problem)
         options: dict[str, Any] = {"num_cpus": 0, "num_gpus": 0, "runtime_env": runtime_env}
         if placement_group is not None:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(

@@ -7,12 +7,16 @@ knowledge beside the futures lets the caller fetch them later and still get one 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import ray
 
-if TYPE_CHECKING:
-    from worker_groups.group import RayWorkerGroup
+
+class TiedGroups(Protocol):
+    """What a result dedup needs of a worker group (a `RayWorkerGroup`): which tied group each
+    worker is in. A protocol, so that this lower module does not import `group`."""
+
+    worker_to_tied_group_index: dict[int, int]
 
 
 def dedup_indices(
@@ -57,7 +61,7 @@ class MultiWorkerFuture:
     called_workers: list[int] | None = None
 
     def get_results(
-        self, worker_group: RayWorkerGroup | None = None, return_generators_as_proxies: bool = False
+        self, worker_group: TiedGroups | None = None, return_generators_as_proxies: bool = False
     ) -> list[Any]:
         """Fetch (or, with ``return_generators_as_proxies``, hand back) the chosen results.
 

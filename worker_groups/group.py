@@ -23,7 +23,6 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
-from worker_groups._helper_tasks import uv_run_no_sync_problem
 from worker_groups.builder import (
     RayWorkerBuilder,
     check_runtime_env_config,
@@ -40,6 +39,7 @@ from worker_groups.dispatch import (
     workers_on_axis_zero,
 )
 from worker_groups.futures import MultiWorkerFuture
+from worker_groups.placement import bundles_from_workers_per_node, check_bundle_indices
 from worker_groups.sharding import NamedSharding, ShardingError
 
 logger = logging.getLogger(__name__)
@@ -98,10 +98,11 @@ class RayWorkerGroup:
         self._initializer_pool: dict[int, ActorHandle] = {}
         self.dp_leader_worker_indices: list[int] = []
         self.worker_to_tied_group_index: dict[int, int] = {}
+        counts = [pg.bundle_count for pg in cluster.get_placement_groups()]
         if bundle_indices_list is None:
-            bundle_indices_list = self._bundles_from_workers_per_node(workers_per_node)
+            bundle_indices_list = bundles_from_workers_per_node(counts, workers_per_node)
         else:
-            bundle_indices_list = self._check_bundle_indices(bundle_indices_list)
+            bundle_indices_list = check_bundle_indices(counts, bundle_indices_list)
         self.world_size = sum(len(b) for _, b in bundle_indices_list)
         if sharding_annotations is not None:
             if not isinstance(sharding_annotations, NamedSharding):
@@ -111,66 +112,6 @@ class RayWorkerGroup:
             remote_worker_builder, bundle_indices_list, env_vars
         )
 
-    # -- placement ------------------------------------------------------------------------------
-
-    def _bundles_from_workers_per_node(
-        self, workers_per_node: int | list[int] | None
-    ) -> list[tuple[int, list[int]]]:
-        counts = [pg.bundle_count for pg in self.cluster.get_placement_groups()]
-        if workers_per_node is None:
-            wanted = counts
-        elif isinstance(workers_per_node, int) and not isinstance(workers_per_node, bool):
-            wanted = [workers_per_node] * len(counts)
-        elif isinstance(workers_per_node, list) and len(workers_per_node) == len(counts):
-            wanted = list(workers_per_node)
-        else:
-            raise ValueError(
-                f"workers_per_node={workers_per_node!r}: use None (one worker per bundle), an "
-                f"int, or a list with one count per node ({len(counts)} nodes)"
-            )
-        for node, (want, have) in enumerate(zip(wanted, counts, strict=True)):
-            if not isinstance(want, int) or not 0 <= want <= have:
-                raise ValueError(
-                    f"workers_per_node asks for {want!r} workers on node {node}, which has "
-                    f"{have} bundles"
-                )
-        return [(node, [b]) for node, want in enumerate(wanted) for b in range(want)]
-
-    def _check_bundle_indices(self, groups: Any) -> list[tuple[int, list[int]]]:
-        counts = [pg.bundle_count for pg in self.cluster.get_placement_groups()]
-        unified = len(counts) == 1  # one group: node_idx is only a label (NODE_RANK)
-        seen: set[tuple[int, int]] = set()
-        checked = []
-        for entry in groups:
-            try:
-                node, bundles = entry
-                node, bundles = int(node), [int(b) for b in bundles]
-            except (TypeError, ValueError):
-                raise TypeError(
-                    f"bundle_indices_list entry {entry!r}: use (node_idx, [bundle, ...])"
-                ) from None
-            if node < 0 or not (unified or node < len(counts)):
-                raise ValueError(f"bundle_indices_list: node {node} not in 0..{len(counts) - 1}")
-            if not bundles:
-                raise ValueError(f"bundle_indices_list: tied group on node {node} has no bundles")
-            have = counts[0 if unified else node]
-            for b in bundles:
-                if not 0 <= b < have:
-                    raise ValueError(
-                        f"bundle_indices_list: bundle {b} is not in node {node}'s bundles "
-                        f"0..{have - 1}"
-                    )
-                if (0 if unified else node, b) in seen:
-                    raise ValueError(
-                        f"bundle_indices_list: bundle {b} of node {node} is used twice; to share "
-                        "bundles, create another group (max_colocated_worker_groups)"
-                    )
-                seen.add((0 if unified else node, b))
-            checked.append((node, bundles))
-        if not checked:
-            raise ValueError("bundle_indices_list is empty: give at least one tied group")
-        return checked
-
     def _create_workers_from_bundle_indices(
         self,
         remote_worker_builder: RayWorkerBuilder,
@@ -179,10 +120,6 @@ class RayWorkerGroup:
     ) -> None:
         """Create every worker at once (one initializer per node), then wait for all of them."""
         pgs = self.cluster.get_placement_groups()
-        if remote_worker_builder.runtime_env().get("uv_project") is None:
-            problem = uv_run_no_sync_problem(self.ray_actor_class_fqn)
-            if problem:
-                raise RuntimeError(problem)
         self.master_address, self.master_port = self.cluster.get_master_address_and_port()
         pairs = [(node, b) for node, bundles in bundle_indices_list for b in bundles]
         addresses = self.cluster.get_available_addresses_and_ports_batch(pairs)
