@@ -6,7 +6,9 @@ Run them with ``uv run pytest -m torch tests/worker_groups`` / ``-m gpu``.
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -89,3 +91,38 @@ def test_vllm_generation_one_engine(tmp_path: Path) -> None:
     _warm_uv_cache("vllm", tmp_path)
     out = _run_example("vllm_worker.py", "--tp", "1", "--dp", "1")
     assert "engine 0: [" in out
+
+
+@pytest.mark.timeout(900)
+def test_nemo_rl_style_script_runs_with_only_its_imports_changed() -> None:
+    """examples/nemo_rl_api.py is written against NeMo RL's API; it starts its own Ray with
+    logical GPUs, as a user would run it."""
+    env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "nemo_rl_api.py"), "3"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    out = proc.stdout
+    losses = [ast.literal_eval(m) for m in re.findall(r"shard (\[[^\]]*\])", out)]
+    assert len(losses) == 3 and losses[0] == [2.5, 17.0]  # one loss per data-parallel shard
+    assert losses[2][0] < losses[1][0] < losses[0][0] and losses[2][1] < losses[0][1]
+    workers = [ast.literal_eval(m) for m in re.findall(r"^worker (\{.*\})$", out, re.M)]
+    assert [(w["RANK"], w["NODE_RANK"], w["LOCAL_RANK"]) for w in workers] == [
+        ("0", "0", "0"),
+        ("1", "0", "1"),
+        ("2", "1", "0"),
+        ("3", "1", "1"),
+    ]
+    assert {w["WORLD_SIZE"] for w in workers} == {"4"} and len(
+        {w["MASTER_PORT"] for w in workers}
+    ) == 1
+    assert all(len(w["gpus"]) == 1 for w in workers)
+    # The decorator's env var and configure_worker's env var and init kwarg all arrived.
+    assert {w["env"] for w in workers} == {("info", "1")}
+    assert [w["leader_of"] for w in workers] == [(0, [0]), (0, [1]), (1, [0]), (1, [1])]
+    assert "weight of data-parallel shard 1 (worker 2): " in out
