@@ -110,10 +110,10 @@ def _driver(code: str, schemas: bool = True) -> subprocess.CompletedProcess[str]
 
 
 def test_ray_applies_the_schema_on_the_driver() -> None:
-    """Ray 2.60 runs plugin schemas in `RuntimeEnv.__setitem__` / `.set()`: a typo fails there."""
+    """Ray runs plugin schemas in `RuntimeEnv.__setitem__` / `.set()`: a typo fails there."""
     code = (
         "from ray.runtime_env import RuntimeEnv\n"
-        "env = RuntimeEnv(working_dir='.')\n"
+        "env = RuntimeEnv()\n"
         "env.set('uv_project', {'extras': ['a']})\n"
         "try:\n"
         "    env.set('uv_project', {'extrass': ['a']})\n"
