@@ -260,6 +260,51 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- check -----------------------------------------------------------------------------------
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from ray_uv_plugin import check, trust
+    from ray_uv_plugin.project import ProjectError
+    from ray_uv_plugin.spec import UvProjectSpecError
+    from ray_uv_plugin.uv import UvSyncError
+    from ray_uv_plugin.venv_cache import VenvDirError
+
+    project = Path(args.project).expanduser().resolve()
+    flags = {
+        name: True
+        for name in ("all_extras", "no_default_groups", "frozen", "install_project")
+        if getattr(args, name)
+    }
+    try:
+        wanted = check.parse_libraries(args.library or [])
+        print(f"Checking the uv_project env of {project} (this builds it if needed)...", flush=True)
+        result = check.run_check(project, args.extra or [], args.group or [], flags, wanted)
+    except (
+        check.CheckError,
+        UvProjectSpecError,
+        ProjectError,
+        UvSyncError,
+        VenvDirError,
+        trust.UntrustedPathError,
+    ) as e:
+        raise CliError(str(e)) from e
+    verb = "built" if result.built else "reused"
+    print(f"uv_project {result.key}: {verb} in {format_duration(result.seconds)} -> {result.venv}")
+    print("Ray libraries this env's Ray can run:")
+    for line in check.report_lines(result):
+        print(line)
+    if result.failed:
+        names = ", ".join(s.library.name for s in result.failed)
+        print(
+            f"error: the env lacks what {names} needs: add the requirements above", file=sys.stderr
+        )
+        return 1
+    if not result.wanted and any(not s.ok for s in result.statuses):
+        print("hint: pass --library NAME to exit 1 when a library the job uses is missing")
+    return 0
+
+
 # --- bench -----------------------------------------------------------------------------------
 
 
@@ -429,6 +474,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dry-run", action="store_true", help="only print what would go")
     p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser(
+        "check",
+        help="build a project's env here and list the Ray libraries it would miss",
+        description="Build (or reuse) the uv_project env of a project on this machine, as the "
+        "plugin would on a node, and list which of Ray's libraries (data, serve, tune, train, "
+        "client) its Ray lacks the extra of, with the requirement to add to pyproject.toml. "
+        "Exits 1 if a library named by --library is missing: run it before a job, e.g. "
+        "`ray-uv check --extra train --library train` before a Ray Train run.",
+    )
+    p.add_argument(
+        "--project",
+        default=".",
+        metavar="DIR",
+        help="the uv project (pyproject.toml + uv.lock) (default: .)",
+    )
+    p.add_argument("--extra", action="append", metavar="X", help="an extra (repeatable)")
+    p.add_argument("--group", action="append", metavar="G", help="a dependency group (repeatable)")
+    p.add_argument("--all-extras", action="store_true", help="every extra")
+    p.add_argument("--no-default-groups", action="store_true", help="skip uv's default groups")
+    p.add_argument("--frozen", action="store_true", help="use uv.lock as it is (no --locked)")
+    p.add_argument("--install-project", action="store_true", help="install the project too")
+    p.add_argument(
+        "--library",
+        action="append",
+        metavar="NAME",
+        help="a Ray library the job uses (data, serve, tune, train, client; repeatable): exit "
+        "1 if the env lacks it",
+    )
+    p.set_defaults(func=cmd_check)
 
     p = sub.add_parser(
         "bench",

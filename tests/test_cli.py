@@ -303,3 +303,89 @@ def test_demo_builds_then_reuses(tmp_path: Path) -> None:
     )
     assert re.fullmatch(r"pyfiglet \(not installed\), tomli-w 1\S+, ray 2\.60\.0", by_extra["toml"])
     assert "Ray is shut down" in second.stdout
+
+
+# --- check -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def serve_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Plain `ray==X` by default; the extra `serve` pins `ray[serve]==X`."""
+    import ray
+
+    from tests.uvproject import write_project
+
+    pin = f"ray=={ray.__version__}"
+    return write_project(
+        tmp_path_factory.mktemp("check") / "proj",
+        [pin],
+        extras={"serve": [f"ray[serve]=={ray.__version__}"]},
+        with_ray=False,
+    )
+
+
+def test_check_lists_what_each_library_misses(serve_project: Path) -> None:
+    """A plain `ray` lock: every library is listed with the line to add; exit 0 unless a
+    library the job uses (`--library`) is missing."""
+    import ray
+
+    out = ray_uv("check", "--project", str(serve_project), timeout=600)
+    assert out.returncode == 0, out.stderr
+    for lib in ("data", "serve", "tune", "train", "client"):
+        assert re.search(rf"^  {lib} +MISSING", out.stdout, re.M), out.stdout
+    assert f'"ray[serve]=={ray.__version__}"' in out.stdout
+    assert f'"ray[train]=={ray.__version__}"' in out.stdout
+    assert "hint: pass --library" in out.stdout
+    # Train retries a worker group that cannot start for ever: the check fails first.
+    out = ray_uv("check", "--project", str(serve_project), "--library", "train", timeout=600)
+    assert out.returncode == 1
+    assert "reused" in out.stdout
+    assert re.search(r"^  train +MISSING \(asked for\)", out.stdout, re.M), out.stdout
+    assert "error: the env lacks what train needs" in out.stderr
+
+
+def test_check_passes_for_the_extra_that_has_the_library(serve_project: Path) -> None:
+    out = ray_uv(
+        "check",
+        "--project",
+        str(serve_project),
+        "--extra",
+        "serve",
+        "--library",
+        "serve",
+        "--library",
+        "client",
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(r"^  serve +ok \(asked for\)", out.stdout, re.M), out.stdout
+    assert re.search(r"^  client +ok \(asked for\)", out.stdout, re.M), out.stdout
+    assert re.search(r"^  data +MISSING", out.stdout, re.M), out.stdout
+    # In-process, through main(): the same answer, by exit status.
+    assert cli.main(["check", "--project", str(serve_project), "--extra", "serve"]) == 0
+    assert cli.main(["check", "--project", str(serve_project), "--library", "data,serve"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--library", "rllib"], "unknown library 'rllib': pass --library with one of"),
+        (["--extra", "nope"], "nope"),
+    ],
+)
+def test_check_bad_input_says_what_to_pass(
+    serve_project: Path, args: list[str], message: str
+) -> None:
+    out = ray_uv("check", "--project", str(serve_project), *args, timeout=600)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.startswith("error: ")
+    assert message in out.stderr
+
+
+def test_check_without_a_project_says_what_to_pass(tmp_path: Path) -> None:
+    out = ray_uv("check", "--project", str(tmp_path))
+    assert out.returncode == 2
+    assert "has no pyproject.toml: pass --project DIR" in out.stderr
+    help_out = ray_uv("check", "--help")
+    assert help_out.returncode == 0
+    assert "--library" in help_out.stdout
