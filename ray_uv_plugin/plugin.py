@@ -13,7 +13,7 @@ from ray._private.runtime_env.plugin import RuntimeEnvPlugin
 
 from ray_uv_plugin.project import load_project, resolve_project_dir
 from ray_uv_plugin.request import make_request
-from ray_uv_plugin.spec import FIELD, parse_spec
+from ray_uv_plugin.spec import FIELD, check_siblings, is_uv_run_interpreter, parse_spec
 from ray_uv_plugin.uv import format_duration
 from ray_uv_plugin.venv_cache import Outcome, ensure_venv_async, venv_root
 
@@ -58,9 +58,11 @@ def request_working_dir(runtime_env: dict) -> str | None:
 
 class UvProjectPlugin(RuntimeEnvPlugin):
     name = FIELD
-    # Larger runs later. Ray's py_executable plugin has 10: running after it, we replace the
-    # `uv run ...` interpreter that Ray's `uv run` driver hook puts into the job's runtime_env.
-    priority = 50
+    # Smaller runs earlier (Ray's own pip, uv, conda and py_executable plugins have 10): the
+    # fields that conflict with uv_project are refused before any of them spends time, and the
+    # `uv run ...` interpreter of Ray's `uv run` driver hook is taken out of the runtime_env
+    # (see `create`) before Ray's py_executable plugin would set it.
+    priority = 5
 
     def __init__(self) -> None:
         self._venvs: dict[int, Outcome] = {}  # id(context) -> venv, from create to modify_context
@@ -68,6 +70,7 @@ class UvProjectPlugin(RuntimeEnvPlugin):
     @staticmethod
     def validate(runtime_env_dict: dict) -> None:
         parse_spec(runtime_env_dict[FIELD])
+        check_siblings(runtime_env_dict)
 
     async def create(
         self,
@@ -78,6 +81,10 @@ class UvProjectPlugin(RuntimeEnvPlugin):
     ) -> float:
         start = time.perf_counter()
         spec = parse_spec(runtime_env[FIELD])
+        if is_uv_run_interpreter(runtime_env.get("py_executable") or ""):
+            # Ray's `uv run` hook's interpreter: ours replaces it. Ray sets up plugins one by one
+            # on this object, so its py_executable plugin then has nothing to set.
+            del runtime_env["py_executable"]
         files = load_project(resolve_project_dir(spec, request_working_dir(runtime_env)))
         root = venv_root()
         request = make_request(spec, files, runtime_env.get("env_vars") or {})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -131,6 +132,40 @@ def parse_spec(value: Any) -> UvProjectSpec:
             "'all_extras' to false."
         )
     return UvProjectSpec(**kwargs)
+
+
+# Other runtime_env fields that also decide the worker's Python or packages, and what to do.
+_CONFLICTS = {
+    "pip": "add the packages to the project instead (`uv add ...`, then `uv lock`)",
+    "uv": "add the packages to the project instead (`uv add ...`, then `uv lock`)",
+    "conda": "put the conda packages' PyPI equivalents into the project, or drop uv_project",
+}
+
+
+def is_uv_run_interpreter(py_executable: str) -> bool:
+    """Whether a `py_executable` is `uv run ...`, as Ray's `uv run` driver hook sets it; a
+    `uv_project` env replaces that interpreter with its venv's."""
+    words = py_executable.split()
+    return len(words) >= 2 and words[0].rsplit("/", 1)[-1] == "uv" and words[1] == "run"
+
+
+def check_siblings(runtime_env: Mapping[str, Any]) -> None:
+    """Refuse the runtime_env fields that would fight `uv_project` over the worker's Python."""
+    for field, instead in _CONFLICTS.items():
+        if runtime_env.get(field):
+            raise UvProjectSpecError(
+                f"uv_project cannot be combined with runtime_env '{field}': both decide which "
+                f"packages the worker runs with. Keep uv_project and {instead}; or keep "
+                f"'{field}' and drop uv_project."
+            )
+    py_executable = runtime_env.get("py_executable")
+    if py_executable and not is_uv_run_interpreter(py_executable):
+        raise UvProjectSpecError(
+            f"uv_project cannot be combined with runtime_env 'py_executable' "
+            f"({py_executable!r}): uv_project runs the worker with its venv's python. Drop "
+            "py_executable (a `uv run ...` one, as Ray's uv run driver hook sets, is replaced "
+            "by uv_project), or drop uv_project."
+        )
 
 
 class UvProject(dict):

@@ -13,7 +13,7 @@ PLUGIN = {"class": "tests.sleep_plugin.SleepPlugin"}
 
 class SleepPlugin(RuntimeEnvPlugin):
     name = "test_sleep"
-    priority = 20  # before uv_project's 50
+    priority = 1  # before uv_project's 5
 
     async def create(self, uri, runtime_env, context, logger: logging.Logger) -> float:
         await asyncio.sleep(float(runtime_env[self.name]))

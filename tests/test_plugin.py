@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -195,6 +196,22 @@ def test_every_bad_input_fails_the_actor_clearly_and_builds_nothing(env):
             {"uv_project": {"project": good, "extras": ["Flash_Attn"]}},
             "unknown extra(s) Flash_Attn",
         ),
+        "with pip": (
+            {"uv_project": {"project": good}, "pip": ["six"]},
+            "cannot be combined with runtime_env 'pip'",
+        ),
+        "with uv": (
+            {"uv_project": {"project": good}, "uv": ["six"]},
+            "cannot be combined with runtime_env 'uv'",
+        ),
+        "with conda": (
+            {"uv_project": {"project": good}, "conda": {"dependencies": ["six"]}},
+            "cannot be combined with runtime_env 'conda'",
+        ),
+        "with py_executable": (
+            {"uv_project": {"project": good}, "py_executable": "/usr/bin/python3"},
+            "cannot be combined with runtime_env 'py_executable' ('/usr/bin/python3')",
+        ),
         "symlink link mode": (
             {"uv_project": {"project": good}, "env_vars": {"UV_LINK_MODE": "symlink"}},
             "UV_LINK_MODE='symlink' is not allowed",
@@ -204,10 +221,13 @@ def test_every_bad_input_fails_the_actor_clearly_and_builds_nothing(env):
     actors = {name: Probe.options(runtime_env=env).remote() for name, (env, _) in cases.items()}
     refs = {name: actor.where.remote() for name, actor in actors.items()}
     before = ready_venvs(env["venvs"])
+    start = time.monotonic()
     for name, (_, words) in cases.items():
         with pytest.raises(RuntimeEnvSetupError) as info:
             ray.get(refs[name], timeout=120)
         assert words in str(info.value), f"{name}: {info.value}"
+    # Refused before Ray's pip/uv/conda set-ups spend time (a pip one used to take 50 s).
+    assert time.monotonic() - start < 45
     assert ready_venvs(env["venvs"]) == before
     unfinished = [d for d in env["venvs"].iterdir() if d.is_dir() and not (d / MARKER).exists()]
     assert unfinished == []
