@@ -120,13 +120,13 @@ class RayWorkerGroup:
     ) -> None:
         """Create every worker at once (one initializer per node), then wait for all of them."""
         pgs = self.cluster.get_placement_groups()
-        self.master_address, self.master_port = self.cluster.get_master_address_and_port()
-        pairs = [(node, b) for node, bundles in bundle_indices_list for b in bundles]
-        addresses = self.cluster.get_available_addresses_and_ports_batch(pairs)
         group_env = {"env_vars": dict(env_vars or {})}
         if self.runtime_env_config is not None:
             group_env["config"] = dict(self.runtime_env_config)
-        base = remote_worker_builder.worker_options({"runtime_env": group_env})
+        base = remote_worker_builder.worker_options({"runtime_env": group_env})  # may refuse
+        self.master_address, self.master_port = self.cluster.get_master_address_and_port()
+        pairs = [(node, b) for node, bundles in bundle_indices_list for b in bundles]
+        addresses = self.cluster.get_available_addresses_and_ports_batch(pairs)
         num_gpus = 1 / self.cluster.max_colocated_worker_groups if self.cluster.use_gpus else 0
         futures = []
         rank = 0
