@@ -85,7 +85,11 @@ class UvProjectPlugin(RuntimeEnvPlugin):
             # Ray's `uv run` hook's interpreter: ours replaces it. Ray sets up plugins one by one
             # on this object, so its py_executable plugin then has nothing to set.
             del runtime_env["py_executable"]
-        files = load_project(resolve_project_dir(spec, request_working_dir(runtime_env)))
+        working_dir = request_working_dir(runtime_env)
+        shipped = spec.project is None and not str(runtime_env.get("working_dir")).startswith(
+            "local://"
+        )
+        files = load_project(resolve_project_dir(spec, working_dir), shipped=shipped)
         root = venv_root()
         request = make_request(spec, files, runtime_env.get("env_vars") or {})
         outcome = await ensure_venv_async(request, root, logger)

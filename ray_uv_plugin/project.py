@@ -55,7 +55,9 @@ def resolve_project_dir(spec: UvProjectSpec, working_dir: str | None) -> Path:
     return Path(working_dir)
 
 
-def load_project(path: Path) -> ProjectFiles:
+def load_project(path: Path, shipped: bool = False) -> ProjectFiles:
+    """The project's files; `shipped`: `path` is a working_dir that Ray uploaded and unpacked
+    here (what is missing was then left out by the upload, not by the user's project)."""
     if path.exists() and not path.is_dir():
         raise ProjectError(
             f"uv_project: the project {path} is a file, not a directory; point "
@@ -72,6 +74,14 @@ def load_project(path: Path) -> ProjectFiles:
         raise ProjectError(
             f"uv_project: {path} has no pyproject.toml; it must be a uv project "
             "(`uv init`, then `uv lock`)."
+        )
+    if not lock.is_file() and shipped:
+        raise ProjectError(
+            f"uv_project: the working_dir Ray shipped to this node ({path}) has no uv.lock: "
+            "its upload left the lock out. Ray's upload skips files matched by .gitignore, "
+            ".rayignore and runtime_env 'excludes': take uv.lock out of them (`git check-ignore "
+            "-v uv.lock` says which rule), or set RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1 for the "
+            "driver; and run `uv lock` if the project has none."
         )
     if not lock.is_file():
         raise ProjectError(

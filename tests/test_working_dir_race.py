@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 DRIVER = """
 import json, sys, ray
+from ray.exceptions import RuntimeEnvSetupError
 address, project, sleep = sys.argv[1], sys.argv[2], float(sys.argv[3])
 ray.init(address=address, runtime_env={"working_dir": project, "test_sleep": sleep},
          log_to_driver=False)
@@ -35,7 +36,10 @@ def where():
     return {"python": sys.executable,
             "has": [m for m in ("six", "tomli_w") if importlib.util.find_spec(m)]}
 
-print(json.dumps(ray.get(where.options(runtime_env={"uv_project": {}}).remote(), timeout=300)))
+try:
+    print(json.dumps(ray.get(where.options(runtime_env={"uv_project": {}}).remote(), timeout=300)))
+except RuntimeEnvSetupError as e:
+    print(json.dumps({"error": str(e)}))
 """
 
 
@@ -77,3 +81,20 @@ def test_two_jobs_set_up_at_once_each_get_their_own_project(cluster):
     got_a, got_b = json.loads(out_a.splitlines()[-1]), json.loads(out_b.splitlines()[-1])
     assert got_a["has"] == ["six"] and got_b["has"] == ["tomli_w"]
     assert got_a["python"] != got_b["python"]
+
+
+def test_a_lock_left_out_of_the_upload_is_named_as_such(cluster):
+    """uv.lock is often in a library's .gitignore, and Ray's upload honours .gitignore."""
+    tmp, address = cluster
+    project = write_project(tmp / "ignored-lock", ["six"])
+    (project / ".gitignore").write_text("uv.lock\n")
+    out = subprocess.run(
+        [sys.executable, "-c", DRIVER, address, str(project), "0"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    ).stdout
+    error = json.loads(out.splitlines()[-1])["error"]
+    assert "has no uv.lock: its upload left the lock out" in error
+    assert ".gitignore" in error and "git check-ignore -v uv.lock" in error
