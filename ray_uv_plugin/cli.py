@@ -80,6 +80,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "state": e.state,
                 "note": e.note or None,
                 "not_ours": e.not_ours,
+                "name": e.name,
                 "project": e.project,
                 "extras": e.extras,
                 "groups": e.groups,
@@ -101,16 +102,23 @@ def cmd_list(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console(soft_wrap=True)
+    # Piped (`ray-uv list | grep myproj`), nothing is cut: no terminal width to fit.
+    console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 1_000_000)
     if not entries:
         console.print(f"No venvs in {root}", markup=False, highlight=False)
     else:
         table = Table(box=None, pad_edge=False)
-        for column in ("KEY", "PROJECT", "EXTRAS", "GROUPS", "SIZE", "LAST USE", "STATE"):
-            table.add_column(column, justify="right" if column == "SIZE" else "left")
+        for column in ("KEY", "NAME", "PROJECT", "EXTRAS", "GROUPS", "SIZE", "LAST USE", "STATE"):
+            table.add_column(
+                column,
+                justify="right" if column == "SIZE" else "left",
+                no_wrap=column in ("KEY", "NAME"),  # never cut: what one greps for
+                overflow="fold",
+            )
         for e in reversed(entries):  # most recently used first
             cells = (
                 e.key,
+                e.name,
                 e.project,
                 ",".join(e.extras) or "-",
                 ",".join(e.groups) or "-",

@@ -59,6 +59,11 @@ class VenvEntry:
         return str((self.meta or {}).get("project", "?"))
 
     @property
+    def name(self) -> str:
+        """The project's `[project] name`, as its build recorded it."""
+        return str((self.meta or {}).get("name", "?"))
+
+    @property
     def extras(self) -> list[str]:
         return list((self.meta or {}).get("extras", []))
 

@@ -98,6 +98,11 @@ def _pyproject(files: ProjectFiles) -> dict:
         raise ProjectError(f"uv_project: {files.path}/pyproject.toml is not valid TOML: {e}") from e
 
 
+def project_name(files: ProjectFiles) -> str:
+    """`[project] name`, which `ray-uv list` shows beside the (often temporary) path."""
+    return str(_pyproject(files).get("project", {}).get("name", "?"))
+
+
 def _check_names(
     files: ProjectFiles, kind: str, asked: tuple[str, ...], table: dict, where: str
 ) -> None:

@@ -38,6 +38,7 @@ from ray_uv_plugin.project import (
     ProjectFiles,
     check_ray_pin,
     check_request,
+    project_name,
     refers_to_project_path,
 )
 from ray_uv_plugin.request import VenvRequest, make_request
@@ -357,6 +358,7 @@ def _write_marker(venv: Path, request: VenvRequest, seconds: float, immutable: b
     meta = {
         "format": MARKER_FORMAT,
         "key": venv.name,
+        "name": project_name(request.files),
         "project": str(request.files.path),
         "extras": ["*"] if spec.all_extras else list(spec.extras),
         "groups": list(spec.groups),

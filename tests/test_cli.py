@@ -107,13 +107,14 @@ def test_bench_without_the_benchmarks_says_where_they_are(
     assert "run `uv run ray-uv bench` from the repository root" in capsys.readouterr().err
 
 
-def fake_venv(root: Path, key: str, project: str, extras: list[str], days_idle: float) -> Path:
+def fake_venv(
+    root: Path, key: str, project: str, extras: list[str], days_idle: float, name: str = "p"
+) -> Path:
     venv = root / key
     (venv / "lib").mkdir(parents=True)
     (venv / "lib" / "blob").write_bytes(os.urandom(200_000))
-    (venv / MARKER).write_text(
-        json.dumps({"key": key, "project": project, "extras": extras, "groups": []})
-    )
+    meta = {"key": key, "name": name, "project": project, "extras": extras, "groups": []}
+    (venv / MARKER).write_text(json.dumps(meta))
     t = time.time() - days_idle * 86400
     os.utime(venv / MARKER, (t, t))
     return venv
@@ -130,6 +131,7 @@ def test_list_and_gc_on_a_venv_dir(tmp_path: Path) -> None:
     lines = out.stdout.splitlines()
     assert lines[0].split() == [
         "KEY",
+        "NAME",
         "PROJECT",
         "EXTRAS",
         "GROUPS",
@@ -138,8 +140,8 @@ def test_list_and_gc_on_a_venv_dir(tmp_path: Path) -> None:
         "USE",
         "STATE",
     ]
-    assert lines[1].split()[:4] == [new.name, "/srv/new", "-", "-"]  # most recent first
-    assert lines[2].split()[:4] == [old.name, "/srv/old", "vllm", "-"]
+    assert lines[1].split()[:5] == [new.name, "p", "/srv/new", "-", "-"]  # most recent first
+    assert lines[2].split()[:5] == [old.name, "p", "/srv/old", "vllm", "-"]
     assert "40d ago" in lines[2]
     assert lines[-1] == f"2 venvs, {format_bytes(du_bytes(old, new))} in {tmp_path}"
     listed = json.loads(ray_uv("list", "--json", env=env).stdout)
@@ -161,6 +163,20 @@ def test_list_and_gc_on_a_venv_dir(tmp_path: Path) -> None:
     bare = ray_uv("gc", env=env)
     assert new.exists()
     assert "hint: only unfinished builds and leftovers go without limits" in bare.stdout
+
+
+def test_list_piped_cuts_neither_key_nor_name_nor_path(tmp_path: Path) -> None:
+    """`ray-uv list | grep myproj` finds it, however long the session's working_dir path."""
+    session = "/tmp/ray/session_2026-11-22_07-20-24_123456_4242/runtime_resources"
+    project = f"{session}/working_dir_files/_ray_pkg_0123456789abcdef0123456789abcdef"
+    venv = fake_venv(tmp_path, "2" * 16, project, ["vllm"], 1, name="my-rl-project")
+    out = ray_uv("list", env={"RAY_UV_PLUGIN_VENV_DIR": str(tmp_path)})
+    (row,) = [line for line in out.stdout.splitlines() if "my-rl-project" in line]
+    assert row.split()[:3] == [venv.name, "my-rl-project", project]
+    listed = json.loads(
+        ray_uv("list", "--json", env={"RAY_UV_PLUGIN_VENV_DIR": str(tmp_path)}).stdout
+    )
+    assert listed["venvs"][0]["name"] == "my-rl-project"
 
 
 def test_list_and_gc_report_odd_entries_instead_of_crashing(tmp_path: Path) -> None:
