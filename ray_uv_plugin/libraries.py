@@ -213,15 +213,36 @@ class Status:
         return Missing(self.library, self.ray_version, self.missing, self.node_has)
 
 
+_cache: dict[tuple[str, int, int, tuple[str, ...]], list[Status]] = {}
+
+
 def library_status(venv: Path, libraries: Sequence[Library] = LIBRARIES) -> list[Status]:
-    """Every library's status in the venv at `venv`. Raises ValueError if it holds no Ray."""
+    """Every library's status in the venv at `venv`. Raises ValueError if it holds no Ray.
+
+    Remembered per site-packages dir and its mtime (a venv is read-only once built): a warm
+    request pays two `stat`s and a glob."""
     site = site_packages(venv)
-    dist_info = _ray_dist_info(site) if site else None
-    if site is None or dist_info is None:
-        raise ValueError(
-            f"uv_project: {venv} has no Ray installed (no ray-*.dist-info in its site-packages): "
-            "make ray a dependency of the project and run `uv lock`."
-        )
+    st = os.stat(site) if site else None
+    if site is None or st is None:
+        raise ValueError(_no_ray(venv))
+    cache_key = (str(site), st.st_mtime_ns, st.st_ino, tuple(lib.name for lib in libraries))
+    cached = _cache.get(cache_key)
+    if cached is None:
+        cached = _cache[cache_key] = _library_status(venv, site, libraries)
+    return list(cached)
+
+
+def _no_ray(venv: Path) -> str:
+    return (
+        f"uv_project: {venv} has no Ray installed (no ray-*.dist-info in its site-packages): "
+        "make ray a dependency of the project and run `uv lock`."
+    )
+
+
+def _library_status(venv: Path, site: Path, libraries: Sequence[Library]) -> list[Status]:
+    dist_info = _ray_dist_info(site)
+    if dist_info is None:
+        raise ValueError(_no_ray(venv))
     installed = installed_distributions(site)
     version = _DIST_INFO.match(dist_info.name)["version"]  # type: ignore[index]
     try:
