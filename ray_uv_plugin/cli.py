@@ -323,8 +323,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         startup = importlib.import_module("benchmarks.startup")
     except ImportError as e:
         raise CliError(
-            f"`ray-uv bench` needs the benchmarks package ({e}); it ships with the source "
-            "checkout: run `uv run ray-uv bench` from the repository root."
+            f"`ray-uv bench` needs the benchmarks package ({e}), which is in the source "
+            "checkout only, not in the wheel: clone the repository and run `uv run ray-uv "
+            "bench` from its root."
         ) from e
     try:
         return int(startup.main(list(args.args)) or 0)

@@ -104,7 +104,7 @@ def test_bench_without_the_benchmarks_says_where_they_are(
 ) -> None:
     monkeypatch.setitem(sys.modules, "benchmarks.startup", None)  # as if absent
     assert cli.main(["bench"]) == 2
-    assert "run `uv run ray-uv bench` from the repository root" in capsys.readouterr().err
+    assert "in the source checkout only, not in the wheel" in capsys.readouterr().err
 
 
 def fake_venv(
