@@ -95,6 +95,16 @@ def clean_error(exc: BaseException) -> str:
     return text.strip()
 
 
+def lacks_plugin(address: str, python: str) -> str:
+    """What to say of a node whose worker ran in the node's own Python despite `uv_project`."""
+    return (
+        f"uv_project: node {address} ran the worker in its own Python ({python}), not in a "
+        "venv: its raylet does not load the uv_project plugin, so Ray ignored the field. "
+        "Restart that node with the plugin registered: `export RAY_RUNTIME_ENV_PLUGINS="
+        "$(ray-uv plugin-config)` before `ray start` (and ray-uv-plugin installed in its Python)."
+    )
+
+
 def connect(address: str | None, runtime_env: dict[str, Any] | None) -> None:
     # The CLI's own environment is not what workers need: every probe asks for its uv env.
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -182,6 +192,13 @@ def prepare_nodes(
         except Exception as e:  # RuntimeEnvSetupError, node died, ...
             result = NodeResult(node_id, address, False, took, error=clean_error(e))
         else:
+            if not report.get("venv"):  # the node ignored the field: no plugin there
+                result = NodeResult(
+                    node_id, address, False, took, error=lacks_plugin(address, report["python"])
+                )
+                results.append(result)
+                on_result(result)
+                continue
             marker = report.get("marker") or {}
             built = _probe.was_built_within(report, took + 1.0)
             result = NodeResult(

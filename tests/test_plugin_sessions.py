@@ -99,6 +99,29 @@ def test_two_raylets_on_one_host(tmp_path, node_env, monkeypatch, shared):
         assert len(pythons) == 2 and len(markers) == 2 and node_env.syncs() == 2
 
 
+def test_prepare_names_a_node_that_lacks_the_plugin(tmp_path, node_env, monkeypatch):
+    """A raylet started without RAY_RUNTIME_ENV_PLUGINS ignores the field (Ray only warns in
+    its setup log) and would run workers in the node's own Python: prepare says so."""
+    from ray_uv_plugin.prepare import alive_nodes, prepare_nodes
+
+    project = write_project(tmp_path / "proj", ["six"])
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        monkeypatch.delenv("RAY_RUNTIME_ENV_PLUGINS")  # the second raylet: no plugin
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address)
+        results = prepare_nodes({"project": str(project)}, alive_nodes(), timeout=240)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    ok = [r for r in results if r.ok]
+    bad = [r for r in results if not r.ok]
+    assert len(ok) == 1 and ok[0].built and len(bad) == 1
+    assert f"node {bad[0].address} ran the worker in its own Python" in bad[0].error
+    assert "RAY_RUNTIME_ENV_PLUGINS=$(ray-uv plugin-config)" in bad[0].error
+
+
 DRIVER = textwrap.dedent(
     """
     import json, sys
