@@ -359,3 +359,44 @@ def test_library_status_of_a_dir_without_ray(tmp_path: Path) -> None:
         libraries.library_status(tmp_path)
     assert libraries.check_libraries("k", tmp_path) == []
     assert sys.executable  # the node's Ray is this interpreter's
+
+
+def test_train_worker_env_without_ray_train_stops_with_a_failure_limit(
+    project: Path, ray_address: str, tmp_path: Path
+) -> None:
+    """A worker env whose Ray lacks `ray[train]`: the worker group cannot start. Train retries
+    that as a controller failure, for ever by default (`controller_failure_limit=-1`); with a
+    limit the run stops and says why. `ray-uv check --library train` catches it before."""
+    body = """
+        import ray.train
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+        def loop(config):
+            ray.train.report({"ok": 1})
+
+        plain = {"uv_project": {"project": PROJECT}}  # plain ray: no pydantic, no ray[train]
+        trainer = DataParallelTrainer(
+            loop,
+            scaling_config=ray.train.ScalingConfig(num_workers=1,
+                                                   resources_per_worker={"CPU": 0.5}),
+            run_config=ray.train.RunConfig(
+                storage_path=os.path.abspath("train"), name="t", worker_runtime_env=plain,
+                failure_config=ray.train.FailureConfig(max_failures=0,
+                                                       controller_failure_limit=1)),
+        )
+        try:
+            trainer.fit()
+            error = None
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+        result({"driver": sys.executable, "error": error})
+    """
+    venv_python(project, [])
+    value = run_driver(tmp_path, project, "train", ray_address, body)
+    # "ControllerError: Training failed due to controller error: One of the worker actors
+    # failed to initialize ... ModuleNotFoundError: No module named 'fsspec'"
+    assert value["error"] and value["error"].startswith("ControllerError"), value
+    assert "No module named" in value["error"], value["error"]
+    plain = venv_python(project, []).parent.parent
+    train = {s.library.name: s for s in libraries.library_status(plain)}["train"]
+    assert "pydantic" in train.missing or "pandas" in train.missing
