@@ -266,7 +266,7 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
     check_ray_pin(files, ray.__version__)
     if os.path.lexists(venv):
         trust.remove_tree(venv)
-    scratch = _scratch_project(request) if not (spec.locked or spec.frozen) else None
+    scratch = _scratch_project(request, venv.parent) if not (spec.locked or spec.frozen) else None
     project_dir = scratch or files.path
     args = ["sync", "--project", str(project_dir), *spec.sync_args(), "--python", sys.executable]
     for name in project_files.copied_source_names(files):  # uv caches their builds by mtime
@@ -316,9 +316,12 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
     return result.seconds
 
 
-def _scratch_project(request: VenvRequest) -> Path:
+def _scratch_project(request: VenvRequest, root: Path) -> Path:
     """`locked: false` lets uv re-lock; it does so in a private copy of the project's metadata,
-    never in the project (a job's working_dir or a shared dir that other jobs read)."""
+    never in the project (a job's working_dir or a shared dir that other jobs read).
+
+    The copy lives in the venv dir, whose ancestors are trusted: uv looks for config files in
+    the directories above a project, and anyone may write `/tmp/uv.toml`."""
     files = request.files
     if refers_to_project_path(files, request.spec):
         raise ProjectError(
@@ -327,7 +330,7 @@ def _scratch_project(request: VenvRequest) -> Path:
             "plugin never rewrites a project's uv.lock: run `uv lock` and use the default "
             "locked: true, or frozen: true to use the lock as it is."
         )
-    scratch = Path(tempfile.mkdtemp(prefix=f"ray-uv-{request.key}-"))
+    scratch = Path(tempfile.mkdtemp(prefix=f"{request.key}.locked-false-", dir=root))
     (scratch / "pyproject.toml").write_bytes(files.pyproject)
     (scratch / "uv.lock").write_bytes(files.lock)
     for name, _digest in request.inputs["config"]:  # type: ignore[union-attr]

@@ -226,7 +226,9 @@ def test_unlocked_build_never_rewrites_the_project(tmp_path):
     assert out.built
     assert run_python(out.path, "import tomli_w, six; print('ok')") == "ok"
     assert _snapshot(proj) == before
-    assert not list(Path(tempfile.gettempdir()).glob(f"ray-uv-{out.key}-*"))
+    # The private copy it re-locked in is gone too; it lived in the venv dir, not in /tmp,
+    # where anyone's /tmp/uv.toml would have applied to it.
+    assert not list((tmp_path / "venvs").glob(f"{out.key}.locked-false-*"))
 
 
 def test_unlocked_build_with_editable_source_is_refused(tmp_path):
