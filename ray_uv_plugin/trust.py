@@ -15,6 +15,7 @@ owned by any user and be group-writable. Others-writable is never trusted.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import grp
 import os
@@ -146,7 +147,7 @@ def open_no_follow(path: Path, flags: int = os.O_RDONLY, mode: int = 0o600) -> i
     try:
         return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
     except OSError as e:
-        if e.errno == 40:  # ELOOP: the last component is a symlink
+        if e.errno == errno.ELOOP:  # the last component is a symlink
             _raise(path, os.lstat(path), "it is a symlink, which is never followed", "the file")
         raise
 
