@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError as e:  # not among Ray's own requirements
+    raise ImportError(
+        "worker_groups needs numpy on the driver (NamedSharding layouts are numpy arrays, as in "
+        "NeMo RL): install it into the driver's environment, e.g. `uv add numpy`"
+    ) from e
 
 # Axes along which every rank holds the same data: a worker at index 0 of all of them is the
 # leader that NeMo RL's dispatch code gates on (``NamedSharding.is_axis_zero``).
