@@ -77,7 +77,9 @@ import ray
 
 ADDRESS, PROJECT, LIB = sys.argv[1], sys.argv[2], sys.argv[3]
 # Train gives a worker group 60 s to start: slow on a loaded 2-core machine.
-ENV_VARS = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600"}
+# Train v2 (worker_runtime_env) is opt-in before Ray 2.51.
+ENV_VARS = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600", "RAY_TRAIN_V2_ENABLED": "1"}
+os.environ.update(ENV_VARS)
 JOB_ENV = {"uv_project": {"project": PROJECT, "extras": [LIB]}, "env_vars": ENV_VARS}
 PROBE_ENV = {"uv_project": {"project": PROJECT, "extras": [LIB, "probe"]}}
 
@@ -243,16 +245,19 @@ def test_ray_tune_trainable_in_uv_project(project: Path, ray_address: str, tmp_p
     body = """
         from ray import tune
 
+        report = getattr(tune, "report", None) or __import__("ray.train").train.report  # < 2.41
+        RunConfig = getattr(tune, "RunConfig", None) or __import__("ray.train").train.RunConfig
+
         def trainable(config):
             import pandas
-            tune.report({"score": config["x"] * 2, "python": sys.executable,
+            report({"score": config["x"] * 2, "python": sys.executable,
                          "venv": os.environ.get("RAY_UV_PLUGIN_VENV"),
                          "pandas": pandas.__version__})
 
         tuner = tune.Tuner(
             tune.with_resources(trainable, {"cpu": 0.5}),
             param_space={"x": tune.grid_search([1, 2])},
-            run_config=tune.RunConfig(storage_path=os.path.abspath("tune"), name="t",
+            run_config=RunConfig(storage_path=os.path.abspath("tune"), name="t",
                                       verbose=0),
         )
         results = tuner.fit()
@@ -270,6 +275,20 @@ def test_ray_tune_trainable_in_uv_project(project: Path, ray_address: str, tmp_p
         assert trial["pandas"]
 
 
+def train_v2_worker_env() -> bool:
+    """Train v2 with `RunConfig(worker_runtime_env=...)` in the node's Ray (read, not imported:
+    the node's Ray here has no `ray[train]`)."""
+    config = Path(ray.__file__).parent / "train" / "v2" / "api" / "config.py"
+    return config.is_file() and "worker_runtime_env" in config.read_text()
+
+
+needs_train_v2 = pytest.mark.skipif(
+    not train_v2_worker_env(),
+    reason=f"Ray {RAY_VERSION}'s Train has no RunConfig(worker_runtime_env=...) (Train v2)",
+)
+
+
+@needs_train_v2
 def test_ray_train_worker_group_in_uv_project(
     project: Path, ray_address: str, tmp_path: Path
 ) -> None:
@@ -361,6 +380,7 @@ def test_library_status_of_a_dir_without_ray(tmp_path: Path) -> None:
     assert sys.executable  # the node's Ray is this interpreter's
 
 
+@needs_train_v2
 def test_train_worker_env_without_ray_train_stops_with_a_failure_limit(
     project: Path, ray_address: str, tmp_path: Path
 ) -> None:
