@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 from ray._private.runtime_env.context import RuntimeEnvContext
 from ray._private.runtime_env.plugin import RuntimeEnvPlugin
 
+from ray_uv_plugin.libraries import check_libraries
 from ray_uv_plugin.project import load_project, resolve_project_dir
 from ray_uv_plugin.request import make_request
 from ray_uv_plugin.spec import FIELD, check_siblings, is_uv_run_interpreter, parse_spec
@@ -98,6 +99,9 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         logger.info(
             "uv_project %s: %s in %s -> %s", outcome.key, verb, format_duration(took), outcome.path
         )
+        # Ray libraries the node's Ray has and this env's lacks: a warning in this setup log;
+        # a Ray Client server whose env lacks ray[client]: an error, at once.
+        check_libraries(outcome.key, outcome.path, logger)
         self._venvs[id(context)] = outcome
         return 0
 

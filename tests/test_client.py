@@ -25,7 +25,6 @@ import ray_uv_plugin
 from ray_uv_plugin.project import load_project
 from ray_uv_plugin.spec import parse_spec
 from ray_uv_plugin.venv_cache import ensure_venv
-from tests.client_plugin import PLUGIN
 from tests.uvproject import write_project
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,12 +76,10 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def client_url() -> Iterator[str]:
     """A one-node cluster with a Ray Client server on a free port, the plugin registered with
-    the libraries hook (tests/client_plugin.py); stopped through its own handle."""
-    keys = ("RAY_RUNTIME_ENV_PLUGINS", "PYTHONPATH")
+    its libraries check; stopped through its own handle."""
+    keys = ("RAY_RUNTIME_ENV_PLUGINS",)
     saved = {k: os.environ.get(k) for k in keys}
-    os.environ["RAY_RUNTIME_ENV_PLUGINS"] = json.dumps([PLUGIN])
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved["PYTHONPATH"]]))
-    assert json.loads(ray_uv_plugin.plugin_config())[0]["class"] != PLUGIN["class"]
+    os.environ["RAY_RUNTIME_ENV_PLUGINS"] = ray_uv_plugin.plugin_config()
     port = free_port()
     cluster = Cluster(
         initialize_head=True,

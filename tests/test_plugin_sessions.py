@@ -99,22 +99,38 @@ def test_two_raylets_on_one_host(tmp_path, node_env, monkeypatch, shared):
         assert len(pythons) == 2 and len(markers) == 2 and node_env.syncs() == 2
 
 
-def test_prepare_names_a_node_that_lacks_the_plugin(tmp_path, node_env, monkeypatch):
+def test_a_node_that_lacks_the_plugin_is_named(tmp_path, node_env, monkeypatch):
     """A raylet started without RAY_RUNTIME_ENV_PLUGINS ignores the field (Ray only warns in
-    its setup log) and would run workers in the node's own Python: prepare says so."""
+    its setup log) and would run workers in the node's own Python: prepare and worker groups
+    say which node and how to register the plugin."""
     from ray_uv_plugin.prepare import alive_nodes, prepare_nodes
+    from worker_groups import RayVirtualCluster, RayWorkerBuilder, RayWorkerGroup
+    from worker_groups.registry import ACTOR_ENVIRONMENT_REGISTRY
 
     project = write_project(tmp_path / "proj", ["six"])
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1})
+    monkeypatch.setitem(
+        ACTOR_ENVIRONMENT_REGISTRY, "wg_workers.EchoWorker", {"project": str(project)}
+    )
     try:
         monkeypatch.delenv("RAY_RUNTIME_ENV_PLUGINS")  # the second raylet: no plugin
-        cluster.add_node(num_cpus=1)
+        cluster.add_node(num_cpus=1, num_gpus=1)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address)
         results = prepare_nodes({"project": str(project)}, alive_nodes(), timeout=240)
+        virtual = RayVirtualCluster([1, 1], num_gpus_per_node=1)
+        with pytest.raises(Exception) as group_error:
+            RayWorkerGroup(
+                virtual,
+                RayWorkerBuilder("wg_workers.EchoWorker"),
+                env_vars={"PYTHONPATH": str(Path(__file__).parent / "worker_groups")},
+            )
+        virtual.shutdown()
     finally:
         ray.shutdown()
         cluster.shutdown()
+    assert "ran this worker in its own Python" in str(group_error.value)
+    assert "RAY_RUNTIME_ENV_PLUGINS=$(ray-uv plugin-config)" in str(group_error.value)
     ok = [r for r in results if r.ok]
     bad = [r for r in results if not r.ok]
     assert len(ok) == 1 and ok[0].built and len(bad) == 1

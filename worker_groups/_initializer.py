@@ -11,6 +11,7 @@ import copy
 import importlib
 import inspect
 import logging
+import os
 import sys
 from typing import Any
 
@@ -54,8 +55,24 @@ def _call_configure(cls: Any, **available: Any) -> tuple[dict, dict, dict, dict]
     return resources or {}, env_vars or {}, init_kwargs or {}, (rest[0] if rest else None) or {}
 
 
+def check_in_its_venv() -> None:
+    """A `uv_project` actor on a node whose raylet lacks the plugin runs in the node's own
+    Python (Ray only warns in that node's setup log): say so before anything imports."""
+    asked = "uv_project" in (ray.get_runtime_context().runtime_env or {})
+    if asked and not os.environ.get("RAY_UV_PLUGIN_VENV"):
+        node = ray.util.get_node_ip_address()
+        raise RuntimeError(
+            f"uv_project: node {node} ran this worker in its own Python ({sys.executable}), "
+            "not in a venv: its raylet does not load the uv_project plugin, so Ray ignored the "
+            "field. Restart that node with the plugin registered: `export "
+            "RAY_RUNTIME_ENV_PLUGINS=$(ray-uv plugin-config)` before `ray start` (and "
+            "ray-uv-plugin installed in its Python)."
+        )
+
+
 class IsolatedWorkerInitializer:
     def __init__(self, ray_actor_class_fqn: str, *init_args: Any, **init_kwargs: Any) -> None:
+        check_in_its_venv()
         self.ray_actor_class_fqn = ray_actor_class_fqn
         self.init_args = init_args
         self.init_kwargs = init_kwargs
