@@ -27,6 +27,10 @@ from ray_uv_plugin.spec import parse_spec
 from ray_uv_plugin.venv_cache import ensure_venv
 from tests.uvproject import write_project
 
+# Ray's libraries (several extras, a Serve app, a Client server): a group of its own that
+# .ci/run runs after the default suite, which stays under 15 minutes.
+pytestmark = pytest.mark.libraries
+
 ROOT = Path(__file__).resolve().parents[1]
 RAY_VERSION = ray.__version__
 

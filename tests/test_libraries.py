@@ -26,12 +26,17 @@ from pathlib import Path
 
 import pytest
 import ray
+from packaging.version import Version
 
 from ray_uv_plugin import libraries
 from ray_uv_plugin.project import load_project
 from ray_uv_plugin.spec import parse_spec
 from ray_uv_plugin.venv_cache import ensure_venv
 from tests.uvproject import write_project
+
+# Ray's libraries (several extras, a Serve app, a Client server): a group of its own that
+# .ci/run runs after the default suite, which stays under 15 minutes.
+pytestmark = pytest.mark.libraries
 
 RAY_VERSION = ray.__version__
 LIBS = ("data", "serve", "tune", "train")
@@ -45,6 +50,11 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     `ray[<lib>]==<node's Ray>`, and `probe` adding one small package."""
     path = tmp_path_factory.mktemp("libs") / "proj"
     extras = {lib: [f"ray[{lib}]=={RAY_VERSION}"] for lib in LIBS}
+    if Version(RAY_VERSION) < Version("2.60"):
+        # Ray 2.44's Data uses pandas API that pandas 3 removed, and its Serve protobuf API
+        # that protobuf 7 removed: such a lock pins them too.
+        extras["data"].append("pandas<3")
+        extras["serve"].append("protobuf<6")
     extras["probe"] = [PROBE_PACKAGE]
     return write_project(path, [f"ray=={RAY_VERSION}"], extras=extras, with_ray=False)
 

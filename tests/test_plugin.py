@@ -300,3 +300,20 @@ def test_a_worker_cannot_change_the_shared_venv(env):
     assert not (Path(got["prefix"]) / "lib" / "python3.11" / "site-packages" / "pyfiglet").exists()
     after = probe({"project": str(project)})
     assert after["prefix"] == got["prefix"] and not after["has"]["pyfiglet"]
+
+
+def test_the_jobs_own_path_survives_after_the_venv(env):
+    """env_vars={"PATH": "/opt/x:${PATH}"} works without uv_project; with it, the venv's bin
+    comes first and the job's own entries stay (issue 12)."""
+    runtime_env = {
+        "uv_project": {"project": str(env["project"])},
+        "env_vars": {"PATH": "/opt/job-tools:${PATH}"},
+    }
+    actor = Probe.options(runtime_env=runtime_env).remote()
+    try:
+        got = ray.get(actor.where.remote(), timeout=180)
+    finally:
+        ray.kill(actor)
+    path = got["PATH"].split(os.pathsep)
+    assert path[0] == str(Path(got["executable"]).parent)
+    assert path[1] == "/opt/job-tools" and "/usr/bin" in path  # and the node's PATH after it
