@@ -391,6 +391,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # --- parser ----------------------------------------------------------------------------------
 
 
+def _add_selection(p: argparse.ArgumentParser) -> None:
+    """The flags that select an environment, as the `uv_project` fields do (prepare, check)."""
+    p.add_argument("--extra", action="append", metavar="X", help="an extra (repeatable)")
+    p.add_argument("--group", action="append", metavar="G", help="a dependency group (repeatable)")
+    p.add_argument("--all-extras", action="store_true", help="every extra")
+    p.add_argument("--no-default-groups", action="store_true", help="skip uv's default groups")
+    p.add_argument("--frozen", action="store_true", help="use uv.lock as it is (no --locked)")
+    p.add_argument("--install-project", action="store_true", help="install the project too")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ray-uv",
@@ -429,12 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the uv project (pyproject.toml + uv.lock); shipped to the nodes as working_dir "
         "(default: .)",
     )
-    p.add_argument("--extra", action="append", metavar="X", help="an extra (repeatable)")
-    p.add_argument("--group", action="append", metavar="G", help="a dependency group (repeatable)")
-    p.add_argument("--all-extras", action="store_true", help="every extra")
-    p.add_argument("--no-default-groups", action="store_true", help="skip uv's default groups")
-    p.add_argument("--frozen", action="store_true", help="use uv.lock as it is (no --locked)")
-    p.add_argument("--install-project", action="store_true", help="install the project too")
+    _add_selection(p)
     p.add_argument(
         "--shared",
         action="store_true",
@@ -499,12 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="the uv project (pyproject.toml + uv.lock) (default: .)",
     )
-    p.add_argument("--extra", action="append", metavar="X", help="an extra (repeatable)")
-    p.add_argument("--group", action="append", metavar="G", help="a dependency group (repeatable)")
-    p.add_argument("--all-extras", action="store_true", help="every extra")
-    p.add_argument("--no-default-groups", action="store_true", help="skip uv's default groups")
-    p.add_argument("--frozen", action="store_true", help="use uv.lock as it is (no --locked)")
-    p.add_argument("--install-project", action="store_true", help="install the project too")
+    _add_selection(p)
     p.add_argument(
         "--library",
         action="append",
