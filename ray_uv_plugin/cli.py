@@ -203,11 +203,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True, soft_wrap=True)  # log-friendly: no hard wraps in pipes
     project = Path(args.project).expanduser().resolve()
-    flags = {
-        name: True
-        for name in ("all_extras", "no_default_groups", "frozen", "install_project")
-        if getattr(args, name)
-    }
+    flags = _selection_flags(args)
     try:
         value = prepare.uv_project_value(
             project, args.shared, args.extra or [], args.group or [], flags
@@ -279,11 +275,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from ray_uv_plugin.venv_cache import VenvDirError
 
     project = Path(args.project).expanduser().resolve()
-    flags = {
-        name: True
-        for name in ("all_extras", "no_default_groups", "frozen", "install_project")
-        if getattr(args, name)
-    }
+    flags = _selection_flags(args)
     try:
         wanted = check.parse_libraries(args.library or [])
         print(f"Checking the uv_project env of {project} (this builds it if needed)...", flush=True)
@@ -399,6 +391,15 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-default-groups", action="store_true", help="skip uv's default groups")
     p.add_argument("--frozen", action="store_true", help="use uv.lock as it is (no --locked)")
     p.add_argument("--install-project", action="store_true", help="install the project too")
+
+
+def _selection_flags(args: argparse.Namespace) -> dict[str, bool]:
+    """The boolean `uv_project` fields that `_add_selection`'s flags turned on."""
+    return {
+        name: True
+        for name in ("all_extras", "no_default_groups", "frozen", "install_project")
+        if getattr(args, name)
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
