@@ -89,12 +89,30 @@ def client_url() -> Iterator[str]:
         initialize_head=True,
         head_node_args={"num_cpus": 2, "ray_client_server_port": port, "include_dashboard": False},
     )
+    url = f"ray://127.0.0.1:{port}"
     try:
-        yield f"ray://127.0.0.1:{port}"
+        warm_up(url, Path(cluster.head_node.get_logs_dir_path()))
+        yield url
     finally:
         cluster.shutdown()
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def warm_up(url: str, logs: Path, attempts: int = 3) -> None:
+    """Connect once with no runtime_env, so that the tests start from a client server that
+    works. On a loaded 2-core CI machine Ray's per-client server has failed to start at the first
+    connection (no env, so nothing of the plugin's is involved); retry that, and if it never
+    starts, fail with the client servers' own logs rather than Ray's "see the .err file"."""
+    for _ in range(attempts):
+        seen, _ = run_client(url, None, None)
+        if "error" not in seen:
+            return
+    tails = [
+        f"--- {f.name}\n" + f.read_text(errors="replace")[-3000:]
+        for f in sorted(logs.glob("ray_client_server*"))
+    ]
+    pytest.fail(f"Ray Client server never started: {seen}\n" + "\n".join(tails))
 
 
 def venv_of(project: Path, extras: list[str]) -> Path:
