@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ray_uv_plugin import plugin_config
 from ray_uv_plugin.uv import format_duration
@@ -186,15 +186,14 @@ def node_line(r: NodeResult) -> str:
     from rich.markup import escape
 
     if r.ok:
-        line = f"uv_project {r.key}: {r.outcome} in {format_duration(r.seconds)}"
-        return escape(f"{r.label}: {line}")
+        return escape(f"{r.label}: uv_project {r.key}: {r.summary}")
     return f"{escape(r.label)}: [red]failed[/red]: {escape(r.error or 'unknown error')}"
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from ray_uv_plugin import prepare
@@ -203,54 +202,59 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True, soft_wrap=True)  # log-friendly: no hard wraps in pipes
     project = Path(args.project).expanduser().resolve()
-    flags = _selection_flags(args)
-    try:
-        value = prepare.uv_project_value(
-            project, args.shared, args.extra or [], args.group or [], flags
-        )
-        prepare.check_locally(project, value, args.shared)
-        prepare.connect(args.address, prepare.job_runtime_env(project, args.shared))
-    except (UvProjectSpecError, ProjectError, prepare.PrepareError) as e:
-        raise CliError(str(e)) from e
-    import ray
+    ship = False if args.no_ship else None
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        sending = None
 
-    try:
-        nodes = prepare.alive_nodes()
-        console.print(
-            f"Preparing uv_project {json.dumps(value)} of {project} on {_nodes(len(nodes))}",
-            markup=False,
-        )
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} nodes"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as progress:
-            task = progress.add_task("Building", total=len(nodes))
+        def on_result(r: prepare.NodeResult) -> None:
+            progress.console.print(node_line(r))
 
-            def on_result(r: prepare.NodeResult) -> None:
-                progress.console.print(node_line(r))
-                progress.advance(task)
+        def on_progress(p: Any) -> None:
+            nonlocal sending
+            if sending is None:
+                what = f"Shipping to {_nodes(p.receivers)}"
+                sending = progress.add_task(what, total=p.size)
+            progress.update(sending, completed=min(p.sent, p.size))
 
-            results = prepare.prepare_nodes(value, nodes, args.timeout, on_result)
-    finally:
-        ray.shutdown()
-    table = Table(box=None, pad_edge=False)
-    for column in ("NODE", "ADDRESS", "RESULT", "SECONDS", "UV SYNC", "VENV"):
-        table.add_column(column)
-    for r in sorted(results, key=lambda r: r.address):
-        cells = (
-            r.node_id[:8],
-            r.address,
-            r.outcome,
-            f"{r.seconds:.2f}",
-            "-" if r.build_seconds is None else f"{r.build_seconds:.2f}",
-            r.key or "-",
-        )
-        table.add_row(*map(escape, cells))
-    Console().print(table, soft_wrap=True)
+        console.print(f"Preparing uv_project of {project} on every alive node", markup=False)
+        try:
+            results = prepare.prepare_env(
+                project,
+                extras=args.extra or [],
+                groups=args.group or [],
+                address=args.address,
+                shared=args.shared,
+                ship=ship,
+                timeout=args.timeout,
+                on_result=on_result,
+                on_progress=on_progress,
+                **_selection_flags(args),
+            )
+        except (UvProjectSpecError, ProjectError, prepare.PrepareError) as e:
+            raise CliError(str(e)) from e
+    if args.json:
+        print(json.dumps({"nodes": [r.as_json() for r in results]}, indent=1))
+    else:
+        table = Table(box=None, pad_edge=False)
+        for column in ("NODE", "ADDRESS", "RESULT", "UV SYNC", "VENV"):
+            table.add_column(column)
+        for r in sorted(results, key=lambda r: r.address):
+            cells = (
+                r.node_id[:8],
+                r.address,
+                r.summary,
+                "-" if r.build_seconds is None else f"{r.build_seconds:.2f}",
+                r.key or "-",
+            )
+            table.add_row(*map(escape, cells))
+        Console().print(table, soft_wrap=True)
     failed = [r for r in results if not r.ok]
     if failed:
         console.print(
@@ -259,8 +263,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             markup=False,
         )
         return 1
-    built = sum(r.built for r in results)
-    console.print(f"Prepared {_nodes(len(results))} ({built} built, {len(results) - built} reused)")
+    counts = {o: sum(r.outcome == o for r in results) for o in ("built", "shipped", "reused")}
+    done = ", ".join(f"{n} {o}" for o, n in counts.items() if n)
+    console.print(f"Prepared {_nodes(len(results))} ({done})")
     return 0
 
 
@@ -429,9 +434,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "prepare",
         help="build an env on every alive node of a running cluster",
-        description="Build the uv environment on every alive node of a running cluster: one "
-        "task pinned to each node asks for it, so each node's plugin builds it (or finds it). "
-        "Exits 1 and names the nodes that failed.",
+        description="Make the uv environment ready on every alive node of a running cluster: "
+        "one node's plugin builds it (or finds it), then the venv is shipped to the other nodes "
+        "through Ray's object store and checked there; a node that cannot take it builds its "
+        "own. Exits 1 and names the nodes that failed.",
     )
     p.add_argument(
         "--project",
@@ -454,6 +460,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--timeout", type=float, default=3600.0, metavar="S", help="give up after S seconds"
+    )
+    p.add_argument(
+        "--no-ship",
+        action="store_true",
+        help="let every node build the env itself (as RAY_UV_PLUGIN_SHIP=0 does), instead of "
+        "building it on one node and shipping that venv to the others",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the per-node results as JSON on stdout"
     )
     p.set_defaults(func=cmd_prepare)
 

@@ -1,9 +1,15 @@
 """Building a uv environment on every alive node of a running cluster, ahead of the jobs.
 
-One zero-CPU task is pinned to each node (`NodeAffinitySchedulingStrategy`, hard) with the
+A zero-CPU probe task is pinned to a node (`NodeAffinitySchedulingStrategy`, hard) with the
 `uv_project` runtime_env, so the node's own plugin builds the venv exactly as a job's worker
 would later: same key, same log, same lock. The task then reports the venv it ran in, from
 which we tell a build from a reuse.
+
+With shipping (the default; `ship=False`, `--no-ship` or `RAY_UV_PLUGIN_SHIP=0` turn it off),
+the probe runs on one node first; its venv is then sent to the other nodes through Ray's
+object store (`ship`), and the probes that follow on those nodes find it ready. A node that
+cannot take it (another interpreter, platform, uv or Ray) or whose receive failed is built by
+its probe as without shipping, and its result says why it was not shipped.
 """
 
 from __future__ import annotations
@@ -11,8 +17,8 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +44,47 @@ class NodeResult:
     key: str | None = None
     python: str | None = None
     error: str | None = None
+    shipped_bytes: int | None = None  # received from another node, this many stream bytes
+    note: str | None = None  # why the venv was not shipped here, when it was built instead
 
     @property
     def label(self) -> str:
         return f"{self.address} ({self.node_id[:8]})"
 
     @property
+    def summary(self) -> str:
+        """`shipped 1.8GiB in 12.40s`, `built in 40.20s (not shipped: ...)`, `reused`, ..."""
+        from ray_uv_plugin.inventory import format_bytes
+        from ray_uv_plugin.uv import format_duration
+
+        took = format_duration(self.seconds)
+        if self.outcome == "shipped":
+            return f"shipped {format_bytes(self.shipped_bytes or 0)} in {took}"
+        if self.outcome == "failed":
+            return f"failed: {self.error or 'unknown error'}"
+        text = f"{self.outcome} in {took}"
+        return f"{text} ({self.note})" if self.note else text
+
+    @property
     def outcome(self) -> str:
-        return "built" if self.built else "reused" if self.ok else "failed"
+        if not self.ok:
+            return "failed"
+        if self.built:
+            return "built"
+        return "shipped" if self.shipped_bytes is not None else "reused"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "node_id": self.node_id,
+            "address": self.address,
+            "outcome": self.outcome,
+            "seconds": round(self.seconds, 3),
+            "build_seconds": self.build_seconds,
+            "bytes": self.shipped_bytes,
+            "key": self.key,
+            "note": self.note,
+            "error": self.error,
+        }
 
 
 def job_runtime_env(project: Path, shared: bool) -> dict[str, Any] | None:
@@ -152,8 +191,79 @@ def prepare_nodes(
     nodes: list[tuple[str, str]],
     timeout: float,
     on_result: Callable[[NodeResult], None] = lambda r: None,
+    ship: bool | None = None,
+    runtime_env: dict[str, Any] | None = None,
+    chunk_bytes: int | None = None,
+    on_progress: Callable[[Any], None] = lambda p: None,
 ) -> list[NodeResult]:
-    """Run the probe on each node (connected already) and report as each finishes."""
+    """Make the env ready on each node (connected already), reporting as each finishes.
+
+    `ship` (default: on unless RAY_UV_PLUGIN_SHIP=0): build on one node, send that venv to
+    the others. `runtime_env`: for the shipping actors, which need the node's Ray Python."""
+    from ray_uv_plugin import ship as shipping
+
+    ship = shipping.shipping_enabled() if ship is None else ship
+    if not ship or len(nodes) < 2:
+        return probe_nodes(value, nodes, timeout, on_result)
+    start = time.perf_counter()
+    spec = parse_spec(value)
+    source, rest = _source_first(nodes)
+    first = probe_nodes(value, [source], timeout, on_result)
+    if not first[0].ok or first[0].key is None:
+        note = f"not shipped: the first node {source[1]} failed"
+        return first + probe_nodes(value, rest, _left(timeout, start), on_result, note=note)
+    shipped = shipping.ship(
+        first[0].key,
+        source[0],
+        [node_id for node_id, _ in rest],
+        settings={
+            "env_vars": {},  # the probes set none
+            "resolves": not (spec.locked or spec.frozen),
+        },
+        runtime_env=runtime_env,
+        chunk_bytes=chunk_bytes or shipping.venv_archive.CHUNK_BYTES,
+        timeout=_left(timeout, start),
+        on_progress=on_progress,
+    )
+    return first + probe_nodes(value, rest, _left(timeout, start), on_result, shipped)
+
+
+def _left(timeout: float, start: float) -> float:
+    return max(timeout - (time.perf_counter() - start), 1.0)
+
+
+def _source_first(nodes: list[tuple[str, str]]) -> tuple[tuple[str, str], list[tuple[str, str]]]:
+    """The node to build on: the driver's own if it is one of them, else the first."""
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    source = next((n for n in nodes if n[0] == here), nodes[0])
+    return source, [n for n in nodes if n != source]
+
+
+def _with_shipping(result: NodeResult, shipped: Any) -> NodeResult:
+    """A probe's result with what shipping did on its node."""
+    if shipped is None:
+        return result
+    if shipped.outcome == "shipped" and result.ok and not result.built:
+        return replace(
+            result, shipped_bytes=shipped.bytes, seconds=result.seconds + shipped.seconds
+        )
+    if result.built and shipped.outcome in ("refused", "failed"):
+        return replace(result, note=f"not shipped: {shipped.why}")
+    return result
+
+
+def probe_nodes(
+    value: Mapping[str, Any],
+    nodes: list[tuple[str, str]],
+    timeout: float,
+    on_result: Callable[[NodeResult], None] = lambda r: None,
+    shipped: Mapping[str, Any] | None = None,
+    note: str | None = None,
+) -> list[NodeResult]:
+    """Run the probe on each node and report as each finishes (`shipped`: what shipping did
+    per node id, folded into the results)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -172,6 +282,14 @@ def prepare_nodes(
         ).remote()
         pending[ref] = (node_id, address)
     results = []
+
+    def report(result: NodeResult) -> None:
+        result = _with_shipping(result, (shipped or {}).get(result.node_id))
+        if note and result.built:
+            result = replace(result, note=note)
+        results.append(result)
+        on_result(result)
+
     while pending:
         left = timeout - (time.perf_counter() - start)
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(left, 0))
@@ -179,29 +297,27 @@ def prepare_nodes(
         if not ready:
             for ref, (node_id, address) in pending.items():
                 ray.cancel(ref, force=True)
-                result = NodeResult(
-                    node_id, address, False, took, error=f"timed out after {timeout:.0f}s"
+                report(
+                    NodeResult(
+                        node_id, address, False, took, error=f"timed out after {timeout:.0f}s"
+                    )
                 )
-                results.append(result)
-                on_result(result)
             break
         ref = ready[0]
         node_id, address = pending.pop(ref)
         try:
-            report = ray.get(ref)
+            env_report = ray.get(ref)
         except Exception as e:  # RuntimeEnvSetupError, node died, ...
-            result = NodeResult(node_id, address, False, took, error=clean_error(e))
-        else:
-            if not report.get("venv"):  # the node ignored the field: no plugin there
-                result = NodeResult(
-                    node_id, address, False, took, error=lacks_plugin(address, report["python"])
-                )
-                results.append(result)
-                on_result(result)
-                continue
-            marker = report.get("marker") or {}
-            built = _probe.was_built_within(report, took + 1.0)
-            result = NodeResult(
+            report(NodeResult(node_id, address, False, took, error=clean_error(e)))
+            continue
+        if not env_report.get("venv"):  # the node ignored the field: no plugin there
+            error = lacks_plugin(address, env_report["python"])
+            report(NodeResult(node_id, address, False, took, error=error))
+            continue
+        marker = env_report.get("marker") or {}
+        built = _probe.was_built_within(env_report, took + 1.0)
+        report(
+            NodeResult(
                 node_id,
                 address,
                 True,
@@ -209,8 +325,42 @@ def prepare_nodes(
                 built=built,
                 build_seconds=marker.get("build_seconds") if built else None,
                 key=marker.get("key"),
-                python=report["python"],
+                python=env_report["python"],
             )
-        results.append(result)
-        on_result(result)
+        )
     return results
+
+
+def prepare_env(
+    project: str | Path = ".",
+    *,
+    extras: Sequence[str] = (),
+    groups: Sequence[str] = (),
+    address: str | None = None,
+    shared: bool = False,
+    ship: bool | None = None,
+    timeout: float = 3600.0,
+    on_result: Callable[[NodeResult], None] = lambda r: None,
+    on_progress: Callable[[Any], None] = lambda p: None,
+    **flags: bool,
+) -> list[NodeResult]:
+    """Make a uv environment ready on every alive node of a running cluster, as `ray-uv
+    prepare` does: build it on one node and ship it to the others (`ship`, default on unless
+    RAY_UV_PLUGIN_SHIP=0), or let every node build it (`ship=False`).
+
+    Connects to the cluster at `address` and disconnects after; `flags` are the uv_project
+    flags (`locked`, `frozen`, `all_extras`, ...). Raises `PrepareError` (or the spec's and
+    project's errors) for what keeps it from starting; each node's failure is in its result.
+    """
+    import ray
+
+    project = Path(project).expanduser().resolve()
+    value = uv_project_value(project, shared, list(extras), list(groups), flags)
+    check_locally(project, value, shared)
+    connect(address, job_runtime_env(project, shared))
+    try:
+        return prepare_nodes(
+            value, alive_nodes(), timeout, on_result, ship=ship, on_progress=on_progress
+        )
+    finally:
+        ray.shutdown()

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_uv_plugin import project as project_files
-from ray_uv_plugin import trust
+from ray_uv_plugin import trust, venv_archive
 from ray_uv_plugin.lockfile import BuildLock
 from ray_uv_plugin.project import (
     ProjectError,
@@ -49,7 +49,7 @@ VENV_DIR_ENV = "RAY_UV_PLUGIN_VENV_DIR"
 BUILD_TIMEOUT_ENV = "RAY_UV_PLUGIN_BUILD_TIMEOUT_S"
 DEFAULT_BUILD_TIMEOUT = 1800.0  # a vLLM + torch env from a cold cache, on a slow link
 LOCK_MARGIN = 60.0  # a waiter gives up this long after the build it waits for must have ended
-MARKER = ".ray-uv-ready"
+MARKER = venv_archive.MARKER
 MARKER_FORMAT = 1
 DEFAULT_VENV_DIR = Path("~/.cache/ray-uv-plugin/venvs")
 
@@ -266,6 +266,7 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
     check_ray_pin(files, ray.__version__)
     if os.path.lexists(venv):
         trust.remove_tree(venv)
+    venv_archive.remove_leftovers(venv.parent, venv.name)  # of a receive that died
     scratch = _scratch_project(request, venv.parent) if not (spec.locked or spec.frozen) else None
     project_dir = scratch or files.path
     args = ["sync", "--project", str(project_dir), *spec.sync_args(), "--python", sys.executable]
@@ -354,25 +355,31 @@ def _site_packages(venv: Path) -> str:
 
 
 def _write_marker(venv: Path, request: VenvRequest, seconds: float, immutable: bool) -> None:
-    """Written last, then the venv's top dir is made read-only too."""
     import ray
 
     spec = request.spec
-    meta = {
-        "format": MARKER_FORMAT,
-        "key": venv.name,
-        "name": project_name(request.files),
-        "project": str(request.files.path),
-        "extras": ["*"] if spec.all_extras else list(spec.extras),
-        "groups": list(spec.groups),
-        "ray": ray.__version__,
-        "python": sys.version.split()[0],
-        "site_packages": _site_packages(venv),
-        "built_at": time.time(),
-        "build_seconds": round(seconds, 3),
-        "immutable": immutable,  # chattr +i below the top dir (root only), else modes alone
-        "inputs": request.inputs,
-    }
+    write_marker(
+        venv,
+        {
+            "format": MARKER_FORMAT,
+            "key": venv.name,
+            "name": project_name(request.files),
+            "project": str(request.files.path),
+            "extras": ["*"] if spec.all_extras else list(spec.extras),
+            "groups": list(spec.groups),
+            "ray": ray.__version__,
+            "python": sys.version.split()[0],
+            "site_packages": _site_packages(venv),
+            "built_at": time.time(),
+            "build_seconds": round(seconds, 3),
+            "immutable": immutable,  # chattr +i below the top dir (root only), else modes alone
+            "inputs": request.inputs,
+        },
+    )
+
+
+def write_marker(venv: Path, meta: Mapping[str, Any]) -> None:
+    """Written last, then the venv's top dir is made read-only too."""
     tmp = venv / f"{MARKER}.tmp"
     fd = trust.open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     with os.fdopen(fd, "w") as f:
@@ -381,3 +388,20 @@ def _write_marker(venv: Path, request: VenvRequest, seconds: float, immutable: b
         os.fsync(f.fileno())
     os.replace(tmp, venv / MARKER)
     os.chmod(venv, os.lstat(venv).st_mode & 0o7555)
+
+
+def install_received(root: Path, key: str, tree: Path, meta: Mapping[str, Any]) -> None:
+    """Make a venv unpacked from another node (`ship`, checked whole) the ready `<key>`: the
+    caller holds the key's build lock. Renamed into place, frozen, then marked, as builds are."""
+    venv = root / key
+    if os.path.lexists(venv):  # not ready, or the caller would not have unpacked it
+        trust.remove_tree(venv)
+    venv_archive.relocate(tree, str(meta["venv"]), str(venv))
+    os.rename(tree, venv)
+    try:
+        immutable = trust.freeze(venv)
+        marker = {k: v for k, v in meta.items() if k != "venv"}
+        write_marker(venv, {**marker, "key": key, "immutable": immutable})
+    except BaseException:
+        trust.remove_tree(venv)
+        raise

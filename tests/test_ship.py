@@ -1,0 +1,404 @@
+"""Shipping a built venv to other nodes (`ship`, `venv_archive`, `prepare`).
+
+The stream tests pack a real venv (real uv, real packages) and unpack it under another venv dir
+without Ray. The cluster tests start two raylets on this host, each with its own venv dir, uv
+cache and uv (a counting wrapper), as separate machines have, and ship through Ray's object
+store; the faults are real: a SIGKILLed receiver, a killed sender, a killed driver.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from ray_uv_plugin import venv_archive
+from ray_uv_plugin.lockfile import is_held
+from ray_uv_plugin.prepare import alive_nodes, prepare_nodes
+from ray_uv_plugin.project import load_project
+from ray_uv_plugin.spec import parse_spec
+from ray_uv_plugin.venv_archive import ArchiveError, Packer, Unpacker
+from ray_uv_plugin.venv_cache import check_ready, ensure_venv, install_received, read_marker
+from tests.uvproject import CountingUv, write_project
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 1024 * 1024
+
+# Run in a venv: import every top-level module of every installed distribution.
+IMPORT_ALL = textwrap.dedent(
+    """\
+    import importlib, importlib.metadata as md, json, sys
+    names = set()
+    for dist in md.distributions():
+        for f in dist.files or []:
+            parts = f.parts
+            if len(parts) == 1 and parts[0].endswith(".py"):
+                names.add(parts[0][:-3])
+            elif len(parts) == 2 and parts[1] == "__init__.py" and "." not in parts[0]:
+                names.add(parts[0])
+    failed = {}
+    for name in sorted(n for n in names if not n.startswith("_")):
+        try:
+            importlib.import_module(name)
+        except Exception as e:
+            failed[name] = repr(e)
+    print(json.dumps({"imported": sorted(names), "failed": failed, "python": sys.executable}))
+    """
+)
+
+
+def import_all(python: Path) -> dict:
+    out = subprocess.run(
+        [str(python), "-c", IMPORT_ALL], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def works_where_it_is(venv: Path) -> None:
+    """The venv runs from its own path: a console script and every package import."""
+    assert venv_archive.relocate(venv, "/nowhere/else", str(venv)) == 0
+    script = venv / "bin" / "ray"
+    assert script.read_text().splitlines()[0] == f"#!{venv}/bin/python"
+    out = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and ray.__version__ in out.stdout, out.stdout + out.stderr
+    seen = import_all(venv / "bin" / "python")
+    assert seen["failed"] == {} and {"ray", "six"} <= set(seen["imported"]), seen
+    assert seen["python"] == str(venv / "bin" / "python")
+
+
+# --- the stream, without Ray -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real ready venv (ray and six) under a venv dir of its own."""
+    base = tmp_path_factory.mktemp("stream")
+    project = write_project(base / "proj", ["six"])
+    spec = parse_spec({"project": str(project)})
+    return ensure_venv(spec, load_project(project), root=base / "venvs-a").path
+
+
+def stream(venv: Path, chunk_bytes: int = 4 * MiB) -> tuple[list[venv_archive.Chunk], Packer]:
+    packer = Packer(venv, chunk_bytes)
+    chunks = [packer.next_chunk()]
+    while not chunks[-1].last:
+        chunks.append(packer.next_chunk())
+    return chunks, packer
+
+
+def receive(root: Path, key: str, chunks, total: int, whole: str) -> Path:
+    root.mkdir(mode=0o700, exist_ok=True)
+    unpacker = Unpacker(root, key, "test")
+    try:
+        for c in chunks:
+            unpacker.add(c.index, c.sha256, c.data)
+        return unpacker.finish(len(chunks), total, whole)
+    except BaseException:
+        unpacker.abort()
+        raise
+
+
+def test_a_venv_streamed_to_another_venv_dir_works_there(built: Path, tmp_path: Path) -> None:
+    chunks, packer = stream(built)
+    assert len(chunks) > 3 and all(len(c.data) == 4 * MiB for c in chunks[:-1])
+    size, _ = venv_archive.disk_usage(built)
+    # The files' bytes plus tar headers; uv's hardlinks into its cache went as content.
+    assert size <= packer.total <= size * 1.1 + 10 * MiB, (size, packer.total)
+    root = tmp_path / "venvs-b"
+    tree = receive(root, built.name, chunks, packer.total, packer.whole_sha256)
+    install_received(root, built.name, tree, {**read_marker(built), "venv": str(built)})
+    assert check_ready(root, built.name) is None
+    assert not list(root.glob("*.ship-*"))
+    works_where_it_is(root / built.name)
+    marker = read_marker(root / built.name)
+    assert marker["key"] == built.name and "venv" not in marker
+
+
+def test_a_corrupt_chunk_is_refused_and_nothing_is_kept(built: Path, tmp_path: Path) -> None:
+    chunks, packer = stream(built)
+    bad = bytearray(chunks[2].data)
+    bad[1000] ^= 0xFF
+    chunks[2] = venv_archive.Chunk(2, bytes(bad), chunks[2].sha256, chunks[2].last)
+    with pytest.raises(ArchiveError, match="chunk 2 .* is corrupt"):
+        receive(tmp_path / "v", built.name, chunks, packer.total, packer.whole_sha256)
+    assert os.listdir(tmp_path / "v") == []
+
+
+def test_a_missing_chunk_is_refused(built: Path, tmp_path: Path) -> None:
+    chunks, packer = stream(built)
+    with pytest.raises(ArchiveError, match="chunk 3 arrived where chunk 2 was due"):
+        receive(tmp_path / "v", built.name, chunks[:2] + chunks[3:], *whole(packer))
+    with pytest.raises(ArchiveError, match="ended after"):
+        receive(tmp_path / "v", built.name, chunks[:-1], *whole(packer))
+    assert os.listdir(tmp_path / "v") == []
+
+
+def whole(packer: Packer) -> tuple[int, str]:
+    return packer.total, packer.whole_sha256
+
+
+def evil_stream(member: tarfile.TarInfo, data: bytes = b"") -> tuple[list, int, str]:
+    """A well-formed, correctly hashed stream whose content breaks the venv's rules."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        python = tarfile.TarInfo("bin/python")
+        python.size = 0
+        tar.addfile(python, io.BytesIO())
+        tar.addfile(member, io.BytesIO(data) if member.isreg() else None)
+    payload = buf.getvalue()
+    sha = hashlib.sha256(payload).hexdigest()
+    return [venv_archive.Chunk(0, payload, sha, True)], len(payload), sha
+
+
+def _link(name: str, target: str, hard: bool = False) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.LNKTYPE if hard else tarfile.SYMTYPE
+    info.linkname = target
+    return info
+
+
+@pytest.mark.parametrize(
+    ("member", "message"),
+    [
+        (_link("lib/x.py", "/etc/passwd"), "outside the venv"),
+        (_link("bin/python3", "/bin/sh"), "outside the venv"),
+        (_link("lib/up", "../../../../etc"), "outside the venv"),
+        (_link("lib/hard", "/etc/passwd", hard=True), "absolute|outside"),
+        (tarfile.TarInfo("../escaped.py"), "outside"),
+        (tarfile.TarInfo("/abs.py"), "absolute|outside"),
+    ],
+    ids=["symlink-out", "bin-link-not-python", "relative-out", "hardlink-out", "dotdot", "abs"],
+)
+def test_members_that_leave_the_venv_are_refused(
+    tmp_path: Path, member: tarfile.TarInfo, message: str
+) -> None:
+    with pytest.raises(ArchiveError, match=message):
+        receive(tmp_path / "v", "k" * 16, *evil_stream(member))
+    assert os.listdir(tmp_path / "v") == []
+    assert not (tmp_path / "escaped.py").exists()
+
+
+def test_set_id_bits_and_group_write_are_dropped(tmp_path: Path) -> None:
+    member = tarfile.TarInfo("lib/tool")
+    member.size, member.mode = 2, 0o6777
+    tree = receive(tmp_path / "v", "k" * 16, *evil_stream(member, b"hi"))
+    assert oct((tree / "lib" / "tool").stat().st_mode & 0o7777) == oct(0o755)
+
+
+# --- two raylets, through Ray ----------------------------------------------------------------
+
+
+class Node:
+    def __init__(self, base: Path) -> None:
+        self.venvs = base / "venvs"
+        self.cache = base / "uv-cache"
+        self.uv = CountingUv(base / "uv")
+
+    def env(self) -> dict[str, str]:
+        return {
+            "RAY_UV_PLUGIN_VENV_DIR": str(self.venvs),
+            "UV_CACHE_DIR": str(self.cache),
+            "RAY_UV_PLUGIN_UV": str(self.uv.path),
+        }
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Node, Node]]:
+    """The driver's node A and a node B, each with its own venv dir, uv cache and uv."""
+    a = Node(tmp_path_factory.mktemp("node-a"))
+    b = Node(tmp_path_factory.mktemp("node-b"))
+    saved = {k: os.environ.get(k) for k in a.env()}
+    os.environ.update(a.env())  # the head node's raylet inherits the driver's environment
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=1, env_vars=b.env())
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address)
+        yield cluster, a, b
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def new_project(tmp_path: Path) -> Path:
+    """A project of its own per test, so that its venv is on no node yet."""
+    return write_project(tmp_path / "proj", ["six"], name=f"ship{time.monotonic_ns()}")
+
+
+def run_on(node_id: str, project: Path) -> dict:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0)
+    def where() -> dict:
+        return {"venv": os.environ.get("RAY_UV_PLUGIN_VENV"), "python": sys.executable}
+
+    strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+    env = {"uv_project": {"project": str(project)}}
+    return ray.get(
+        where.options(scheduling_strategy=strategy, runtime_env=env).remote(), timeout=300
+    )
+
+
+def by_dir(results, node: Node):
+    """The result of the node whose venvs live in `node.venvs`."""
+    for r in results:
+        if r.python and r.python.startswith(str(node.venvs)):
+            return r
+    raise AssertionError(f"no result with a venv under {node.venvs}: {results}")
+
+
+def test_prepare_builds_once_and_ships_to_the_other_node(two_nodes, tmp_path: Path) -> None:
+    _, a, b = two_nodes
+    project = new_project(tmp_path)
+    syncs_a, syncs_b = a.uv.syncs(), b.uv.syncs()
+    results = prepare_nodes({"project": str(project)}, alive_nodes(), 600, chunk_bytes=8 * MiB)
+    assert [r.outcome for r in results] == ["built", "shipped"], results
+    shipped = results[1]
+    assert shipped.python.startswith(str(b.venvs)), shipped
+    assert shipped.shipped_bytes > 50 * MiB and shipped.key == results[0].key
+    assert a.uv.syncs() == syncs_a + 1 and b.uv.syncs() == syncs_b  # B never ran uv sync
+    venv = b.venvs / shipped.key
+    assert read_marker(venv)["shipped_from"]
+    assert not list(b.venvs.glob("*.ship-*"))
+    # A worker on B runs in the shipped venv, which works at B's path.
+    assert run_on(shipped.node_id, project)["venv"] == str(venv)
+    works_where_it_is(venv)
+    again = prepare_nodes({"project": str(project)}, alive_nodes(), 600)
+    assert [r.outcome for r in again] == ["reused", "reused"], again
+    assert b.uv.syncs() == syncs_b
+
+
+def test_a_node_with_other_uv_settings_builds_its_own(two_nodes, tmp_path: Path) -> None:
+    """Node C keys the venv differently (its raylet has UV_COMPILE_BYTECODE=1): it does not
+    take the shipped venv, builds its own, and its result says why."""
+    cluster, a, _ = two_nodes
+    c = Node(tmp_path / "node-c")
+    node = cluster.add_node(num_cpus=1, env_vars={**c.env(), "UV_COMPILE_BYTECODE": "1"})
+    try:
+        cluster.wait_for_nodes()
+        project = new_project(tmp_path)
+        results = prepare_nodes({"project": str(project)}, alive_nodes(), 600)
+    finally:
+        cluster.remove_node(node)
+    on_c = by_dir(results, c)
+    assert on_c.outcome == "built" and c.uv.syncs() == 1, results
+    assert "not shipped: another set of uv settings here" in on_c.note
+    assert "UV_COMPILE_BYTECODE" in on_c.note
+    assert [r.outcome for r in results if r is not on_c] == ["built", "shipped"]
+
+
+def newest_lock(node: Node) -> Path:
+    return max(node.venvs.glob("*.lock"), key=lambda p: p.stat().st_mtime)
+
+
+def wait_free(lock: Path, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while is_held(lock) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not is_held(lock), f"{lock} is still held"
+
+
+def test_a_receiver_killed_mid_unpack_leaves_nothing_used(two_nodes, tmp_path: Path) -> None:
+    _, _, b = two_nodes
+    project = new_project(tmp_path)
+    killed: list[int] = []
+
+    def kill_receiver(p) -> None:
+        if p.chunk == 2 and not killed:
+            pid = int(newest_lock(b).read_text().split()[0])  # the receiver holds it
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    syncs_b = b.uv.syncs()
+    results = prepare_nodes(
+        {"project": str(project)}, alive_nodes(), 600, chunk_bytes=4 * MiB,
+        on_progress=kill_receiver,
+    )  # fmt: skip
+    assert killed
+    on_b = by_dir(results, b)
+    # Not used half-unpacked: B built its own, and says the receive failed and where.
+    assert on_b.outcome == "built" and b.uv.syncs() == syncs_b + 1, results
+    assert "not shipped: " in on_b.note and "chunk" in on_b.note, on_b.note
+    assert check_ready(b.venvs, on_b.key) is None
+    assert not list(b.venvs.glob("*.ship-*"))  # the build removed the leftover
+
+
+def test_a_sender_killed_mid_way_fails_cleanly_and_the_next_attempt_ships(
+    two_nodes, tmp_path: Path
+) -> None:
+    _, _, b = two_nodes
+    project = new_project(tmp_path)
+
+    def kill_sender(p) -> None:
+        if p.chunk == 2:
+            os.kill(p.source_pid, signal.SIGKILL)
+
+    value = {"project": str(project)}
+    # B builds for itself after the failed receive; remove that venv to try shipping again.
+    results = prepare_nodes(value, alive_nodes(), 600, chunk_bytes=4 * MiB, on_progress=kill_sender)
+    on_b = by_dir(results, b)
+    assert on_b.outcome == "built", results
+    assert "the source node" in on_b.note and "sending chunk 3" in on_b.note, on_b.note
+    assert not list(b.venvs.glob("*.ship-*"))
+    from ray_uv_plugin.trust import remove_tree
+
+    remove_tree(b.venvs / on_b.key)
+    again = prepare_nodes(value, alive_nodes(), 600, chunk_bytes=4 * MiB)
+    assert [r.outcome for r in again] == ["reused", "shipped"], again
+
+
+DRIVER = textwrap.dedent(
+    """\
+    import sys, time
+    import ray
+    from ray_uv_plugin.prepare import alive_nodes, prepare_nodes
+
+    def slow(p):
+        print("chunk", p.chunk, flush=True)
+        time.sleep(0.5)
+
+    ray.init(address=sys.argv[1])
+    prepare_nodes({"project": sys.argv[2]}, alive_nodes(), 600, chunk_bytes=2**21,
+                  on_progress=slow)
+    """
+)
+
+
+def test_a_driver_killed_mid_way_leaves_nothing_used(two_nodes, tmp_path: Path) -> None:
+    cluster, _, b = two_nodes
+    project = new_project(tmp_path)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, cluster.address, str(project)],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        for line in driver.stdout:
+            if line.startswith("chunk 3"):
+                break
+        os.killpg(driver.pid, signal.SIGKILL)
+    finally:
+        driver.kill()
+        driver.wait()
+    lock = newest_lock(b)  # the key's, which the killed driver's receiver held
+    key = lock.name.removesuffix(".lock")
+    wait_free(lock)  # Ray ends the dead driver's actors
+    assert check_ready(b.venvs, key) == "absent"
+    results = prepare_nodes({"project": str(project)}, alive_nodes(), 600)
+    assert [r.outcome for r in results] == ["reused", "shipped"], results
+    assert not list(b.venvs.glob("*.ship-*"))
