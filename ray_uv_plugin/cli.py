@@ -223,7 +223,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                 sending = progress.add_task(what, total=p.size)
             progress.update(sending, completed=min(p.sent, p.size))
 
-        console.print(f"Preparing uv_project of {project} on every alive node", markup=False)
+        def on_start(value: dict[str, Any], nodes: int) -> None:
+            line = f"Preparing uv_project {json.dumps(value)} of {project} on {_nodes(nodes)}"
+            progress.console.print(line, markup=False)
+
         try:
             results = prepare.prepare_env(
                 project,
@@ -233,6 +236,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                 shared=args.shared,
                 ship=ship,
                 timeout=args.timeout,
+                on_start=on_start,
                 on_result=on_result,
                 on_progress=on_progress,
                 **_selection_flags(args),
@@ -264,7 +268,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         )
         return 1
     counts = {o: sum(r.outcome == o for r in results) for o in ("built", "shipped", "reused")}
-    done = ", ".join(f"{n} {o}" for o, n in counts.items() if n)
+    done = ", ".join(f"{n} {o}" for o, n in counts.items())
     console.print(f"Prepared {_nodes(len(results))} ({done})")
     return 0
 

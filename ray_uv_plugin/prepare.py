@@ -340,6 +340,7 @@ def prepare_env(
     shared: bool = False,
     ship: bool | None = None,
     timeout: float = 3600.0,
+    on_start: Callable[[dict[str, Any], int], None] = lambda value, nodes: None,
     on_result: Callable[[NodeResult], None] = lambda r: None,
     on_progress: Callable[[Any], None] = lambda p: None,
     **flags: bool,
@@ -351,6 +352,8 @@ def prepare_env(
     Connects to the cluster at `address` and disconnects after; `flags` are the uv_project
     flags (`locked`, `frozen`, `all_extras`, ...). Raises `PrepareError` (or the spec's and
     project's errors) for what keeps it from starting; each node's failure is in its result.
+    `on_start(value, nodes)` is called once connected, with the uv_project value and how many
+    nodes there are; `on_result` as each node is done; `on_progress` with each shipped chunk.
     """
     import ray
 
@@ -359,8 +362,8 @@ def prepare_env(
     check_locally(project, value, shared)
     connect(address, job_runtime_env(project, shared))
     try:
-        return prepare_nodes(
-            value, alive_nodes(), timeout, on_result, ship=ship, on_progress=on_progress
-        )
+        nodes = alive_nodes()
+        on_start(value, len(nodes))
+        return prepare_nodes(value, nodes, timeout, on_result, ship=ship, on_progress=on_progress)
     finally:
         ray.shutdown()

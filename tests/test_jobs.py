@@ -237,10 +237,10 @@ def test_prepare_builds_on_every_node_then_reuses(cluster: Cluster, project: Pat
     first = cluster.run(*args, "--group", "lint", "--extra", "ini", "--extra", "six")
     assert first.returncode == 0, first.stdout + first.stderr
     assert "built in" in first.stderr
-    assert "Prepared 1 node (1 built, 0 reused)" in first.stderr
+    assert "Prepared 1 node (1 built, 0 shipped, 0 reused)" in first.stderr
     second = cluster.run(*args, "--extra", "six", "--extra", "ini", "--group", "lint")
     assert second.returncode == 0, second.stdout + second.stderr
-    assert "Prepared 1 node (0 built, 1 reused)" in second.stderr
+    assert "Prepared 1 node (0 built, 0 shipped, 1 reused)" in second.stderr
     (row,) = [line.split() for line in second.stdout.splitlines() if "reused" in line]
     key = row[-1]
     meta = json.loads((cluster.venvs / key / MARKER).read_text())

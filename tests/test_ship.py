@@ -402,3 +402,30 @@ def test_a_driver_killed_mid_way_leaves_nothing_used(two_nodes, tmp_path: Path) 
     results = prepare_nodes({"project": str(project)}, alive_nodes(), 600)
     assert [r.outcome for r in results] == ["reused", "shipped"], results
     assert not list(b.venvs.glob("*.ship-*"))
+
+
+def test_the_cli_ships_and_reports_per_node(two_nodes, tmp_path: Path) -> None:
+    """`ray-uv prepare` ships the project as working_dir, then the venv; `--json` for scripts,
+    `--no-ship` (or RAY_UV_PLUGIN_SHIP=0) lets every node build."""
+    cluster, _, b = two_nodes
+    project = new_project(tmp_path)
+    ray_uv = str(Path(sys.executable).parent / "ray-uv")
+    args = [ray_uv, "prepare", "--address", cluster.address, "--project", str(project)]
+    out = subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    nodes = json.loads(out.stdout)["nodes"]
+    assert [n["outcome"] for n in nodes] == ["built", "shipped"], nodes
+    assert nodes[1]["bytes"] > 50 * MiB and nodes[0]["key"] == nodes[1]["key"]
+    assert "Prepared 2 nodes (1 built, 1 shipped, 0 reused)" in out.stderr
+    assert "shipped " in out.stderr and "MiB in " in out.stderr
+    syncs_b = b.uv.syncs()
+    out = subprocess.run([*args, "--no-ship", "--extra", "nope"], capture_output=True, text=True)
+    assert out.returncode == 2 and "unknown extra(s) nope" in out.stderr
+    other = write_project(tmp_path / "other", ["iniconfig"], name=f"o{time.monotonic_ns()}")
+    out = subprocess.run(
+        [ray_uv, "prepare", "--address", cluster.address, "--project", str(other)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "RAY_UV_PLUGIN_SHIP": "0"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "Prepared 2 nodes (2 built, 0 shipped, 0 reused)" in out.stderr
+    assert b.uv.syncs() == syncs_b + 1
