@@ -195,29 +195,33 @@ def prepare_nodes(
     runtime_env: dict[str, Any] | None = None,
     chunk_bytes: int | None = None,
     on_progress: Callable[[Any], None] = lambda p: None,
+    probe_env: dict[str, Any] | None = None,
 ) -> list[NodeResult]:
     """Make the env ready on each node (connected already), reporting as each finishes.
 
     `ship` (default: on unless RAY_UV_PLUGIN_SHIP=0): build on one node, send that venv to
-    the others. `runtime_env`: for the shipping actors, which need the node's Ray Python."""
+    the others. `runtime_env`: for the shipping actors, which need the node's Ray Python.
+    `probe_env`: the whole runtime_env the env's workers will have (its env_vars may shape the
+    venv), default `{"uv_project": value}`."""
     from ray_uv_plugin import ship as shipping
 
+    probe_env = probe_env or {"uv_project": dict(value)}
     ship = shipping.shipping_enabled() if ship is None else ship
     if not ship or len(nodes) < 2:
-        return probe_nodes(value, nodes, timeout, on_result)
+        return probe_nodes(probe_env, nodes, timeout, on_result)
     start = time.perf_counter()
     spec = parse_spec(value)
     source, rest = _source_first(nodes)
-    first = probe_nodes(value, [source], timeout, on_result)
+    first = probe_nodes(probe_env, [source], timeout, on_result)
     if not first[0].ok or first[0].key is None:
         note = f"not shipped: the first node {source[1]} failed"
-        return first + probe_nodes(value, rest, _left(timeout, start), on_result, note=note)
+        return first + probe_nodes(probe_env, rest, _left(timeout, start), on_result, note=note)
     shipped = shipping.ship(
         first[0].key,
         source[0],
         [node_id for node_id, _ in rest],
         settings={
-            "env_vars": {},  # the probes set none
+            "env_vars": probe_env.get("env_vars") or {},
             "resolves": not (spec.locked or spec.frozen),
         },
         runtime_env=runtime_env,
@@ -225,7 +229,7 @@ def prepare_nodes(
         timeout=_left(timeout, start),
         on_progress=on_progress,
     )
-    return first + probe_nodes(value, rest, _left(timeout, start), on_result, shipped)
+    return first + probe_nodes(probe_env, rest, _left(timeout, start), on_result, shipped)
 
 
 def _left(timeout: float, start: float) -> float:
@@ -255,15 +259,15 @@ def _with_shipping(result: NodeResult, shipped: Any) -> NodeResult:
 
 
 def probe_nodes(
-    value: Mapping[str, Any],
+    probe_env: Mapping[str, Any],
     nodes: list[tuple[str, str]],
     timeout: float,
     on_result: Callable[[NodeResult], None] = lambda r: None,
     shipped: Mapping[str, Any] | None = None,
     note: str | None = None,
 ) -> list[NodeResult]:
-    """Run the probe on each node and report as each finishes (`shipped`: what shipping did
-    per node id, folded into the results)."""
+    """Run the probe, with the runtime_env `probe_env`, on each node and report as each
+    finishes (`shipped`: what shipping did per node id, folded into the results)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -278,7 +282,7 @@ def probe_nodes(
             num_cpus=0,
             max_retries=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-            runtime_env={"uv_project": dict(value)},
+            runtime_env=dict(probe_env),
         ).remote()
         pending[ref] = (node_id, address)
     results = []

@@ -206,6 +206,31 @@ class VenvReceiver:
             lock.release()
 
 
+@ray.remote(num_cpus=0, max_retries=0)
+def _is_ready(key: str) -> bool:
+    try:
+        root = venv_root()
+        trust.check_root(root)
+        return check_ready(root, key) is None
+    except Exception:  # noqa: BLE001 - anything else is for the receiver to report
+        return False
+
+
+def _already_there(
+    key: str, targets: list[str], runtime_env: dict[str, Any] | None, timeout: float
+) -> dict[str, ShipResult]:
+    """The targets that have the ready venv already, found by a plain task on each."""
+    refs = {n: _is_ready.options(**_pinned(n, runtime_env)).remote(key) for n in targets}
+    found = {}
+    for node, ref in refs.items():
+        try:
+            if ray.get(ref, timeout=timeout):
+                found[node] = ShipResult(node, "reused")
+        except Exception:  # noqa: BLE001 - the receiver will say what is wrong there
+            pass
+    return found
+
+
 @dataclass
 class ShipResult:
     node_id: str
@@ -272,8 +297,11 @@ def ship(
     if runtime_env is None and job_env.get("py_executable"):  # e.g. Ray's `uv run` hook's
         runtime_env = {"py_executable": sys.executable}
     deadline = time.monotonic() + timeout
-    results: dict[str, ShipResult] = {}
     where = _addresses()
+    results = _already_there(key, targets, runtime_env, timeout)
+    targets = [n for n in targets if n not in results]
+    if not targets:
+        return results  # a group whose nodes have the venv pays for no sender and receivers
     sender = VenvSender.options(**_pinned(source_node, runtime_env)).remote(key, chunk_bytes)
     receivers = {n: VenvReceiver.options(**_pinned(n, runtime_env)).remote() for n in targets}
     try:

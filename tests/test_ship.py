@@ -429,3 +429,41 @@ def test_the_cli_ships_and_reports_per_node(two_nodes, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "Prepared 2 nodes (2 built, 0 shipped, 0 reused)" in out.stderr
     assert b.uv.syncs() == syncs_b + 1
+
+
+def test_a_worker_group_ships_its_env_before_its_workers_start(
+    two_nodes, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One worker per node: the env is built on one node and shipped to the other before the
+    workers start (B never runs uv sync); a second group on the same env pays no shipping."""
+    from tests.worker_groups.conftest import WORKER_ENV
+    from worker_groups import (
+        ACTOR_ENVIRONMENT_REGISTRY,
+        RayVirtualCluster,
+        RayWorkerBuilder,
+        RayWorkerGroup,
+    )
+
+    _, a, b = two_nodes
+    project = new_project(tmp_path)
+    syncs_a, syncs_b = a.uv.syncs(), b.uv.syncs()
+    caplog.set_level("INFO", logger="worker_groups.group")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(ACTOR_ENVIRONMENT_REGISTRY, "wg_workers.EchoWorker", {"project": str(project)})
+        cluster = RayVirtualCluster([1, 1], use_gpus=False)
+        try:
+            for _ in range(2):
+                group = RayWorkerGroup(
+                    cluster, RayWorkerBuilder("wg_workers.EchoWorker"), env_vars=WORKER_ENV
+                )
+                pythons = [
+                    i["executable"] for i in ray.get([w.info.remote() for w in group.workers])
+                ]
+                group.shutdown()
+        finally:
+            cluster.shutdown()
+    assert {Path(p).parents[2] for p in pythons} == {a.venvs, b.venvs}, pythons
+    assert a.uv.syncs() == syncs_a + 1 and b.uv.syncs() == syncs_b
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("ready on 2 of 2 nodes" in m and "1 shipped" in m for m in lines), lines
+    assert any("ready on 2 of 2 nodes" in m and "2 reused" in m for m in lines), lines

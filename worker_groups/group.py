@@ -23,6 +23,7 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
+from worker_groups._helper_tasks import helper_runtime_env
 from worker_groups.builder import (
     RayWorkerBuilder,
     check_runtime_env_config,
@@ -124,6 +125,7 @@ class RayWorkerGroup:
         if self.runtime_env_config is not None:
             group_env["config"] = dict(self.runtime_env_config)
         base = remote_worker_builder.worker_options({"runtime_env": group_env})  # may refuse
+        self._prepare_env(base["runtime_env"], pgs)
         self.master_address, self.master_port = self.cluster.get_master_address_and_port()
         pairs = [(node, b) for node, bundles in bundle_indices_list for b in bundles]
         addresses = self.cluster.get_available_addresses_and_ports_batch(pairs)
@@ -198,6 +200,44 @@ class RayWorkerGroup:
             len(self._workers),
             self.ray_actor_class_fqn,
             time.perf_counter() - start,
+        )
+
+    def _prepare_env(self, runtime_env: dict[str, Any], pgs: list) -> None:
+        """Before any worker starts: build the workers' uv_project env on one of the group's
+        nodes and ship it to the others (`ray_uv_plugin.prepare`), as `ray-uv prepare` does.
+        Nodes that have it already cost one small task each; off with RAY_UV_PLUGIN_SHIP=0."""
+        from ray.util import placement_group_table
+
+        from ray_uv_plugin.prepare import prepare_nodes
+        from ray_uv_plugin.ship import shipping_enabled
+
+        if "uv_project" not in runtime_env or not shipping_enabled():
+            return
+        node_ids = {
+            n for pg in pgs for n in placement_group_table(pg)["bundles_to_node_id"].values()
+        }
+        if len(node_ids) < 2:
+            return  # one node builds it once anyway
+        addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        nodes = [(n, addresses.get(n, n[:8])) for n in sorted(node_ids)]
+        what = self.name_prefix or "worker group"
+        start = time.perf_counter()
+        results = prepare_nodes(
+            runtime_env["uv_project"],
+            nodes,
+            self.startup_timeout_s or DEFAULT_STARTUP_TIMEOUT_S,
+            on_result=lambda r: logger.info("%s: uv_project env: %s: %s", what, r.label, r.summary),
+            runtime_env=helper_runtime_env(),
+            probe_env=runtime_env,
+        )
+        counts = {o: sum(r.outcome == o for r in results) for o in ("built", "shipped", "reused")}
+        logger.info(
+            "%s: uv_project env ready on %d of %d nodes in %.2fs (%s)",
+            what,
+            sum(r.ok for r in results),
+            len(results),
+            time.perf_counter() - start,
+            ", ".join(f"{n} {o}" for o, n in counts.items()),
         )
 
     def _remaining(self, start: float) -> float | None:
