@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 PLUGIN_CLASS = "ray_uv_plugin.UvProjectPlugin"
 
-__all__ = ["PLUGIN_CLASS", "UvProject", "UvProjectPlugin", "plugin_config"]
+__all__ = ["PLUGIN_CLASS", "UvProject", "UvProjectPlugin", "plugin_config", "prepare_env"]
 
 if TYPE_CHECKING:
     from ray_uv_plugin.plugin import UvProjectPlugin
+    from ray_uv_plugin.prepare import prepare_env
     from ray_uv_plugin.spec import UvProject
 
 
@@ -30,6 +31,10 @@ def __getattr__(name: str) -> Any:
         from ray_uv_plugin.plugin import UvProjectPlugin
 
         return UvProjectPlugin
+    if name == "prepare_env":
+        from ray_uv_plugin.prepare import prepare_env
+
+        return prepare_env
     if name == "UvProject":
         from ray_uv_plugin.spec import UvProject
 

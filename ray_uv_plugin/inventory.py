@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ray_uv_plugin import lockfile, trust
 from ray_uv_plugin.request import KEY_LENGTH
+from ray_uv_plugin.venv_archive import SHIP_INFIX
 from ray_uv_plugin.venv_cache import MARKER, VenvDirError, lock_path, read_marker
 
 KEY = rf"[0-9a-f]{{{KEY_LENGTH}}}"
@@ -29,6 +30,9 @@ LOCK_PATTERN = re.compile(rf"^({KEY})\.lock$")
 # `gc` renames a venv to `<key>.gc-<pid>` before deleting it: a leftover is garbage once that
 # gc is gone.
 TRASH_PATTERN = re.compile(rf"^({KEY})\.gc-(\d+)$")
+# A venv being received from another node (`ship`) is unpacked into `<key>.ship-XXXX` under
+# the key's lock: a leftover of a receiver that died is garbage once nobody holds that lock.
+SHIP_PATTERN = re.compile(rf"^({KEY}){re.escape(SHIP_INFIX)}[A-Za-z0-9_]+$")
 # The plugin's `VENV_ENV`, set in every worker (not imported: importing the plugin imports Ray).
 VENV_ENV = b"RAY_UV_PLUGIN_VENV="
 OLD_VENV_ENV = b"VIRTUAL_ENV="  # what versions before it set
@@ -311,18 +315,21 @@ def _pid_alive(pid: int) -> bool:
 
 def _trash(root: Path, name: str, inv: Inventory) -> None:
     """`<key>.gc-<pid>` is garbage only once that gc is gone and nobody holds the key's lock:
-    a gc that is still running may be putting it back."""
+    a gc that is still running may be putting it back. `<key>.ship-XXXX` likewise, once no
+    receiver holds the key's lock."""
     path = root / name
-    match = TRASH_PATTERN.match(name)
+    match = TRASH_PATTERN.match(name) or SHIP_PATTERN.match(name)
     assert match is not None
+    gc_pid = int(match.group(2)) if match.re is TRASH_PATTERN else None
     st = _lstat(path)
     if st is None:
         return
+    what = "a gc's trash" if gc_pid is not None else "a venv being received"
     if not stat.S_ISDIR(st.st_mode):
-        inv.others.append(Other(path, f"named like a gc's trash but {_kind(st)}"))
+        inv.others.append(Other(path, f"named like {what} but {_kind(st)}"))
     elif why := trust.why_untrusted(st, trust.trusted_gid()):
         inv.others.append(Other(path, f"untrusted: {why} ({trust.describe(st)})"))
-    elif _pid_alive(int(match.group(2))):
+    elif gc_pid is not None and _pid_alive(gc_pid):
         inv.leftovers.append(Other(path, f"trash of gc pid {match.group(2)}, still running"))
     elif _held(lock_path(root, match.group(1))) is not False:
         inv.leftovers.append(Other(path, "its key's build lock is held"))
@@ -378,7 +385,7 @@ def _classify(root: Path, name: str, users: Mapping[str, set[int]], inv: Invento
             inv.venvs.append(found)
         elif found is not None:
             inv.others.append(found)
-    elif TRASH_PATTERN.match(name):
+    elif TRASH_PATTERN.match(name) or SHIP_PATTERN.match(name):
         _trash(root, name, inv)
     elif match := LOCK_PATTERN.match(name):
         _lock(root, name, match.group(1), inv)

@@ -412,6 +412,24 @@ def test_trash_is_garbage_only_once_its_gc_is_gone(tmp_path: Path, held_lock) ->
         live.wait()
 
 
+def test_a_dead_receivers_unpack_dir_is_garbage_once_its_lock_is_free(
+    tmp_path: Path, held_lock
+) -> None:
+    """`<key>.ship-XXXX`: a venv being received from another node (`ship`), under its key's
+    lock; what a receiver that died left is removed by gc, a running receive is not."""
+    root = tmp_path
+    receiving = root / f"{'a' * 16}.ship-k2j4_x"
+    dead = root / f"{'b' * 16}.ship-9qz1ab"
+    for tree in (receiving, dead):
+        (tree / "bin").mkdir(parents=True)
+        (tree / "bin").chmod(0o555)
+    held_lock(lock_path(root, "a" * 16))
+    report = gc.collect(root)
+    assert report.garbage == [dead]
+    assert {o.path: o.why for o in report.leftovers} == {receiving: "its key's build lock is held"}
+    assert sorted(os.listdir(root)) == sorted([receiving.name, f"{'a' * 16}.lock"])
+
+
 # --- real venvs built by uv ------------------------------------------------------------------
 
 
