@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import platform
-import socket
 import sys
 import sysconfig
 import time
@@ -62,7 +61,9 @@ def platform_tag() -> str:
 
 
 def _where() -> str:
-    return socket.gethostname()
+    """This node as the driver names it: `10.0.0.8 (77aa00ff)`."""
+    context = ray.get_runtime_context()
+    return f"{ray.util.get_node_ip_address()} ({context.get_node_id()[:8]})"
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -117,9 +118,6 @@ class VenvReceiver:
         self.unpacker: venv_archive.Unpacker | None = None
         self.source: dict[str, Any] = {}
         self.start = time.monotonic()
-
-    def pid(self) -> int:
-        return os.getpid()
 
     def _fail(self, step: str, e: BaseException) -> ShipError:
         self.abort()
@@ -197,7 +195,8 @@ class VenvReceiver:
         return {"bytes": total, "seconds": seconds}
 
     def abort(self) -> None:
-        """Remove what this receive made and release the lock (also when the actor dies)."""
+        """Remove what this receive made and release the lock. (A receiver that dies cannot:
+        the kernel releases its lock, and the next receive or build removes its tree.)"""
         if self.unpacker is not None:
             unpacker, self.unpacker = self.unpacker, None
             unpacker.abort()
