@@ -467,3 +467,39 @@ def test_a_worker_group_ships_its_env_before_its_workers_start(
     lines = [r.getMessage() for r in caplog.records]
     assert any("ready on 2 of 2 nodes" in m and "1 shipped" in m for m in lines), lines
     assert any("ready on 2 of 2 nodes" in m and "2 reused" in m for m in lines), lines
+
+
+def test_the_building_node_dying_mid_way_fails_cleanly(two_nodes, tmp_path: Path) -> None:
+    """Node D has the venv and ships it to B; D's raylet dies after chunk 2. B's receive fails
+    naming D and the step, B keeps nothing of it, and B's next prepare ships from A."""
+    from ray_uv_plugin.prepare import probe_nodes
+    from ray_uv_plugin.ship import ship
+
+    cluster, _, b = two_nodes
+    d = Node(tmp_path / "node-d")
+    node_d = cluster.add_node(num_cpus=1, env_vars=d.env())
+    cluster.wait_for_nodes()
+    project = new_project(tmp_path)
+    value = {"project": str(project)}
+    ids = {r.node_id: r for r in probe_nodes({"uv_project": value}, alive_nodes(), 600)}
+    on_d = by_dir(ids.values(), d)
+    on_b = by_dir(ids.values(), b)
+    assert on_d.built and on_b.built  # every node built it; B's goes, to be shipped again
+    from ray_uv_plugin.trust import remove_tree
+
+    remove_tree(b.venvs / on_b.key)
+
+    def kill_d(p) -> None:
+        if p.chunk == 2:
+            cluster.remove_node(node_d, allow_graceful=False)
+
+    results = ship(on_d.key, on_d.node_id, [on_b.node_id], chunk_bytes=4 * MiB, on_progress=kill_d)
+    failed = results[on_b.node_id]
+    assert failed.outcome == "failed", failed
+    assert failed.why.startswith(f"the source node {on_d.address} ({on_d.node_id[:8]}): "), failed
+    assert "sending chunk 3" in failed.why or "receiving chunk" in failed.why, failed
+    wait_free(b.venvs / f"{on_b.key}.lock")
+    assert check_ready(b.venvs, on_b.key) == "absent"
+    assert not list(b.venvs.glob("*.ship-*"))
+    again = prepare_nodes(value, alive_nodes(), 600, chunk_bytes=4 * MiB)
+    assert [r.outcome for r in again] == ["reused", "shipped"], again
