@@ -386,8 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/ruv-ship-bench"))
     args = parser.parse_args(argv)
-    WHEEL_CACHE.mkdir(exist_ok=True)
-    wheels = [make_wheel(WHEEL_CACHE, i, args.wheel_mb * 10**6) for i in range(args.wheels)]
+    cache = WHEEL_CACHE / f"{args.wheel_mb}mb"  # a wheel's size is in its directory's name
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = [make_wheel(cache, i, args.wheel_mb * 10**6) for i in range(args.wheels)]
     index = CountingIndex(wheels)
     base = args.workdir
     remove(base)

@@ -81,3 +81,30 @@ def test_one_real_run(tmp_path: Path) -> None:
     assert by_scenario["warm"]["syncs"] == 0
     assert "/venvs/" in by_scenario["warm"]["executables"][0]
     assert data["plugin_cost"]["median_ms"] < 50
+
+
+def test_the_shipping_benchmarks_index_serves_and_counts_real_wheels(tmp_path: Path) -> None:
+    """`benchmarks.cluster_ship`'s index: uv locks against it from PEP 658 metadata alone
+    (no wheel bytes), and installs count every wheel byte served."""
+    import subprocess
+
+    from benchmarks.cluster_ship import CountingIndex, make_wheel, write_project
+    from ray_uv_plugin.uv import find_uv
+
+    wheels = [make_wheel(tmp_path, i, 100_000) for i in range(2)]
+    index = CountingIndex(wheels)
+    try:
+        project = write_project(tmp_path / "p", index.url, len(wheels))
+        assert index.served == 0
+        venv = tmp_path / "venv"
+        subprocess.run([find_uv(), "venv", "-q", str(venv)], check=True)
+        subprocess.run(
+            [find_uv(), "pip", "install", "-q", "--python", str(venv / "bin" / "python"),
+             "--index-url", index.url, "--cache-dir", str(tmp_path / "cache"),
+             "benchpkg-00", "benchpkg-01"],
+            check=True,
+        )  # fmt: skip
+        assert index.served == sum(w.stat().st_size for w in wheels)
+        assert "benchpkg-01" in (project / "uv.lock").read_text()
+    finally:
+        index.server.shutdown()
