@@ -267,7 +267,7 @@ def test_prepare_builds_once_and_ships_to_the_other_node(two_nodes, tmp_path: Pa
     _, a, b = two_nodes
     project = new_project(tmp_path)
     syncs_a, syncs_b = a.uv.syncs(), b.uv.syncs()
-    results = prepare_nodes({"project": str(project)}, alive_nodes(), 600, chunk_bytes=8 * MiB)
+    results = prepare_nodes({"project": str(project)}, live_nodes(), 600, chunk_bytes=8 * MiB)
     assert [r.outcome for r in results] == ["built", "shipped"], results
     shipped = results[1]
     assert shipped.python.startswith(str(b.venvs)), shipped
@@ -279,7 +279,7 @@ def test_prepare_builds_once_and_ships_to_the_other_node(two_nodes, tmp_path: Pa
     # A worker on B runs in the shipped venv, which works at B's path.
     assert run_on(shipped.node_id, project)["venv"] == str(venv)
     works_where_it_is(venv)
-    again = prepare_nodes({"project": str(project)}, alive_nodes(), 600)
+    again = prepare_nodes({"project": str(project)}, live_nodes(), 600)
     assert [r.outcome for r in again] == ["reused", "reused"], again
     assert b.uv.syncs() == syncs_b
 
@@ -293,14 +293,33 @@ def test_a_node_with_other_uv_settings_builds_its_own(two_nodes, tmp_path: Path)
     try:
         cluster.wait_for_nodes()
         project = new_project(tmp_path)
-        results = prepare_nodes({"project": str(project)}, alive_nodes(), 600)
+        results = prepare_nodes({"project": str(project)}, live_nodes(), 600)
     finally:
-        cluster.remove_node(node)
+        remove(cluster, node)
     on_c = by_dir(results, c)
     assert on_c.outcome == "built" and c.uv.syncs() == 1, results
     assert "not shipped: another set of uv settings here" in on_c.note
     assert "UV_COMPILE_BYTECODE" in on_c.note
     assert [r.outcome for r in results if r is not on_c] == ["built", "shipped"]
+
+
+REMOVED: set[str] = set()  # raylets the tests removed; the GCS lists them alive for a while
+
+
+def remove(cluster: Cluster, node, graceful: bool = True) -> None:
+    REMOVED.add(node.node_id)
+    cluster.remove_node(node, allow_graceful=graceful)
+
+
+def wait_removed_gone(seconds: float = 120) -> None:
+    """For a driver of its own (the CLI), which sees every node the GCS lists as alive."""
+    deadline = time.monotonic() + seconds
+    while len(live_nodes()) != len(alive_nodes()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def live_nodes() -> list[tuple[str, str]]:
+    return [n for n in alive_nodes() if n[0] not in REMOVED]
 
 
 def newest_lock(node: Node) -> Path:
@@ -327,7 +346,7 @@ def test_a_receiver_killed_mid_unpack_leaves_nothing_used(two_nodes, tmp_path: P
 
     syncs_b = b.uv.syncs()
     results = prepare_nodes(
-        {"project": str(project)}, alive_nodes(), 600, chunk_bytes=4 * MiB,
+        {"project": str(project)}, live_nodes(), 600, chunk_bytes=4 * MiB,
         on_progress=kill_receiver,
     )  # fmt: skip
     assert killed
@@ -351,7 +370,7 @@ def test_a_sender_killed_mid_way_fails_cleanly_and_the_next_attempt_ships(
 
     value = {"project": str(project)}
     # B builds for itself after the failed receive; remove that venv to try shipping again.
-    results = prepare_nodes(value, alive_nodes(), 600, chunk_bytes=4 * MiB, on_progress=kill_sender)
+    results = prepare_nodes(value, live_nodes(), 600, chunk_bytes=4 * MiB, on_progress=kill_sender)
     on_b = by_dir(results, b)
     assert on_b.outcome == "built", results
     assert "the source node" in on_b.note and "sending chunk 3" in on_b.note, on_b.note
@@ -359,7 +378,7 @@ def test_a_sender_killed_mid_way_fails_cleanly_and_the_next_attempt_ships(
     from ray_uv_plugin.trust import remove_tree
 
     remove_tree(b.venvs / on_b.key)
-    again = prepare_nodes(value, alive_nodes(), 600, chunk_bytes=4 * MiB)
+    again = prepare_nodes(value, live_nodes(), 600, chunk_bytes=4 * MiB)
     assert [r.outcome for r in again] == ["reused", "shipped"], again
 
 
@@ -399,7 +418,7 @@ def test_a_driver_killed_mid_way_leaves_nothing_used(two_nodes, tmp_path: Path) 
     key = lock.name.removesuffix(".lock")
     wait_free(lock)  # Ray ends the dead driver's actors
     assert check_ready(b.venvs, key) == "absent"
-    results = prepare_nodes({"project": str(project)}, alive_nodes(), 600)
+    results = prepare_nodes({"project": str(project)}, live_nodes(), 600)
     assert [r.outcome for r in results] == ["reused", "shipped"], results
     assert not list(b.venvs.glob("*.ship-*"))
 
@@ -409,6 +428,7 @@ def test_the_cli_ships_and_reports_per_node(two_nodes, tmp_path: Path) -> None:
     `--no-ship` (or RAY_UV_PLUGIN_SHIP=0) lets every node build."""
     cluster, _, b = two_nodes
     project = new_project(tmp_path)
+    wait_removed_gone()
     ray_uv = str(Path(sys.executable).parent / "ray-uv")
     args = [ray_uv, "prepare", "--address", cluster.address, "--project", str(project)]
     out = subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=600)
@@ -481,7 +501,7 @@ def test_the_building_node_dying_mid_way_fails_cleanly(two_nodes, tmp_path: Path
     cluster.wait_for_nodes()
     project = new_project(tmp_path)
     value = {"project": str(project)}
-    ids = {r.node_id: r for r in probe_nodes({"uv_project": value}, alive_nodes(), 600)}
+    ids = {r.node_id: r for r in probe_nodes({"uv_project": value}, live_nodes(), 600)}
     on_d = by_dir(ids.values(), d)
     on_b = by_dir(ids.values(), b)
     assert on_d.built and on_b.built  # every node built it; B's goes, to be shipped again
@@ -491,7 +511,7 @@ def test_the_building_node_dying_mid_way_fails_cleanly(two_nodes, tmp_path: Path
 
     def kill_d(p) -> None:
         if p.chunk == 2:
-            cluster.remove_node(node_d, allow_graceful=False)
+            remove(cluster, node_d, graceful=False)
 
     results = ship(on_d.key, on_d.node_id, [on_b.node_id], chunk_bytes=4 * MiB, on_progress=kill_d)
     failed = results[on_b.node_id]
@@ -501,5 +521,5 @@ def test_the_building_node_dying_mid_way_fails_cleanly(two_nodes, tmp_path: Path
     wait_free(b.venvs / f"{on_b.key}.lock")
     assert check_ready(b.venvs, on_b.key) == "absent"
     assert not list(b.venvs.glob("*.ship-*"))
-    again = prepare_nodes(value, alive_nodes(), 600, chunk_bytes=4 * MiB)
+    again = prepare_nodes(value, live_nodes(), 600, chunk_bytes=4 * MiB)
     assert [r.outcome for r in again] == ["reused", "shipped"], again
