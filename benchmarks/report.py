@@ -19,6 +19,11 @@ from benchmarks.runner import Sample
 from benchmarks.scenarios import BY_ID, HAND_SYNC
 
 SCENARIO_INFO = {**BY_ID, HAND_SYNC.id: HAND_SYNC}
+ORDER = {sid: i for i, sid in enumerate(SCENARIO_INFO)}
+# The targets of issue 11: warm at most 1.05x the floor; a new venv at most the floor plus 1.1x
+# a hand-run `uv sync` of the same venv; ours above the floor at most 10% of `uv run`'s.
+WARM_RATIO = 1.05
+COLD_FACTOR = 1.1
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class Row:
     runs: int
     syncs: int | None  # the most `uv sync` runs seen in one sample
     errors: tuple[str, ...]
+    import_s: float | None = None  # median over samples of the workers' median import time
 
     @property
     def group(self) -> tuple[str, int, str]:
@@ -50,6 +56,7 @@ def summarize(samples: list[Sample]) -> list[Row]:
     for (set_name, actors, topology, scenario), group in cases.items():
         times = [s.seconds for s in group if s.ok and s.seconds is not None]
         syncs = [s.syncs for s in group if s.syncs is not None]
+        imports = [statistics.median(s.import_s) for s in group if s.ok and s.import_s]
         rows.append(
             Row(
                 set_name,
@@ -63,6 +70,7 @@ def summarize(samples: list[Sample]) -> list[Row]:
                 len(group),
                 max(syncs) if syncs else None,
                 tuple(sorted({s.error.splitlines()[0][:200] for s in group if s.error})),
+                statistics.median(imports) if imports else None,
             )
         )
     return rows
@@ -127,10 +135,10 @@ def targets(rows: list[Row], plugin_cost: dict[str, Any]) -> list[Target]:
         floor, warm = _find(rows, group, "floor"), _find(rows, group, "warm")
         if floor and warm:
             ratio = warm.median / floor.median  # type: ignore[operator]
-            met = ratio <= 1.10
+            met = ratio <= WARM_RATIO
             found.append(
                 Target(
-                    f"{set_name}: warm within 10% of the floor",
+                    f"{set_name}: warm <= {WARM_RATIO}x the floor",
                     f"warm {warm.median:.2f}s / floor {floor.median:.2f}s = {ratio:.2f}x",
                     met,
                     "" if met else _why(warm, floor, None, plugin_ms),
@@ -138,13 +146,13 @@ def targets(rows: list[Row], plugin_cost: dict[str, Any]) -> list[Target]:
             )
         cold, hand = _find(rows, group, "cold-venv"), _find(rows, group, "hand-sync")
         if floor and cold and hand:
-            bound = 1.2 * (floor.median + hand.median)  # type: ignore[operator]
+            bound = floor.median + COLD_FACTOR * hand.median  # type: ignore[operator]
             met = cold.median <= bound  # type: ignore[operator]
             found.append(
                 Target(
-                    f"{set_name}: cold venv within 1.2x (floor + hand-run uv sync)",
-                    f"cold venv {cold.median:.2f}s vs 1.2 x ({floor.median:.2f}s + "
-                    f"{hand.median:.2f}s) = {bound:.2f}s",
+                    f"{set_name}: cold venv <= floor + {COLD_FACTOR}x hand-run uv sync",
+                    f"cold venv {cold.median:.2f}s vs {floor.median:.2f}s + {COLD_FACTOR} x "
+                    f"{hand.median:.2f}s = {bound:.2f}s",
                     met,
                     ""
                     if met
@@ -191,7 +199,7 @@ def targets(rows: list[Row], plugin_cost: dict[str, Any]) -> list[Target]:
     synced = [r for r in rows if r.syncs is not None]
     if synced:
         worst = max(synced, key=lambda r: (r.syncs, r.actors))
-        expected = {"warm": 0}
+        expected = {"warm": 0, "warm-nobc": 0}
         bad = [r for r in synced if r.syncs > expected.get(r.scenario, 1)]  # type: ignore[operator]
         found.append(
             Target(
@@ -222,7 +230,7 @@ def _fmt(x: float | None) -> str:
 
 def print_report(console: Console, rows: list[Row], found: list[Target]) -> None:
     groups = sorted({r.group for r in rows}, key=lambda g: (g[2] != "local", g[0], g[1]))
-    order = {sid: i for i, sid in enumerate([*BY_ID, HAND_SYNC.id])}
+    order = ORDER
     for group in groups:
         set_name, n, topology = group
         table = Table(
@@ -232,12 +240,13 @@ def print_report(console: Console, rows: list[Row], found: list[Target]) -> None
         for col in ("#", "scenario", "median s", "min-max s", "above floor", "x floor"):
             table.add_column(col, justify="left" if col == "scenario" else "right")
         table.add_column("syncs", justify="right")
+        table.add_column("import s", justify="right")
         table.add_column("ok", justify="right")
         floor = _floor(rows, group)
         for row in sorted((r for r in rows if r.group == group), key=lambda r: order[r.scenario]):
             info = SCENARIO_INFO[row.scenario]
             above = ratio = "-"
-            if floor and row.median is not None and row.scenario != "hand-sync":
+            if floor and row.median is not None and not info.hand:
                 above, ratio = f"{row.median - floor:+.2f}", f"{row.median / floor:.2f}"
             table.add_row(
                 info.number,
@@ -247,6 +256,7 @@ def print_report(console: Console, rows: list[Row], found: list[Target]) -> None
                 above,
                 ratio,
                 "-" if row.syncs is None else str(row.syncs),
+                _fmt(row.import_s),
                 f"{row.ok}/{row.runs}",
             )
         console.print(table)
@@ -269,24 +279,27 @@ def print_report(console: Console, rows: list[Row], found: list[Target]) -> None
 def markdown(rows: list[Row], found: list[Target]) -> str:
     """The same tables as Markdown, for RESULTS.md."""
     groups = sorted({r.group for r in rows}, key=lambda g: (g[2] != "local", g[0], g[1]))
-    order = {sid: i for i, sid in enumerate([*BY_ID, HAND_SYNC.id])}
+    order = ORDER
     out = []
     for group in groups:
         set_name, n, topology = group
         out.append(f"**set {set_name}, {n} actor{'s' if n > 1 else ''} at once, {topology}**\n")
-        out.append("| # | scenario | median s | min-max s | above floor s | x floor | syncs | ok |")
-        out.append("|---|---|---:|---:|---:|---:|---:|---:|")
+        out.append(
+            "| # | scenario | median s | min-max s | above floor s | x floor | syncs | "
+            "import s | ok |"
+        )
+        out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         floor = _floor(rows, group)
         for row in sorted((r for r in rows if r.group == group), key=lambda r: order[r.scenario]):
             info = SCENARIO_INFO[row.scenario]
             above = ratio = "-"
-            if floor and row.median is not None and row.scenario != "hand-sync":
+            if floor and row.median is not None and not info.hand:
                 above, ratio = f"{row.median - floor:+.2f}", f"{row.median / floor:.2f}"
             syncs = "-" if row.syncs is None else str(row.syncs)
             out.append(
                 f"| {info.number} | {info.label} | {_fmt(row.median)} | "
                 f"{_fmt(row.low)}-{_fmt(row.high)} | {above} | {ratio} | {syncs} | "
-                f"{row.ok}/{row.runs} |"
+                f"{_fmt(row.import_s)} | {row.ok}/{row.runs} |"
             )
         out.append("")
     out.append("| target | measured | met | why not |")
@@ -356,7 +369,7 @@ def plot(path: Path, rows: list[Row], title: str) -> None:
     import matplotlib.pyplot as plt
 
     groups = sorted({r.group for r in rows}, key=lambda g: (g[2] != "local", g[0], g[1]))
-    order = {sid: i for i, sid in enumerate([*BY_ID, HAND_SYNC.id])}
+    order = ORDER
     fig, axes = plt.subplots(
         len(groups), 1, figsize=(9, 0.45 * len(rows) + 1.1 * len(groups) + 0.5), squeeze=False
     )
@@ -393,28 +406,97 @@ def plot(path: Path, rows: list[Row], title: str) -> None:
     plt.close(fig)
 
 
+# The scenarios of the growth chart, as lines: (id, label, color).
+GROWTH_LINES = (
+    ("floor", "floor (prebuilt venv)", "#333333"),
+    ("warm", "uv_project, venv ready", "#4c72b0"),
+    ("cold-venv", "uv_project, new venv", "#55a868"),
+    ("uv-run", "uv run --locked per worker", "#dd8452"),
+    ("ray-uv", "Ray `uv` field", "#c44e52"),
+)
+
+
+def plot_growth(path: Path, rows: list[Row], lock_sizes: dict[str, int], title: str) -> None:
+    """Time to first call against N (one panel per set), and above the floor against the lock's
+    size (one panel per N): how each way's cost grows. Medians, min-max as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    local = [r for r in rows if r.topology in ("local", "address") and r.median is not None]
+    sets = sorted({r.set_name for r in local}, key=lambda s: lock_sizes.get(s, 0))
+    ns = sorted({r.actors for r in local})
+    width = max(len(sets), len(ns))
+    fig, axes = plt.subplots(2, width, figsize=(4.2 * width, 8), squeeze=False)
+    by = {(r.set_name, r.actors, r.scenario): r for r in local}
+    for ax, set_name in zip(axes[0], sets, strict=False):
+        for sid, label, color in GROWTH_LINES:
+            pts = [by[(set_name, n, sid)] for n in ns if (set_name, n, sid) in by]
+            if not pts:
+                continue
+            xs, ys = [r.actors for r in pts], [r.median for r in pts]
+            err = [[r.median - r.low for r in pts], [r.high - r.median for r in pts]]  # type: ignore[operator]
+            ax.errorbar(xs, ys, yerr=err, label=label, color=color, marker="o", capsize=3)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.set_title(f"set {set_name} ({lock_sizes.get(set_name, '?')} locked packages)")
+        ax.set_xlabel("actors started at once")
+        ax.set_ylabel("s to first call (all actors)")
+        ax.grid(alpha=0.3)
+    for ax, n in zip(axes[1], ns, strict=False):
+        for sid, label, color in GROWTH_LINES[1:]:
+            pts = []
+            for set_name in sets:
+                row, floor = by.get((set_name, n, sid)), by.get((set_name, n, "floor"))
+                if row and floor:
+                    pts.append((lock_sizes.get(set_name, 0), row.median - floor.median))  # type: ignore[operator]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), label=label, color=color, marker="o")
+        ax.axhline(0, color="#333333", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_title(f"{n} actor{'s' if n > 1 else ''}: above the floor")
+        ax.set_xlabel("packages in the lock")
+        ax.set_ylabel("s above the floor (medians)")
+        ax.grid(alpha=0.3)
+    for ax in [*axes[0][len(sets) :], *axes[1][len(ns) :]]:
+        ax.set_visible(False)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Print the table and redraw the chart of a saved run: `python -m benchmarks.report X.json`."""
+    """Print the tables and redraw the charts of saved runs: `python -m benchmarks.report X.json`
+    (several runs' samples are pooled, e.g. one run per package set)."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.report")
-    p.add_argument("json", type=Path)
+    p.add_argument("json", type=Path, nargs="+")
     p.add_argument("--plot", type=Path)
+    p.add_argument("--growth-plot", type=Path, help="time against N and lock size")
     p.add_argument("--markdown", action="store_true", help="print Markdown tables instead")
     args = p.parse_args(argv)
-    data = json.loads(args.json.read_text())
-    samples = [Sample(**s) for s in data["samples"]]
+    runs = [json.loads(path.read_text()) for path in args.json]
+    samples = [Sample(**s) for data in runs for s in data["samples"]]
     rows = summarize(samples)
-    found = targets(rows, data.get("plugin_cost") or {})
+    found = targets(rows, runs[0].get("plugin_cost") or {})
     if args.markdown:
         print(markdown(rows, found), end="")
     else:
         print_report(Console(width=120), rows, found)
+    meta = runs[0]["meta"]
+    title = f"ray-uv bench, {meta['date']}, {meta.get('cpu', '')} x{meta['cpus']}"
     if args.plot:
-        meta = data["meta"]
-        plot(
-            args.plot, rows, f"ray-uv bench, {meta['date']}, {meta.get('cpu', '')} x{meta['cpus']}"
-        )
+        plot(args.plot, rows, title)
+    if args.growth_plot:
+        sizes = {
+            k: v["locked_packages"] for d in runs for k, v in d["meta"].get("sets", {}).items()
+        }
+        plot_growth(args.growth_plot, rows, sizes, title)
     return 0
 
 

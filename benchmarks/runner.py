@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import ray_uv_plugin
-from benchmarks.envs import clean_env, sync_by_hand
+from benchmarks.envs import PROBE_IMPORTS, clean_env, sync_by_hand
 from benchmarks.sample import RESULT_PREFIX
-from benchmarks.scenarios import HAND_SYNC, Inputs, Scenario, prepare
+from benchmarks.scenarios import Inputs, Scenario, prepare
 from ray_uv_plugin.uv import find_uv
 from ray_uv_plugin.venv_cache import VENV_DIR_ENV
 
@@ -54,6 +54,7 @@ class Sample:
     executables: list[str] = field(default_factory=list)
     ray_start_s: float | None = None
     error: str | None = None
+    import_s: list[float] = field(default_factory=list)  # in each worker, with --imports
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,6 +66,7 @@ class Settings:
     venv_dir: Path
     address: str | None
     timeout: float
+    imports: bool = False  # the first call imports the set's PROBE_IMPORTS
 
 
 def write_uv_wrapper(path: Path) -> Path:
@@ -105,10 +107,10 @@ def run_sample(case: Case, inputs: Inputs, settings: Settings, repeat: int) -> S
         topology=case.topology,
         repeat=repeat,
     )
-    if case.scenario is HAND_SYNC:
-        venv = inputs.scratch / f"hand-sync-{case.set_name}"
+    if case.scenario.hand:
+        venv = inputs.scratch / f"{case.scenario.id}-{case.set_name}"
         try:
-            seconds = sync_by_hand(inputs.project, venv)
+            seconds = sync_by_hand(inputs.project, venv, settings=dict(case.scenario.settings))
         finally:
             shutil.rmtree(venv, ignore_errors=True)
         return Sample(**base, ok=True, seconds=seconds, first_call_s=[seconds])
@@ -119,6 +121,7 @@ def run_sample(case: Case, inputs: Inputs, settings: Settings, repeat: int) -> S
         "runtime_env": prepared.runtime_env,
         "job_runtime_env": prepared.job_runtime_env,
         "actors": case.actors,
+        "imports": PROBE_IMPORTS[case.set_name] if settings.imports else [],
         "cluster": case.topology == "cluster2",
         "address": settings.address,
         "timeout": settings.timeout,
@@ -141,6 +144,7 @@ def run_sample(case: Case, inputs: Inputs, settings: Settings, repeat: int) -> S
         ok=bool(result.get("ok")),
         seconds=max(first) if result.get("ok") else None,
         first_call_s=first,
+        import_s=result.get("import_s") or [],
         syncs=syncs,
         plugin_log=result.get("setup_log", []),
         executables=result.get("executables", []),

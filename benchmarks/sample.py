@@ -24,10 +24,15 @@ _SETUP_LINE = re.compile(r"uv_project (\w+): (reused|built) in ([\d.]+)(ms|s)")
 
 @ray.remote(num_cpus=0)
 class Probe:
-    def ping(self) -> tuple[str, str]:
+    def ping(self, imports: list[str]) -> tuple[str, str, float]:
+        """The worker's python and host, after importing `imports` (and how long that took)."""
+        import importlib
         import socket
 
-        return sys.executable, socket.gethostname()
+        start = time.perf_counter()
+        for name in imports:
+            importlib.import_module(name)
+        return sys.executable, socket.gethostname(), time.perf_counter() - start
 
 
 def _start_ray(config: dict[str, Any]) -> Any:
@@ -95,7 +100,8 @@ def measure(config: dict[str, Any]) -> dict[str, Any]:
             Probe.options(runtime_env=config["runtime_env"], **options[i]).remote()
             for i in range(n)
         ]
-        pending = {actor.ping.remote(): i for i, actor in enumerate(actors)}
+        imports = list(config.get("imports") or [])
+        pending = {actor.ping.remote(imports): i for i, actor in enumerate(actors)}
         done: dict[int, float] = {}
         answers: list[Any] = [None] * n
         deadline = start + float(config["timeout"])
@@ -113,6 +119,8 @@ def measure(config: dict[str, Any]) -> dict[str, Any]:
                 answers[i] = ray.get(ref)
         result["first_call_s"] = [done[i] for i in range(n)]
         result["executables"] = sorted({a[0] for a in answers})
+        if imports:
+            result["import_s"] = [a[2] for a in answers]
         result["ok"] = True
     except Exception as e:
         result["error"] = f"{type(e).__name__}: {e}"

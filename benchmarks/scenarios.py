@@ -23,6 +23,10 @@ class Scenario:
     label: str
     multi: bool  # also run with N actors at once
     uv_project: bool = False  # the plugin's own scenarios: syncs are counted
+    # uv settings over the plugin's defaults (uv_project: the runtime_env's env_vars; hand
+    # syncs: the sync's environment)
+    settings: tuple[tuple[str, str], ...] = ()
+    hand: bool = False  # a `uv sync` by hand, no Ray
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -49,10 +53,61 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("ray-pip", "6", "Ray pip field", "Ray `pip` field", multi=False),
     Scenario("uv-run", "7", "uv run", 'py_executable = "uv run --locked --extra X"', multi=True),
 )
-BY_ID = {s.id: s for s in SCENARIOS}
-# Not a Ray scenario: `uv sync --locked` into a fresh venv, by hand, warm cache (issue 2's bound).
+# The plugin's build settings against each other (issue 11): not in a default run.
+NO_BYTECODE = (("UV_COMPILE_BYTECODE", "0"),)
+SETTINGS_SCENARIOS: tuple[Scenario, ...] = (
+    Scenario(
+        "warm-nobc",
+        "2n",
+        "warm, no bytecode",
+        "uv_project, venv ready, built with UV_COMPILE_BYTECODE=0",
+        multi=True,
+        uv_project=True,
+        settings=NO_BYTECODE,
+    ),
+    Scenario(
+        "cold-venv-nobc",
+        "3n",
+        "cold venv, no bytecode",
+        "uv_project, new venv, UV_COMPILE_BYTECODE=0",
+        multi=True,
+        uv_project=True,
+        settings=NO_BYTECODE,
+    ),
+    Scenario(
+        "cold-venv-copy",
+        "3c",
+        "cold venv, copy",
+        "uv_project, new venv, UV_LINK_MODE=copy",
+        multi=True,
+        uv_project=True,
+        settings=(("UV_LINK_MODE", "copy"),),
+    ),
+    Scenario(
+        "hand-sync-nobc",
+        "-n",
+        "uv sync by hand, no bytecode",
+        "uv sync --locked by hand, UV_COMPILE_BYTECODE=0 (no Ray)",
+        multi=False,
+        settings=NO_BYTECODE,
+        hand=True,
+    ),
+    Scenario(
+        "hand-sync-copy",
+        "-c",
+        "uv sync by hand, copy",
+        "uv sync --locked by hand, UV_LINK_MODE=copy (no Ray)",
+        multi=False,
+        settings=(("UV_LINK_MODE", "copy"),),
+        hand=True,
+    ),
+)
+DEFAULT_SCENARIOS = tuple(s.id for s in SCENARIOS)
+BY_ID = {s.id: s for s in (*SCENARIOS, *SETTINGS_SCENARIOS)}
+# Not a Ray scenario: `uv sync --locked` into a fresh venv, by hand, warm cache (issue 2's bound),
+# with the plugin's defaults (bytecode compiled, hardlinks): the venv the plugin builds.
 HAND_SYNC = Scenario(
-    "hand-sync", "-", "uv sync by hand", "uv sync --locked by hand (no Ray)", multi=False
+    "hand-sync", "-", "uv sync by hand", "uv sync --locked by hand (no Ray)", multi=False, hand=True
 )
 
 
@@ -71,28 +126,44 @@ class Inputs:
     project: BenchProject  # locked; its venv is ready in the venv dir (scenario 2)
     floor_venv: Path  # built by `uv sync --locked` beforehand (scenario 1)
     scratch: Path  # where per-sample projects and empty uv caches go
+    requirements: tuple[str, ...]  # what Ray's `uv` / `pip` fields install
     # Ray's `pip` field runs `python -m pip` in a clone of the node's venv; a venv made by uv has
     # no pip, so then pip comes from this dir (PYTHONPATH) instead: `None` when the node has pip.
     pip_shim: Path | None = None
 
 
+def uv_project_env_vars(scenario: Scenario) -> dict[str, str]:
+    """The env_vars of a uv_project scenario: its uv settings. Without bytecode, workers must not
+    write `.pyc` files into the venv either, as workers of a non-root user cannot (it is made
+    read-only; the benchmark may run as root, who could)."""
+    env = dict(scenario.settings)
+    if env.get("UV_COMPILE_BYTECODE") == "0":
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
 def prepare(scenario: Scenario, inputs: Inputs) -> Prepared:
-    project, packages = inputs.project, inputs.project.packages
+    project, packages = inputs.project, list(inputs.requirements)
     uv_project = {"project": str(project.path), "extras": [project.extra]}
+    env_vars = uv_project_env_vars(scenario)
     match scenario.id:
         case "floor":
             return Prepared({"py_executable": floor_python(inputs.floor_venv)})
-        case "warm":
-            return Prepared({"uv_project": uv_project})
-        case "cold-venv" | "cold-all":
+        case "warm" | "warm-nobc":
+            return Prepared(
+                {"uv_project": uv_project, **({"env_vars": env_vars} if env_vars else {})}
+            )
+        case "cold-venv" | "cold-all" | "cold-venv-nobc" | "cold-venv-copy":
             # A copy whose pyproject differs by a comment: same lock, a key never built before.
             copy = project.salted_copy(inputs.scratch)
             env: dict[str, Any] = {"uv_project": {**uv_project, "project": str(copy.path)}}
             cleanup = [copy.path]
             if scenario.id == "cold-all":
                 cache = Path(tempfile.mkdtemp(prefix="uv-cache-", dir=inputs.scratch))
-                env["env_vars"] = {"UV_CACHE_DIR": str(cache)}
+                env_vars["UV_CACHE_DIR"] = str(cache)
                 cleanup.append(cache)
+            if env_vars:
+                env["env_vars"] = env_vars
             return Prepared(env, cleanup)
         case "ray-uv":
             return Prepared({"uv": {"packages": packages}})

@@ -24,10 +24,25 @@ from typing import Any
 
 from rich.console import Console
 
-from benchmarks.envs import DEFAULT_SETS, PACKAGE_SETS, BenchProject, sync_by_hand, write_project
-from benchmarks.report import machine, plot, print_report, summarize, targets, write_json
+from benchmarks.envs import (
+    COMMITTED_SETS,
+    DEFAULT_SETS,
+    PACKAGE_SETS,
+    BenchProject,
+    sync_by_hand,
+    write_project,
+)
+from benchmarks.report import (
+    machine,
+    plot,
+    plot_growth,
+    print_report,
+    summarize,
+    targets,
+    write_json,
+)
 from benchmarks.runner import Case, Sample, Settings, run_all, run_sample, write_uv_wrapper
-from benchmarks.scenarios import BY_ID, HAND_SYNC, Inputs
+from benchmarks.scenarios import BY_ID, DEFAULT_SCENARIOS, HAND_SYNC, Inputs, uv_project_env_vars
 from ray_uv_plugin.project import load_project, resolve_project_dir
 from ray_uv_plugin.request import make_request
 from ray_uv_plugin.spec import parse_spec
@@ -56,8 +71,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--scenarios",
-        default=",".join(BY_ID),
-        help=f"scenarios, comma-separated, of: {', '.join(BY_ID)}",
+        default=",".join(DEFAULT_SCENARIOS),
+        help=f"scenarios, comma-separated, of: {', '.join(BY_ID)} (default: "
+        f"{', '.join(DEFAULT_SCENARIOS)}; the others compare build settings)",
+    )
+    p.add_argument(
+        "--imports",
+        action="store_true",
+        help="the first call imports the set's typical modules (benchmarks.envs.PROBE_IMPORTS): "
+        "time to a first useful call, with first-import costs",
     )
     p.add_argument("--repeats", type=int, help="samples per single-actor case (default: 5)")
     p.add_argument(
@@ -84,6 +106,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=900, help="seconds per sample")
     p.add_argument("--json", type=Path, help="write every sample and the summary here")
     p.add_argument("--plot", type=Path, help="write a PNG chart here")
+    p.add_argument(
+        "--growth-plot", type=Path, help="write a PNG of time against N and lock size here"
+    )
     args = p.parse_args(argv)
     for name, value in (QUICK if args.quick else FULL).items():
         if getattr(args, name) is None:
@@ -163,31 +188,56 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, console: Console, workdir: Path, meta: dict[str, Any]) -> int:
-    settings = Settings(workdir, workdir / "venvs", args.address, args.timeout)
+    settings = Settings(workdir, workdir / "venvs", args.address, args.timeout, args.imports)
+    chosen = args.scenarios.split(",")
     write_uv_wrapper(workdir / "uv-logged")
     (workdir / "scratch").mkdir(exist_ok=True)
-    pip_shim = _pip_shim(workdir, console) if "ray-pip" in args.scenarios.split(",") else None
+    pip_shim = _pip_shim(workdir, console) if "ray-pip" in chosen else None
     inputs: dict[str, Inputs] = {}
     costs: dict[str, Any] = {}
+    meta["sets"] = {}
     for set_name in args.sets.split(","):
         start = time.perf_counter()
         project = write_project(set_name, workdir / "projects" / set_name)
         floor = workdir / f"floor-{set_name}"
+        # The floor: the same venv as the plugin builds (bytecode compiled), made by hand.
         floor_s = sync_by_hand(project, floor)
-        inputs[set_name] = Inputs(project, floor, workdir / "scratch", pip_shim)
+        requirements = (
+            project.pinned_requirements() if set_name in COMMITTED_SETS else project.packages
+        )
+        inputs[set_name] = Inputs(
+            project, floor, workdir / "scratch", tuple(requirements), pip_shim
+        )
         spec = parse_spec({"project": str(project.path), "extras": [project.extra]})
-        if args.address:  # the venv must be ready on the cluster's nodes: one unmeasured job
-            run_sample(Case(set_name, BY_ID["warm"], 1, "address"), inputs[set_name], settings, -1)
-        else:
-            ensure_venv(spec, load_project(project.path), {}, settings.venv_dir)
+        warm_ids = ["warm"] + [s for s in chosen if s == "warm-nobc"]
+        for warm_id in warm_ids:
+            if args.address:  # the venv must be ready on the cluster's nodes: one unmeasured job
+                case = Case(set_name, BY_ID[warm_id], 1, "address")
+                run_sample(case, inputs[set_name], settings, -1)
+            else:
+                env_vars = uv_project_env_vars(BY_ID[warm_id])
+                ensure_venv(spec, load_project(project.path), env_vars, settings.venv_dir)
+        if not args.address:
             costs[set_name] = plugin_cost(project, settings.venv_dir)
+        meta["sets"][set_name] = {
+            "asked_for": len(project.packages),
+            "locked_packages": project.locked_packages(),
+            "ray_field_requirements": len(requirements),
+            "floor_venv_mb": _du_mb(floor),
+            "floor_sync_s": floor_s,
+        }
         console.print(
-            f"set {set_name}: {len(project.packages)} packages asked for, locked and "
-            f"floor venv built in {time.perf_counter() - start:.1f}s "
-            f"(its uv sync: {floor_s:.2f}s)"
+            f"set {set_name}: {len(project.packages)} packages asked for, "
+            f"{meta['sets'][set_name]['locked_packages']} locked; floor venv "
+            f"({meta['sets'][set_name]['floor_venv_mb']} MB) built in "
+            f"{time.perf_counter() - start:.1f}s (its uv sync: {floor_s:.2f}s)"
         )
 
     cases, repeats = build_cases(args)
+    # One unmeasured sample first: the first Ray session on a machine pays for cold disk caches.
+    first = cases[0]
+    run_sample(Case(first.set_name, BY_ID["floor"], 1, first.topology), inputs[first.set_name],
+               settings, -1)  # fmt: skip
     total = sum(repeats.values())
     console.print(f"{total} samples, interleaved; each one a fresh Ray session")
 
@@ -215,11 +265,14 @@ def _run(args: argparse.Namespace, console: Console, workdir: Path, meta: dict[s
     if args.json:
         write_json(args.json, meta, samples, rows, found, plugin)
         console.print(f"wrote {args.json}")
+    title = f"ray-uv bench, {meta['date']}, {meta.get('cpu', '')} x{meta['cpus']}"
     if args.plot:
-        plot(
-            args.plot, rows, f"ray-uv bench, {meta['date']}, {meta.get('cpu', '')} x{meta['cpus']}"
-        )
+        plot(args.plot, rows, title)
         console.print(f"wrote {args.plot}")
+    if args.growth_plot:
+        sizes = {name: s["locked_packages"] for name, s in meta["sets"].items()}
+        plot_growth(args.growth_plot, rows, sizes, title)
+        console.print(f"wrote {args.growth_plot}")
     return 0 if all(s.ok for s in samples) else 1
 
 
@@ -240,6 +293,12 @@ def _plugin_summary(costs: dict[str, Any], samples: list[Sample]) -> dict[str, A
         summary["logged_median_ms"] = statistics.median(logged)
         summary["logged_max_ms"] = max(logged)
     return summary
+
+
+def _du_mb(path: Path) -> int:
+    """Disk use of a dir (hardlinked files once), as `du` counts it."""
+    out = subprocess.run(["du", "-sm", str(path)], capture_output=True, text=True, timeout=600)
+    return int(out.stdout.split()[0]) if out.returncode == 0 else -1
 
 
 def _pip_shim(workdir: Path, console: Console) -> Path | None:
