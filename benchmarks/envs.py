@@ -217,5 +217,13 @@ def sync_by_hand(
     return time.perf_counter() - start
 
 
+def remove_tree(path: Path) -> None:
+    """Remove a dir that may hold the plugin's venvs: they are frozen once built (read-only,
+    and immutable dirs where the plugin runs as root), so thaw them first."""
+    from ray_uv_plugin.trust import remove_tree as remove_frozen
+
+    remove_frozen(path)
+
+
 def floor_python(venv: Path) -> str:
     return str(venv / "bin" / "python")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from benchmarks.envs import (
     DEFAULT_SETS,
     PACKAGE_SETS,
     BenchProject,
+    remove_tree,
     sync_by_hand,
     write_project,
 )
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args, console, workdir, meta)
     finally:
         if args.workdir is None:
-            shutil.rmtree(workdir, ignore_errors=True)
+            remove_tree(workdir)
 
 
 def _run(args: argparse.Namespace, console: Console, workdir: Path, meta: dict[str, Any]) -> int:
