@@ -8,7 +8,7 @@ import platform
 import statistics
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,22 @@ def _why(ours: Row, floor: Row, theirs_over: float | None, plugin_ms: float | No
     return "; ".join(reasons)
 
 
+def _build_cost(rows: list[Row], set_name: str) -> str:
+    """What the node's one build costs by hand, with and without bytecode (a new venv's share)."""
+    hand = [
+        r
+        for r in rows
+        if r.group[0] == set_name and r.scenario in ("hand-sync", "hand-sync-nobc") and r.ok
+    ]
+    by_id = {r.scenario: r.median for r in hand}
+    if "hand-sync" not in by_id:
+        return ""
+    text = f"it includes the node's one build: uv sync by hand takes {by_id['hand-sync']:.2f}s"
+    if "hand-sync-nobc" in by_id:
+        text += f", {by_id['hand-sync-nobc']:.2f}s without compiling bytecode"
+    return text
+
+
 def _overhead_target(
     name: str, ours: Row, theirs: Row, floor: Row, their_label: str, plugin_ms: float | None
 ) -> Target:
@@ -185,17 +201,19 @@ def targets(rows: list[Row], plugin_cost: dict[str, Any]) -> list[Target]:
         for ours_id in ("warm", "cold-venv"):
             ours = _find(rows, group, ours_id)
             if floor and uv_run and ours:
-                found.append(
-                    _overhead_target(
-                        f"{set_name}, {n} actors, {topology}: {ours_id}'s overhead <= 10% of "
-                        "`uv run`'s",
-                        ours,
-                        uv_run,
-                        floor,
-                        "uv run",
-                        None,
-                    )
+                target = _overhead_target(
+                    f"{set_name}, {n} actors, {topology}: {ours_id}'s overhead <= 10% of "
+                    "`uv run`'s",
+                    ours,
+                    uv_run,
+                    floor,
+                    "uv run",
+                    None,
                 )
+                if ours_id == "cold-venv" and not target.met:
+                    why = "; ".join(filter(None, [_build_cost(rows, set_name), target.why]))
+                    target = replace(target, why=why)
+                found.append(target)
     synced = [r for r in rows if r.syncs is not None]
     if synced:
         worst = max(synced, key=lambda r: (r.syncs, r.actors))
@@ -212,15 +230,11 @@ def targets(rows: list[Row], plugin_cost: dict[str, Any]) -> list[Target]:
         )
     if plugin_cost:
         ms = plugin_cost["median_ms"]
-        found.append(
-            Target(
-                "a ready venv costs the plugin < 5 ms",
-                f"in-process lookup median {ms:.3f} ms (p99 {plugin_cost['p99_ms']:.3f} ms); "
-                f"setup logs say reused in {plugin_cost.get('logged_median_ms', float('nan')):.1f}"
-                " ms (median)",
-                ms < 5,
-            )
-        )
+        measured = f"in-process lookup median {ms:.3f} ms (p99 {plugin_cost['p99_ms']:.3f} ms)"
+        if "logged_median_ms" in plugin_cost:  # only runs with warm samples log a reuse
+            measured += f"; setup logs say reused in {plugin_cost['logged_median_ms']:.1f} ms"
+            measured += " (median)"
+        found.append(Target("a ready venv costs the plugin < 5 ms", measured, ms < 5))
     return found
 
 
