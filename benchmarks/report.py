@@ -113,12 +113,8 @@ def _why(ours: Row, floor: Row, theirs_over: float | None, plugin_ms: float | No
 
 def _build_cost(rows: list[Row], set_name: str) -> str:
     """What the node's one build costs by hand, with and without bytecode (a new venv's share)."""
-    hand = [
-        r
-        for r in rows
-        if r.group[0] == set_name and r.scenario in ("hand-sync", "hand-sync-nobc") and r.ok
-    ]
-    by_id = {r.scenario: r.median for r in hand}
+    # Hand syncs are 1-actor rows only, so these are the set's whatever the target's N.
+    by_id = {r.scenario: r.median for r in rows if r.set_name == set_name and r.median is not None}
     if "hand-sync" not in by_id:
         return ""
     text = f"it includes the node's one build: uv sync by hand takes {by_id['hand-sync']:.2f}s"
@@ -232,8 +228,8 @@ def targets(rows: list[Row], plugin_cost: dict[str, Any]) -> list[Target]:
         ms = plugin_cost["median_ms"]
         measured = f"in-process lookup median {ms:.3f} ms (p99 {plugin_cost['p99_ms']:.3f} ms)"
         if "logged_median_ms" in plugin_cost:  # only runs with warm samples log a reuse
-            measured += f"; setup logs say reused in {plugin_cost['logged_median_ms']:.1f} ms"
-            measured += " (median)"
+            logged = plugin_cost["logged_median_ms"]
+            measured += f"; setup logs say reused in {logged:.1f} ms (median)"
         found.append(Target("a ready venv costs the plugin < 5 ms", measured, ms < 5))
     return found
 

@@ -220,20 +220,20 @@ class Node:
 def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Node, Node]]:
     """The driver's node A (which builds) and the other node B, each with its own venv dir, uv
     cache and uv."""
-    head = Node(tmp_path_factory.mktemp("node-a"))
-    other = Node(tmp_path_factory.mktemp("node-b"))
-    saved = {k: os.environ.get(k) for k in head.env()}
-    os.environ.update(head.env())  # the head node's raylet inherits the driver's environment
+    a = Node(tmp_path_factory.mktemp("node-a"))
+    b = Node(tmp_path_factory.mktemp("node-b"))
+    saved = {k: os.environ.get(k) for k in a.env()}
+    os.environ.update(a.env())  # the head node's raylet inherits the driver's environment
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     try:
-        added = cluster.add_node(num_cpus=1, env_vars=other.env())
+        added = cluster.add_node(num_cpus=1, env_vars=b.env())
         cluster.wait_for_nodes()
         ray.init(address=cluster.address)
         # Both raylets share this host's address: a driver may attach to either (Ray 2.44
         # picks the added one here), and prepare builds on the driver's node.
         if ray.get_runtime_context().get_node_id() == added.node_id:
-            head, other = other, head
-        yield cluster, head, other
+            a, b = b, a
+        yield cluster, a, b
     finally:
         ray.shutdown()
         cluster.shutdown()
