@@ -145,22 +145,41 @@ def run_uv(
 
 
 class UvSyncError(RuntimeError):
-    """`uv sync` did not give a usable venv; the message says why and what to do."""
+    """`uv sync` did not give a usable venv; the message says why and what to do.
+
+    `transient`: it failed on the network, so the same sync a moment later may succeed."""
+
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
-# Substrings of uv's output, and what the user should do about each.
-_HINTS: list[tuple[tuple[str, ...], str]] = [
-    (
+@dataclass(frozen=True)
+class _Hint:
+    needles: tuple[str, ...]  # substrings of uv's output, any of which means this
+    text: str  # what the user should do
+    transient: bool = False  # the same sync a moment later may succeed
+
+
+# The first that matches is given.
+_HINTS = [
+    _Hint(
         ("needs to be updated, but `--locked`", "lockfile needs to be updated"),
         "uv.lock is out of date with pyproject.toml: run `uv lock` in the project and ship the "
         "new lock (or set uv_project.frozen to use the lock as it is).",
     ),
-    (
+    _Hint(
         ("incompatible with the project's Python requirement", "No interpreter found"),
         "the project's requires-python does not admit this node's Python: widen it and run "
         "`uv lock`, or run Ray on a matching interpreter.",
     ),
-    (
+    _Hint(
+        ("Hash mismatch for",),
+        "a downloaded file does not have the hash that uv.lock records for it: the lock was "
+        "edited, or the index (a mirror?) serves another file under that name. Regenerate the "
+        "lock against the index the nodes use (`uv lock --refresh`) if you trust it.",
+    ),
+    _Hint(
         (
             "Failed to fetch",
             "Failed to download",
@@ -174,24 +193,26 @@ _HINTS: list[tuple[tuple[str, ...], str]] = [
         "the package index could not be reached and the uv cache on this node lacks the "
         "packages: give the node access to the index (env_vars UV_INDEX_URL / HTTPS_PROXY), or "
         "build the env while it has access (`ray-uv prepare`), or share a warm UV_CACHE_DIR.",
+        transient=True,
     ),
-    (
+    _Hint(
         ("is not defined in the project's `optional-dependencies`",),
         "ask only for extras the project defines in [project.optional-dependencies].",
     ),
-    (
+    _Hint(
         ("Group `", "is not defined in the project's `dependency-groups`"),
         "ask only for groups the project defines in [dependency-groups].",
     ),
 ]
+_NO_HINT = _Hint((), "see uv's output below; `uv sync --locked` in the project reproduces it.")
 
 
-def explain_failure(project: Path, result: UvResult) -> str:
-    hint = next(
-        (h for needles, h in _HINTS if any(n in result.output for n in needles)),
-        "see uv's output below; `uv sync --locked` in the project reproduces it.",
-    )
-    return (
-        f"uv_project: `uv sync` failed for {project} (exit {result.returncode}): {hint}\n"
-        f"--- uv output (last lines) ---\n{result.tail()}"
+def sync_failure(project: Path, result: UvResult) -> UvSyncError:
+    """The error for a failed `uv sync`: what uv said, what to do, and whether it failed on the
+    network (`transient`)."""
+    hint = next((h for h in _HINTS if any(n in result.output for n in h.needles)), _NO_HINT)
+    return UvSyncError(
+        f"uv_project: `uv sync` failed for {project} (exit {result.returncode}): {hint.text}\n"
+        f"--- uv output (last lines) ---\n{result.tail()}",
+        transient=hint.transient,
     )

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ray_uv_plugin import failed_builds, trust, venv_archive
 from ray_uv_plugin import project as project_files
-from ray_uv_plugin import trust, venv_archive
 from ray_uv_plugin.lockfile import BuildLock
 from ray_uv_plugin.project import (
     ProjectError,
@@ -43,7 +43,7 @@ from ray_uv_plugin.project import (
 )
 from ray_uv_plugin.request import VenvRequest, make_request
 from ray_uv_plugin.spec import UvProjectSpec
-from ray_uv_plugin.uv import UvSyncError, UvTimeout, explain_failure, find_uv, run_uv
+from ray_uv_plugin.uv import UvSyncError, UvTimeout, find_uv, run_uv, sync_failure
 
 VENV_DIR_ENV = "RAY_UV_PLUGIN_VENV_DIR"
 BUILD_TIMEOUT_ENV = "RAY_UV_PLUGIN_BUILD_TIMEOUT_S"
@@ -204,6 +204,10 @@ async def ensure_venv_async(
     if why is None:
         lock.release()
         return Outcome(key, root / key, False, time.perf_counter() - start)
+    failed = failed_builds.recent(root / key)  # Ray's agent retries a failed setup: not 3 builds
+    if failed is not None:
+        lock.release()
+        raise UvSyncError(failed)
     if why != "absent":
         logger.info("uv_project %s: rebuilding: %s", key, why)
     loop = asyncio.get_running_loop()
@@ -223,6 +227,8 @@ async def ensure_venv_async(
             result = _build(request, root / key, logger, timeout)
         except BaseException as e:  # noqa: BLE001 - handed to the awaiting request
             error = e
+            if isinstance(e, UvSyncError) and not e.transient:
+                failed_builds.remember(root / key, str(e))
         finally:
             lock.release()
         loop.call_soon_threadsafe(settle, result, error)
@@ -292,7 +298,7 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
         if result.returncode != 0:
             if "No space left on device" in result.output:
                 raise UvSyncError(f"{_no_space(venv)}\n--- uv output ---\n{result.tail(10)}")
-            raise UvSyncError(explain_failure(files.path, result))
+            raise sync_failure(files.path, result)
         installed = installed_ray_version(venv)
         if installed != ray.__version__:
             raise UvSyncError(

@@ -15,13 +15,14 @@ import pytest
 import ray
 from ray.exceptions import RuntimeEnvSetupError
 
+from ray_uv_plugin import failed_builds
 from ray_uv_plugin.lockfile import LockTimeout
 from ray_uv_plugin.project import load_project
 from ray_uv_plugin.request import make_request
 from ray_uv_plugin.spec import parse_spec
 from ray_uv_plugin.uv import UV_ENV_VAR, UvSyncError
 from ray_uv_plugin.venv_cache import BUILD_TIMEOUT_ENV, VENV_DIR_ENV, ensure_venv, ensure_venv_async
-from tests.uvproject import CountingUv, write_project
+from tests.uvproject import CountingUv, tamper_hashes, write_project
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,6 +130,49 @@ def test_a_slow_build_does_not_hold_up_another_key(projects, tmp_path, monkeypat
     assert finished["small"] < 10 < 15 <= finished["slow"]
 
 
+def test_a_failed_build_is_answered_from_memory_for_a_while(tmp_path, monkeypatch):
+    """Ray's agent runs a failed setup 3 times, 1 s apart: a build that failed for a reason a
+    second does not fix is not run again at once, in the same venv dir; later it is."""
+    counting = CountingUv(tmp_path / "uv")
+    monkeypatch.setenv(UV_ENV_VAR, str(counting.path))
+    project = write_project(tmp_path / "tampered", ["six"], name="tampered")
+    tamper_hashes(project, "six")
+    files = load_project(project)
+    root = tmp_path / "venvs"
+    hint = "does not have the hash that uv.lock records"
+    with pytest.raises(UvSyncError, match=hint) as first:
+        ensure_venv(parse_spec({}), files, root=root)
+    start = time.monotonic()
+    with pytest.raises(UvSyncError) as again:
+        ensure_venv(parse_spec({}), files, root=root)
+    assert time.monotonic() - start < 1 and counting.syncs() == 1
+    assert str(again.value).startswith(str(first.value))
+    assert "failed 0s ago, so it was not run again" in str(again.value)
+    assert [p.suffix for p in root.iterdir()] == [".lock"]  # nothing half-built
+    with pytest.raises(UvSyncError, match=hint):  # another venv dir: its own build
+        ensure_venv(parse_spec({}), files, root=tmp_path / "other-venvs")
+    assert counting.syncs() == 2
+    monkeypatch.setattr(failed_builds, "REMEMBER_SECONDS", 0.0)
+    with pytest.raises(UvSyncError, match=hint):
+        ensure_venv(parse_spec({}), files, root=root)
+    assert counting.syncs() == 3
+
+
+def test_a_build_that_failed_on_the_network_is_tried_again(projects, tmp_path, monkeypatch):
+    counting = CountingUv(tmp_path / "uv")
+    monkeypatch.setenv(UV_ENV_VAR, str(counting.path))
+    offline = {  # a cold cache, and an index behind a proxy that refuses connections
+        "UV_CACHE_DIR": str(tmp_path / "cold-cache"),
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "HTTP_PROXY": "http://127.0.0.1:9",
+        "UV_HTTP_RETRIES": "0",
+    }
+    for _ in range(2):
+        with pytest.raises(UvSyncError, match="the package index could not be reached"):
+            ensure_venv(parse_spec({}), load_project(projects[1]), offline, root=tmp_path / "v")
+    assert counting.syncs() == 2
+
+
 # --- in Ray: a request that Ray timed out leaves nothing parked --------------------------------
 
 
@@ -136,11 +180,12 @@ def test_a_slow_build_does_not_hold_up_another_key(projects, tmp_path, monkeypat
 def ray_with_slow_uv(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ray-limits")
     saved = {k: os.environ.get(k) for k in (UV_ENV_VAR, VENV_DIR_ENV, BUILD_TIMEOUT_ENV)}
-    os.environ[UV_ENV_VAR] = str(CountingUv(tmp / "uvbin").path)
+    uv = CountingUv(tmp / "uvbin")
+    os.environ[UV_ENV_VAR] = str(uv.path)
     os.environ[VENV_DIR_ENV] = str(tmp / "venvs")
     os.environ[BUILD_TIMEOUT_ENV] = "40"
     ray.init(address="local", num_cpus=4)
-    yield tmp
+    yield uv
     ray.shutdown()
     for k, v in saved.items():
         os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
@@ -169,3 +214,16 @@ def test_timed_out_requests_do_not_stop_other_envs_from_building(ray_with_slow_u
     small = {"uv_project": {"project": str(projects[1])}}
     assert ray.get(packages.options(runtime_env=small).remote(), timeout=120) == ["tomli_w"]
     assert time.monotonic() - start < 25
+
+
+def test_rays_retries_of_a_failed_build_run_uv_once(ray_with_slow_uv, tmp_path):
+    """Ray's agent sets up a failed env 3 times; uv runs once, and the caller gets uv's error."""
+    project = write_project(tmp_path / "tampered", ["six"], name="tampered-in-ray")
+    tamper_hashes(project, "six")
+    before = ray_with_slow_uv.syncs()
+    env = {"uv_project": {"project": str(project)}}
+    with pytest.raises(RuntimeEnvSetupError) as info:
+        ray.get(packages.options(runtime_env=env).remote(), timeout=120)
+    assert "does not have the hash that uv.lock records" in str(info.value)
+    assert "Hash mismatch for `six" in str(info.value)  # uv's own words
+    assert ray_with_slow_uv.syncs() - before == 1

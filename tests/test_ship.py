@@ -453,7 +453,9 @@ def test_the_cli_ships_and_reports_per_node(two_nodes, tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "Prepared 2 nodes (2 built, 0 shipped, 0 reused)" in out.stderr
-    assert b.uv.syncs() == syncs_b + 1
+    # B ran uv itself. Not `== syncs_b + 1`: Ray's agent runs a failed setup up to 3 times, and
+    # the plugin lets it retry a sync that failed on the network (a CI run once saw 2 here).
+    assert b.uv.syncs() > syncs_b
 
 
 def test_a_worker_group_ships_its_env_before_its_workers_start(
