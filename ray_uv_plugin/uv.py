@@ -189,6 +189,13 @@ _HINTS = [
             "Could not connect",
             "tcp connect error",
             "Network connectivity is disabled",
+            "Request failed after",
+            "network timeout",
+            "operation timed out",
+            "Connection reset",
+            "connection closed before message completed",
+            "error decoding response body",
+            "HTTP status server error",
         ),
         "the package index could not be reached and the uv cache on this node lacks the "
         "packages: give the node access to the index (env_vars UV_INDEX_URL / HTTPS_PROXY), or "

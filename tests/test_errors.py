@@ -12,7 +12,7 @@ import pytest
 from ray_uv_plugin.project import ProjectError, check_ray_pin, load_project
 from ray_uv_plugin.spec import parse_spec
 from ray_uv_plugin.trust import UntrustedPathError
-from ray_uv_plugin.uv import UV_ENV_VAR, UvNotFoundError, UvSyncError
+from ray_uv_plugin.uv import UV_ENV_VAR, UvNotFoundError, UvResult, UvSyncError, sync_failure
 from ray_uv_plugin.venv_cache import VENV_DIR_ENV, VenvDirError, ensure_venv, venv_root
 from tests.uvproject import RAY_PIN, write_project
 
@@ -104,3 +104,27 @@ def test_a_full_disk_says_which_dir_and_how_much_is_free(project, small_disk, mo
     assert f"the disk of the venv dir {root} is full" in message and "MiB free" in message
     assert "Nothing half-built was kept" in message
     assert [p.name for p in root.iterdir() if not p.name.endswith(".lock")] == []
+
+
+# uv's words (0.13) for each kind of failure; a network one may succeed when tried again.
+HASH = "error: Failed to download `six==1.17.0`\n  cause: Hash mismatch for `six==1.17.0`\n"
+RETRIES = "error: Failed to download `six==1.17.0`\n  cause: Request failed after 3 retries\n"
+BUILD = (
+    "error: Failed to build `broken @ file:///p`\n  cause: The build backend returned an error\n"
+)
+SERVER = "error: Failed to fetch: `https://pypi.org/simple/six/`\n  cause: HTTP status server error"
+
+
+@pytest.mark.parametrize(
+    ("output", "hint", "transient"),
+    [
+        (HASH, "does not have the hash that uv.lock records", False),
+        (RETRIES, "the package index could not be reached", True),
+        (SERVER, "the package index could not be reached", True),
+        (BUILD, "see uv's output below", False),
+    ],
+)
+def test_a_failed_sync_says_what_to_do_and_whether_to_try_again(output, hint, transient):
+    error = sync_failure(Path("/p"), UvResult(1, output, 1.0))
+    assert hint in str(error) and output.strip().splitlines()[-1] in str(error)
+    assert error.transient is transient
