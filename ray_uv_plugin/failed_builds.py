@@ -4,7 +4,8 @@ Ray's runtime-env agent runs a failed setup up to 3 times, 1 s apart (`RUNTIME_E
 A `uv sync` that failed for a reason that a second does not fix (a package that does not build,
 a hash mismatch, a full disk, a build past its time limit) would run three times, and the caller
 would wait three builds (or fill the disk three times) for one error. Its retries get the same
-error at once instead. A failure on the network is not remembered: the next try may get through.
+error at once instead. A failure on the network, or in a project dir that was removed while uv
+ran, is not remembered: the next try may get through.
 
 Per process (the node's agent), per venv path (`<venv dir>/<key>`): the same inputs would fail
 the same way there. After `REMEMBER_SECONDS` the next request builds again, e.g. once the disk

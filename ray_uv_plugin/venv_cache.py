@@ -273,6 +273,7 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
     if os.path.lexists(venv):
         trust.remove_tree(venv)
     venv_archive.remove_leftovers(venv.parent, venv.name)  # of a receive that died
+    project_fd = os.open(files.path, os.O_RDONLY | os.O_DIRECTORY)  # to tell if it is replaced
     scratch = _scratch_project(request, venv.parent) if not (spec.locked or spec.frozen) else None
     project_dir = scratch or files.path
     args = ["sync", "--project", str(project_dir), *spec.sync_args(), "--python", sys.executable]
@@ -298,7 +299,15 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
         if result.returncode != 0:
             if "No space left on device" in result.output:
                 raise UvSyncError(f"{_no_space(venv)}\n--- uv output ---\n{result.tail(10)}")
-            raise sync_failure(files.path, result)
+            error = sync_failure(files.path, result)
+            if _removed(files.path, project_fd):
+                raise UvSyncError(
+                    f"{error}\n(The project dir {files.path} was removed while uv ran, so the "
+                    "build may succeed when tried again. Ray's working_dir plugin re-unpacks a "
+                    "working_dir that another raylet sharing this host's session dir unpacked.)",
+                    transient=True,
+                )
+            raise error
         installed = installed_ray_version(venv)
         if installed != ray.__version__:
             raise UvSyncError(
@@ -318,9 +327,19 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
         trust.remove_tree(venv)
         raise
     finally:
+        os.close(project_fd)
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     return result.seconds
+
+
+def _removed(path: Path, fd: int) -> bool:
+    """Whether the directory opened as `fd` was removed (or replaced) since."""
+    opened = os.fstat(fd)
+    try:
+        return opened.st_nlink == 0 or not os.path.samestat(opened, os.stat(path))
+    except FileNotFoundError:
+        return True
 
 
 def _scratch_project(request: VenvRequest, root: Path) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ from ray_uv_plugin.lockfile import LockTimeout
 from ray_uv_plugin.project import load_project
 from ray_uv_plugin.request import make_request
 from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.uv import UV_ENV_VAR, UvSyncError
+from ray_uv_plugin.uv import UV_ENV_VAR, UvSyncError, find_uv
 from ray_uv_plugin.venv_cache import BUILD_TIMEOUT_ENV, VENV_DIR_ENV, ensure_venv, ensure_venv_async
 from tests.uvproject import CountingUv, tamper_hashes, write_project
 
@@ -171,6 +172,27 @@ def test_a_build_that_failed_on_the_network_is_tried_again(projects, tmp_path, m
         with pytest.raises(UvSyncError, match="the package index could not be reached"):
             ensure_venv(parse_spec({}), load_project(projects[1]), offline, root=tmp_path / "v")
     assert counting.syncs() == 2
+
+
+def test_a_sync_whose_project_dir_was_replaced_is_tried_again(projects, tmp_path, monkeypatch):
+    """Ray's working_dir plugin removes and unpacks again a working_dir that another raylet
+    sharing the host's session dir unpacked: uv fails in the removed dir. Not remembered as
+    failed: Ray's retry builds it."""
+    project = shutil.copytree(projects[1], tmp_path / "proj")
+    replaced = tmp_path / "replaced"
+    wrapper = tmp_path / "replacing-uv.sh"
+    wrapper.write_text(
+        f'#!/bin/sh\nif [ "$1" = sync ] && [ ! -e {replaced} ]; then touch {replaced}; '
+        f"cp -r {project} {tmp_path}/unpacked && rm -rf {project} && "
+        f'mv {tmp_path}/unpacked {project}; fi\nexec {find_uv()} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv(UV_ENV_VAR, str(wrapper))
+    root = tmp_path / "venvs"
+    with pytest.raises(UvSyncError, match="was removed while uv ran") as info:
+        ensure_venv(parse_spec({}), load_project(project), root=root)
+    assert info.value.transient and replaced.exists()
+    assert ensure_venv(parse_spec({}), load_project(project), root=root).built
 
 
 # --- in Ray: a request that Ray timed out leaves nothing parked --------------------------------

@@ -453,8 +453,9 @@ def test_the_cli_ships_and_reports_per_node(two_nodes, tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "Prepared 2 nodes (2 built, 0 shipped, 0 reused)" in out.stderr
-    # B ran uv itself. Not `== syncs_b + 1`: Ray's agent runs a failed setup up to 3 times, and
-    # the plugin lets it retry a sync that failed on the network (a CI run once saw 2 here).
+    # B ran uv itself. Not `== syncs_b + 1`: both raylets of this one-host cluster unpack the
+    # working_dir into the same session dir, Ray's working_dir plugin removes the dir to unpack
+    # it again, and a sync in it fails and is retried by Ray (a CI run saw 2 syncs here).
     assert b.uv.syncs() > syncs_b
 
 
