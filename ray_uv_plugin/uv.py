@@ -147,7 +147,9 @@ def run_uv(
 class UvSyncError(RuntimeError):
     """`uv sync` did not give a usable venv; the message says why and what to do.
 
-    `transient`: it failed on the network, so the same sync a moment later may succeed."""
+    `transient`: the same sync a moment later may succeed (it failed on the network, or its
+    project dir was removed while uv ran); other failures are not run again at once
+    (`failed_builds`)."""
 
     def __init__(self, message: str, transient: bool = False) -> None:
         super().__init__(message)
