@@ -35,16 +35,12 @@ def remember(venv: Path, message: str) -> None:
 def recent(venv: Path) -> str | None:
     """The error of the last build of `venv` if it failed less than `REMEMBER_SECONDS` ago, with
     a line that says so; else None."""
-    within = REMEMBER_SECONDS
     with _guard:
-        when, message = _failed.get(venv, (None, ""))
-        if when is None:
-            return None
-        ago = time.monotonic() - when
-        if ago >= within:
-            del _failed[venv]
-            return None
+        when, message = _failed.get(venv, (float("-inf"), ""))  # `remember` drops expired ones
+    ago = time.monotonic() - when
+    if ago >= REMEMBER_SECONDS:
+        return None
     return (
         f"{message}\n(This node's build of {venv} failed {ago:.0f}s ago, so it was not run "
-        f"again: the next request after {within:.0f}s builds it again.)"
+        f"again: the next request after {REMEMBER_SECONDS:.0f}s builds it again.)"
     )

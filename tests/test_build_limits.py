@@ -23,7 +23,7 @@ from ray_uv_plugin.request import make_request
 from ray_uv_plugin.spec import parse_spec
 from ray_uv_plugin.uv import UV_ENV_VAR, UvSyncError, find_uv
 from ray_uv_plugin.venv_cache import BUILD_TIMEOUT_ENV, VENV_DIR_ENV, ensure_venv, ensure_venv_async
-from tests.uvproject import CountingUv, tamper_hashes, write_project
+from tests.uvproject import CountingUv, tamper_hashes, unreachable_index, write_project
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,12 +162,7 @@ def test_a_failed_build_is_answered_from_memory_for_a_while(tmp_path, monkeypatc
 def test_a_build_that_failed_on_the_network_is_tried_again(projects, tmp_path, monkeypatch):
     counting = CountingUv(tmp_path / "uv")
     monkeypatch.setenv(UV_ENV_VAR, str(counting.path))
-    offline = {  # a cold cache, and an index behind a proxy that refuses connections
-        "UV_CACHE_DIR": str(tmp_path / "cold-cache"),
-        "HTTPS_PROXY": "http://127.0.0.1:9",
-        "HTTP_PROXY": "http://127.0.0.1:9",
-        "UV_HTTP_RETRIES": "0",
-    }
+    offline = unreachable_index(tmp_path / "cold-cache")
     for _ in range(2):
         with pytest.raises(UvSyncError, match="the package index could not be reached"):
             ensure_venv(parse_spec({}), load_project(projects[1]), offline, root=tmp_path / "v")

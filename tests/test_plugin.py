@@ -16,7 +16,7 @@ from ray_uv_plugin.request import make_request
 from ray_uv_plugin.spec import parse_spec
 from ray_uv_plugin.uv import UV_ENV_VAR
 from ray_uv_plugin.venv_cache import MARKER, VENV_DIR_ENV
-from tests.uvproject import CountingUv, write_project
+from tests.uvproject import CountingUv, unreachable_index, write_project
 
 
 @pytest.fixture(scope="module")
@@ -152,13 +152,7 @@ def _bad_projects(tmp: Path) -> dict[str, Path]:
 def test_every_bad_input_fails_the_actor_clearly_and_builds_nothing(env):
     p = _bad_projects(env["tmp"])
     good = str(env["project"])
-    cold_cache = env["tmp"] / "empty-uv-cache"
-    unreachable = {  # a cold cache and an index behind a proxy that refuses connections
-        "UV_CACHE_DIR": str(cold_cache),
-        "HTTPS_PROXY": "http://127.0.0.1:9",
-        "HTTP_PROXY": "http://127.0.0.1:9",
-        "UV_HTTP_RETRIES": "0",
-    }
+    unreachable = unreachable_index(env["tmp"] / "empty-uv-cache")
     cases = {
         "not a dict": ({"uv_project": ["fig"]}, "must be a dict"),
         "unknown field": ({"uv_project": {"extra": ["fig"]}}, "unknown field(s) 'extra'"),

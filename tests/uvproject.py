@@ -98,3 +98,14 @@ def tamper_hashes(project: Path, package: str) -> None:
     else:
         raise AssertionError(f"{package} is not in {lock}")
     lock.write_text("[[package]]".join(blocks))
+
+
+def unreachable_index(cold_cache: Path) -> dict[str, str]:
+    """Env vars for a uv with a cold cache and an index behind a proxy that refuses connections:
+    a sync fails at once on the network."""
+    return {
+        "UV_CACHE_DIR": str(cold_cache),
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "HTTP_PROXY": "http://127.0.0.1:9",
+        "UV_HTTP_RETRIES": "0",
+    }
