@@ -4,43 +4,124 @@ Ray's runtime-env agent runs a failed setup up to 3 times, 1 s apart (`RUNTIME_E
 A `uv sync` that failed for a reason that a second does not fix (a package that does not build,
 a hash mismatch, a full disk, a build past its time limit) would run three times, and the caller
 would wait three builds (or fill the disk three times) for one error. Its retries get the same
-error at once instead. A failure on the network, or in a project dir that was removed while uv
-ran, is not remembered: the next try may get through.
+error at once instead. A failure on the network, of a uv killed by a signal that the plugin did
+not send, or in a project dir that was removed while uv ran, is not remembered: the next try may
+get through.
 
-Per process (the node's agent), per venv path (`<venv dir>/<key>`): the same inputs would fail
-the same way there. After `REMEMBER_SECONDS` the next request builds again, e.g. once the disk
-has been freed.
+Per process (the node's agent), per venv path (`<venv dir>/<key>`) and per everything else that
+reached uv (`sync_inputs`: its whole environment, the uv binary, the project dir, the flags):
+only the same sync would fail the same way. A job that changes a setting outside the key (its
+`UV_CACHE_DIR`, a proxy, an index's credentials) gets a build of its own. After
+`remember_seconds()` the next request builds again, e.g. once the disk has been freed.
+
+Ray's agent keeps a failed runtime_env for longer (`ray_failure_cache_seconds`, 600 s by
+default): an identical runtime_env does not even reach the plugin until then, which the message
+of a remembered failure says, with how to try again at once.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import sys
 import threading
 import time
 from pathlib import Path
 
-REMEMBER_SECONDS = 60.0
+from ray_uv_plugin.request import VenvRequest
+from ray_uv_plugin.uv import find_uv
 
-_failed: dict[Path, tuple[float, str]] = {}  # venv -> (when, the error's message)
+REMEMBER_SECONDS = 60.0  # the default of `MEMO_ENV`
+MEMO_ENV = "RAY_UV_PLUGIN_FAILED_BUILD_MEMO_S"
+RAY_CACHE_ENV = "BAD_RUNTIME_ENV_CACHE_TTL_SECONDS"  # Ray's own setting, read by its agent
+
+# (venv, sync_inputs) -> (when, the error's message)
+_failed: dict[tuple[Path, str], tuple[float, str]] = {}
 _guard = threading.Lock()  # builds fail in threads of their own
 
 
-def remember(venv: Path, message: str) -> None:
-    now = time.monotonic()
-    with _guard:
-        for old in [v for v, (when, _) in _failed.items() if now - when >= REMEMBER_SECONDS]:
-            del _failed[old]
-        _failed[venv] = (now, message)
+def remember_seconds() -> float:
+    """How long a failure is remembered: `RAY_UV_PLUGIN_FAILED_BUILD_MEMO_S`, else 60 s."""
+    value = os.environ.get(MEMO_ENV)
+    if not value:
+        return REMEMBER_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise ValueError(
+            f"uv_project: {MEMO_ENV}={value!r} must be a number of seconds >= 0 (0: Ray's "
+            "retries of a failed setup run uv again) in the environment of `ray start`."
+        )
+    return seconds
 
 
-def recent(venv: Path) -> str | None:
-    """The error of the last build of `venv` if it failed less than `REMEMBER_SECONDS` ago, with
-    a line that says so; else None."""
-    with _guard:
-        when, message = _failed.get(venv, (float("-inf"), ""))  # `remember` drops expired ones
-    ago = time.monotonic() - when
-    if ago >= REMEMBER_SECONDS:
+def ray_failure_cache_seconds() -> int | None:
+    """How long Ray's agent answers an identical runtime_env with its failure without setting
+    it up again, as the agent reads it (it imports these consts at start, from its
+    environment); None where this Ray keeps it elsewhere."""
+    try:
+        from ray._private.runtime_env.agent import runtime_env_consts
+    except ImportError:
         return None
+    return getattr(runtime_env_consts, RAY_CACHE_ENV, None)
+
+
+def _uv_binary() -> str:
+    """The uv that would run, with what tells a replaced one apart; never raises (a missing uv
+    is the build's error to report)."""
+    try:
+        uv = find_uv()
+        st = os.stat(uv)
+    except OSError as e:
+        return f"no uv: {e}"
+    return f"{os.path.realpath(uv)} {st.st_mtime_ns} {st.st_size}"
+
+
+def sync_inputs(request: VenvRequest) -> str:
+    """A digest of everything of `request` that reaches uv, the key's inputs and the rest: the
+    whole environment uv runs in, the uv binary, the project dir (uv's cwd) and the flags."""
+    inputs = {
+        "env": sorted(request.uv_env.items()),
+        "uv": _uv_binary(),
+        "project": str(request.files.path),
+        "flags": request.spec.sync_args(),
+        "python": sys.executable,
+    }
+    return hashlib.sha256(json.dumps(inputs).encode()).hexdigest()
+
+
+def remember(venv: Path, inputs: str, message: str) -> None:
+    """Remember that the sync of `venv` with `inputs` (`sync_inputs`) failed with `message`."""
+    now = time.monotonic()
+    window = remember_seconds()
+    with _guard:
+        for old in [k for k, (when, _) in _failed.items() if now - when >= window]:
+            del _failed[old]
+        _failed[(venv, inputs)] = (now, message)
+
+
+def recent(venv: Path, inputs: str) -> str | None:
+    """The error of the last sync of `venv` with `inputs` if it failed less than
+    `remember_seconds()` ago, with what to do to try again now; else None."""
+    window = remember_seconds()
+    with _guard:
+        when, message = _failed.get((venv, inputs), (float("-inf"), ""))  # `remember` expires
+    ago = time.monotonic() - when
+    if ago >= window:
+        return None
+    return f"{message}\n{_not_run_again(venv, ago, window, ray_failure_cache_seconds())}"
+
+
+def _not_run_again(venv: Path, ago: float, window: float, ray_seconds: int | None) -> str:
+    ray_keeps = f"{ray_seconds}s" if ray_seconds is not None else "a while"
     return (
-        f"{message}\n(This node's build of {venv} failed {ago:.0f}s ago, so it was not run "
-        f"again: the next request after {REMEMBER_SECONDS:.0f}s builds it again.)"
+        f"(This node's build of {venv} failed {ago:.0f}s ago, so it was not run again: a sync "
+        f"with the same settings is remembered as failed for {window:.0f}s. Ray's agent keeps "
+        f"this failed runtime_env for {ray_keeps} ({RAY_CACHE_ENV}), so an identical request "
+        "is built again only after that. To try again at once, change the runtime_env's "
+        'env_vars (e.g. add "RETRY": "1"): a new request for Ray and for this node; or lower '
+        f"{RAY_CACHE_ENV} in the environment of `ray start` on the nodes.)"
     )

@@ -78,13 +78,28 @@ class UvResult:
         return "\n".join(self.output.rstrip().splitlines()[-lines:])
 
 
-def _die_with_parent() -> None:
-    # A uv left running after the process that started it died would go on writing into a
-    # venv directory that the next request is rebuilding.
-    if sys.platform == "linux":
-        import ctypes
+_PR_SET_PDEATHSIG = 1
+_PR_GET_DUMPABLE = 3
+_SIGKILL = int(signal.SIGKILL)
+if sys.platform == "linux":
+    import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    # Resolved, and called once, here: `_die_with_parent` runs between fork() and exec() in the
+    # agent, which has threads. Loading a library (or binding a symbol for the first time)
+    # there would take the dynamic loader's lock, which another thread may have held at the
+    # fork: the child would hang for ever.
+    _prctl: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl
+    _prctl(_PR_GET_DUMPABLE)  # harmless; binds whatever ctypes' call path binds lazily
+else:
+    _prctl = None
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: a uv left running after the process that started it died
+    would go on writing into a venv directory that the next request is rebuilding. Only calls
+    what is resolved at import (see `_prctl`)."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, _SIGKILL)
 
 
 class UvTimeout(TimeoutError):
@@ -106,9 +121,18 @@ def run_uv(
     timeout: float | None = None,
 ) -> UvResult:
     """Run uv with stdout and stderr merged, as one would read it in a terminal; past
-    `timeout` seconds, kill it and its children and raise `UvTimeout`."""
+    `timeout` seconds, kill it and its children and raise `UvTimeout`. A uv killed by a signal
+    that this function did not send (the OOM killer, an operator) is a `UvResult` with a
+    negative `returncode`, as `subprocess` gives it."""
     start = time.perf_counter()
     lines: list[str] = []
+    timed_out = threading.Event()  # set only by our own kill: a signal from anyone else is not
+
+    def time_out(proc: subprocess.Popen) -> None:
+        if proc.returncode is None:  # not reaped yet: its pid and group are still its own
+            timed_out.set()
+            _kill_group(proc)
+
     with subprocess.Popen(
         [find_uv(), *args],
         env=env,
@@ -121,7 +145,7 @@ def run_uv(
         preexec_fn=_die_with_parent,
         start_new_session=True,  # its own process group, so that a timeout ends its builds too
     ) as proc:
-        timer = None if timeout is None else threading.Timer(timeout, _kill_group, (proc,))
+        timer = None if timeout is None else threading.Timer(timeout, time_out, (proc,))
         if timer is not None:
             timer.daemon = True
             timer.start()
@@ -138,18 +162,17 @@ def run_uv(
         finally:
             if timer is not None:
                 timer.cancel()
-    took = time.perf_counter() - start
-    if timeout is not None and took >= timeout and proc.returncode < 0:
+    if timed_out.is_set() and proc.returncode < 0:
         raise UvTimeout(f"ran past {timeout:.0f}s")
-    return UvResult(proc.returncode, "".join(lines), took)
+    return UvResult(proc.returncode, "".join(lines), time.perf_counter() - start)
 
 
 class UvSyncError(RuntimeError):
     """`uv sync` did not give a usable venv; the message says why and what to do.
 
-    `transient`: the same sync a moment later may succeed (it failed on the network, or its
-    project dir was removed while uv ran); other failures are not run again at once
-    (`failed_builds`)."""
+    `transient`: the same sync a moment later may succeed (it failed on the network, uv was
+    killed by a signal that the plugin did not send, or its project dir was removed while uv
+    ran); other failures are not run again at once (`failed_builds`)."""
 
     def __init__(self, message: str, transient: bool = False) -> None:
         super().__init__(message)
@@ -216,9 +239,30 @@ _HINTS = [
 _NO_HINT = _Hint((), "see uv's output below; `uv sync --locked` in the project reproduces it.")
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def sync_failure(project: Path, result: UvResult) -> UvSyncError:
-    """The error for a failed `uv sync`: what uv said, what to do, and whether it failed on the
-    network (`transient`)."""
+    """The error for a failed `uv sync`: what uv said, what to do, and whether the same sync a
+    moment later may succeed (`transient`).
+
+    A uv killed by a signal is one that `run_uv` did not send (its own timeout kill raises
+    `UvTimeout`): the OOM killer or an operator, which need not strike again, so it is
+    transient and the next request builds."""
+    if result.returncode < 0:
+        return UvSyncError(
+            f"uv_project: `uv sync` for {project} did not finish: uv was killed by "
+            f"{_signal_name(-result.returncode)} (not by the plugin: the OOM killer or an "
+            "operator?). It is not remembered as a failure: the next try builds it again. "
+            "If the node ran out of memory (`dmesg`), lower UV_CONCURRENT_BUILDS / MAX_JOBS "
+            "in the job's env_vars or give the node more memory.\n"
+            f"--- uv output (last lines) ---\n{result.tail()}",
+            transient=True,
+        )
     hint = next((h for h in _HINTS if any(n in result.output for n in h.needles)), _NO_HINT)
     return UvSyncError(
         f"uv_project: `uv sync` failed for {project} (exit {result.returncode}): {hint.text}\n"
