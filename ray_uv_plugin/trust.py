@@ -5,6 +5,10 @@ under the venv dir only if it was made by the user running them, and nobody else
 
 - the venv dir and each of its ancestors: owned by this user (ancestors: or root), not
   writable by group or others (an ancestor may be if it is sticky, as `/tmp` is);
+- each symlink on the way to it, in the path as configured and in the links' targets: owned by
+  this user or root, in a directory checked as an ancestor (so nobody else made it or can
+  replace it). Every use of the venv dir gets the path with these links resolved, so a link
+  changed after the check changes nothing;
 - each `<key>` dir, its marker and `<key>.lock`: owned by this user, not writable by group or
   others, and never a symlink (opened with `O_NOFOLLOW`).
 
@@ -123,22 +127,105 @@ def check_dir(path: Path, what: str) -> os.stat_result:
     return st
 
 
-def check_root(root: Path) -> None:
-    """The venv dir and every directory above it: trusted (see the module docstring)."""
-    real = Path(os.path.realpath(root))
+MAX_SYMLINKS = 40  # as the kernel's own limit on the links one path lookup follows
+
+
+def _relative(root: Path) -> UntrustedPathError:
+    return UntrustedPathError(
+        f"uv_project: RAY_UV_PLUGIN_VENV_DIR={str(root)!r} is relative, so every worker "
+        "would resolve it against its own directory: set an absolute path on every node."
+    )
+
+
+def _lstat(root: Path, path: Path) -> os.stat_result:
+    try:
+        return os.lstat(path)
+    except PermissionError as e:
+        raise UntrustedPathError(
+            f"uv_project: cannot check {path} on the way to the venv dir {root} ({e.strerror}): "
+            "the venv dir must be reachable by the user that runs Ray."
+        ) from e
+
+
+def _check_above(root: Path, path: Path, st: os.stat_result, gid: int | None) -> None:
+    """`path` (`st`: its `lstat`) is a directory on the way to the venv dir `root`: trusted as
+    an ancestor."""
+    why = why_untrusted(st, gid, ancestor=True)
+    if why:
+        _raise(path, st, why, f"a directory above the venv dir {root}:")
+    if not stat.S_ISDIR(st.st_mode):
+        raise WrongTypeError(
+            f"uv_project: {path}, on the way to the venv dir {root}, is not a directory "
+            f"({describe(st)}): set RAY_UV_PLUGIN_VENV_DIR to a directory."
+        )
+
+
+def _check_link(root: Path, link: Path, st: os.stat_result, followed: int) -> Path:
+    """A symlink on the way to the venv dir: its target, if nobody else could have made or
+    changed it. Its directory was checked as an ancestor already: nobody else may replace an
+    entry in it (sticky: not ours), so a link of ours or root's there stays as it is."""
+    target = Path(os.readlink(link))
+    if st.st_uid not in (os.geteuid(), 0):
+        raise UntrustedPathError(
+            f"uv_project: refusing the symlink {link} -> {target} on the way to the venv dir "
+            f"{root}: it is owned by another user, who could point it elsewhere at any time "
+            f"({describe(st)}): remove it if it should not be there, or set "
+            "RAY_UV_PLUGIN_VENV_DIR to a path that no other user's symlink leads through."
+        )
+    if followed > MAX_SYMLINKS:
+        raise UntrustedPathError(
+            f"uv_project: the venv dir {root} leads through more than {MAX_SYMLINKS} symlinks "
+            "(a loop?): set RAY_UV_PLUGIN_VENV_DIR to the directory itself."
+        )
+    return target
+
+
+def resolve_root(root: Path, must_exist: bool = True) -> Path:
+    """The venv dir `root` with every symlink on its way resolved, each checked as it is met.
+
+    Walks the path as given, one component at a time with `lstat`, never `realpath`: a symlink
+    in it is followed only if `_check_link` trusts it, then its target is walked the same way.
+    Each directory passed through is checked as an ancestor, the last one as the venv dir.
+    A missing component raises FileNotFoundError, or with `must_exist=False` ends the walk:
+    the rest is returned as given (the caller creates it, then checks it with `check_root`).
+    """
+    if not root.is_absolute():
+        raise _relative(root)
     gid = trusted_gid()
-    for ancestor in reversed(real.parents):
+    here = Path("/")  # walked so far: no symlinks, every component checked
+    _check_above(root, here, _lstat(root, here), gid)
+    todo = list(root.parts[1:])
+    followed = 0
+    while todo:
+        name = todo.pop(0)
+        if name == "..":
+            here = here.parent  # `here` has no symlinks: its parent is the real one
+            continue
+        path = here / name
         try:
-            st = os.lstat(ancestor)
-        except PermissionError as e:
-            raise UntrustedPathError(
-                f"uv_project: cannot check {ancestor} above the venv dir {root} ({e.strerror}): "
-                "the venv dir must be reachable by the user that runs Ray."
-            ) from e
-        why = why_untrusted(st, gid, ancestor=True)
-        if why:
-            _raise(ancestor, st, why, f"a directory above the venv dir {root}:")
-    check_dir(real, "the venv dir")
+            st = _lstat(root, path)
+        except FileNotFoundError:
+            if must_exist:
+                raise
+            return Path(os.path.normpath(path.joinpath(*todo)))
+        if stat.S_ISLNK(st.st_mode):
+            followed += 1
+            target = _check_link(root, path, st, followed)
+            if target.is_absolute():
+                here = Path("/")
+            todo[:0] = target.parts[1:] if target.is_absolute() else target.parts
+            continue
+        if todo:
+            _check_above(root, path, st, gid)
+        here = path
+    check_dir(here, "the venv dir")
+    return here
+
+
+def check_root(root: Path) -> Path:
+    """The venv dir, the directories above it and the symlinks on its way: trusted (see the
+    module docstring). Returns the resolved path: use it, not `root`."""
+    return resolve_root(root)
 
 
 def open_no_follow(path: Path, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
@@ -162,23 +249,45 @@ def new_dir_mode() -> int:
     return 0o2750 if trusted_gid() is not None else 0o700
 
 
-def make_root(root: Path) -> None:
-    """Create the venv dir private to this user (or to the trusted group), then check it."""
-    if not root.is_absolute():
-        raise UntrustedPathError(
-            f"uv_project: RAY_UV_PLUGIN_VENV_DIR={str(root)!r} is relative, so every worker "
-            "would resolve it against its own directory: set an absolute path on every node."
-        )
-    if not os.path.lexists(root):
-        try:
-            os.makedirs(root, mode=new_dir_mode())
-        except FileExistsError:
-            pass
-        gid = trusted_gid()
-        if gid is not None:
-            os.chown(root, -1, gid)
-            os.chmod(root, 0o2770)
-    check_root(root)
+def make_root(root: Path) -> Path:
+    """Create the venv dir private to this user (or to the trusted group), and any missing
+    directory above it (0755: only we may write it, anyone may pass), then check it all.
+    Modes are set explicitly, not left to the umask: under the usual 002 `os.makedirs` would
+    make group-writable parents that the check then refuses. Returns the resolved venv dir.
+
+    Each directory is made in one already checked (or just made by us), so nobody else can
+    put a symlink in its place before its chmod. One that another process made first is
+    walked and checked again before anything is made in it."""
+    for _attempt in range(len(root.parts) + MAX_SYMLINKS):
+        real = resolve_root(root, must_exist=False)
+        missing = []
+        for path in (real, *real.parents):
+            if os.path.lexists(path):
+                break
+            missing.append(path)
+        if all(_make_dir(path, venv_dir=path == real) for path in reversed(missing)):
+            return check_root(root)
+    raise UntrustedPathError(
+        f"uv_project: could not create the venv dir {root}: its directories kept changing "
+        "while it was made; create it yourself (mode 0700) and retry."
+    )
+
+
+def _make_dir(path: Path, venv_dir: bool) -> bool:
+    """mkdir with the mode we require whatever the umask; False if it exists already."""
+    try:
+        os.mkdir(path, 0o700)  # never more open than meant, even before the chmod
+    except FileExistsError:
+        return False
+    gid = trusted_gid()
+    if not venv_dir:
+        os.chmod(path, 0o755)
+    elif gid is not None:
+        os.chown(path, -1, gid)
+        os.chmod(path, 0o2770)
+    else:
+        os.chmod(path, new_dir_mode())
+    return True
 
 
 _FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS, _FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10
