@@ -148,7 +148,14 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     try:
         root = venv_root()
-        report = gc.collect(root, args.older_than, args.max_size, args.dry_run)
+        report = gc.collect(
+            root,
+            args.older_than,
+            args.max_size,
+            args.dry_run,
+            everything=args.all,
+            assume_unused=args.assume_unused,
+        )
     except (gc.GcError, VenvDirError, trust.UntrustedPathError) as e:
         raise CliError(str(e)) from e
     verb = "Would remove" if args.dry_run else "Removed"
@@ -168,11 +175,11 @@ def cmd_gc(args: argparse.Namespace) -> int:
         f"{'Would free' if args.dry_run else 'Freed'} {freed} in {root} "
         f"({len(report.removed)} venvs; {len(report.kept)} kept, {left})"
     )
-    if args.older_than is None and args.max_size is None and report.kept:
+    if args.older_than is None and args.max_size is None and not args.all and report.kept:
         print(
             "hint: only unfinished builds and leftovers go without limits; pass --older-than "
-            "DAYS or --max-size GB to remove unused venvs (--older-than 0: every venv no live "
-            "worker uses)"
+            "DAYS or --max-size GB to remove unused venvs, or --all to remove every venv of "
+            "ours that nothing uses"
         )
     return 0
 
@@ -505,6 +512,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="GB",
         help="then remove least recently used venvs until the dir holds at most GB GiB",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="remove every venv of ours that no process uses and no build holds, whatever "
+        "its age (one used in the last 2 minutes stays), dead builds and what is left of a "
+        "venv removed by hand included, then lock files and leftovers",
+    )
+    p.add_argument(
+        "--assume-unused",
+        action="store_true",
+        help="remove venvs even where this user cannot see every process that may use them "
+        "(another user's, in a venv dir shared by a trusted group): only when you know "
+        "that none does",
     )
     p.add_argument("--dry-run", action="store_true", help="only print what would go")
     p.set_defaults(func=cmd_gc)

@@ -3,22 +3,30 @@ and without ever touching what is not ours.
 
 What may go (`inventory` classifies every entry; the rest is reported and left alone):
 - a ready venv: a trusted directory whose marker names its key (the plugin wrote it);
-- a dead build (no marker) or a venv with a broken marker, only if uv made it (`uv = ` in its
-  `pyvenv.cfg`), the plugin made it (`<key>.lock` beside it is a trusted regular file: the
-  plugin creates it before uv runs), its lock is free, and it has not changed for
-  `UNFINISHED_MIN_AGE` (see there);
-- trash of a gc that is gone, and lock files whose venv is gone and that nobody holds.
+- a dead build (no marker) or a venv with a broken marker, only if the plugin provably made
+  it (`inventory`: uv's `pyvenv.cfg` and our `<key>.lock`, or a tree frozen as only a finished
+  build is, e.g. what `rm -rf` by root leaves of a venv), its lock is free, and it has not
+  changed for `UNFINISHED_MIN_AGE` (see there; `--all` does not wait);
+- trash of a gc that is gone, and lock files of the plugin's form whose venv is gone and that
+  nobody holds.
 Untrusted entries (another user's, or writable by others) and symlinks are never touched.
 
-`plan` is pure: from a scan and the limits, which venvs to remove and why.
+`plan` is pure: from a scan and the limits, which venvs to remove and why. A venv that a
+worker may use is kept when this user cannot see every process that could run in it
+(`inventory.Processes.blind_spot`), unless the operator says it is unused (`assume_unused`).
+`removal_blocker` checks what the removal needs (ownership, a sticky venv dir, immutable
+directories when not root, a readable lock of the plugin's form) in a dry run as well, so that
+a dry run promises only what the real run can do.
 `remove_venv` makes it safe against the plugin running at the same time:
-  1. take the venv's build lock without waiting (held: a build is running; skip it): no
-     request can build this key while we hold it;
-  2. skip it if the plugin touched its marker since the scan, or a live process runs in it;
+  1. take the venv's build lock without waiting (held: a build is running, or a ship sender
+     packs the venv, which holds it shared; skip it): no request can build this key while we
+     hold it. gc writes nothing into it (its mtime is part of the last-use record);
+  2. skip it if the plugin touched its marker or lock since the scan, or a live process runs
+     in it;
   3. rename it to `<key>.gc-<pid>`: from here on no request finds it (they wait on our lock and
      then rebuild);
-  4. check the marker and `/proc` once more, for a request that found it just before the
-     rename, and put it back if so;
+  4. check the marker, the lock and `/proc` once more, for a request that found it just before
+     the rename, and put it back if so;
   5. delete it (venvs are read-only: `trust.remove_tree`) and its lock file, still holding the
      lock (a waiter then sees an unlinked inode and retries on a new file).
 A venv used in the last `MIN_IDLE_SECONDS` is never removed either: that covers a request that
@@ -27,7 +35,10 @@ found it but whose worker process has not started yet.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,7 +46,6 @@ from pathlib import Path
 
 from ray_uv_plugin import inventory, trust
 from ray_uv_plugin.inventory import BROKEN, BUILDING, INCOMPLETE, UNTRUSTED, Other, VenvEntry
-from ray_uv_plugin.lockfile import BuildLock
 from ray_uv_plugin.venv_cache import MARKER, lock_path
 
 MIN_IDLE_SECONDS = 120.0
@@ -45,6 +55,10 @@ MIN_IDLE_SECONDS = 120.0
 # system does not pass flocks between hosts, or by a plugin version that locked differently.
 UNFINISHED_MIN_AGE = 3600.0
 DAY = 86400.0
+# chattr +i / +a: nobody, root included, may rename or remove such an entry, or one inside
+# such a directory, until root clears the flag (`trust.thaw` does, for directories, as root).
+_FS_IOC_GETFLAGS, _IMMUTABLE_OR_APPEND = 0x80086601, 0x10 | 0x20
+ASSUME_UNUSED_HINT = "run gc as root, or pass --assume-unused"
 
 
 class GcError(ValueError):
@@ -69,19 +83,29 @@ class GcReport:
     dry_run: bool = False
 
 
-def check_limits(older_than_days: float | None, max_size_gb: float | None) -> None:
+def check_limits(
+    older_than_days: float | None, max_size_gb: float | None, everything: bool = False
+) -> None:
+    if everything and (older_than_days is not None or max_size_gb is not None):
+        raise GcError(
+            "--all removes every venv of ours that nothing uses, whatever its age and size: "
+            "pass it alone, or --older-than/--max-size without it."
+        )
     if older_than_days is not None and older_than_days < 0:
         raise GcError(f"--older-than must be >= 0 days, got {older_than_days}.")
     if max_size_gb is not None and max_size_gb < 0:
         raise GcError(f"--max-size must be >= 0 GB, got {max_size_gb}.")
 
 
-def _unfinished(e: VenvEntry, idle: float) -> tuple[bool, str]:
-    """(remove?, why) for a dead build or a broken marker."""
-    what = "unfinished build" if e.state == INCOMPLETE else f"broken marker: {e.note}"
+def _unfinished(e: VenvEntry, idle: float, min_age: float) -> tuple[bool, str]:
+    """(remove?, why) for a dead build, what is left of a venv, or a broken marker."""
+    if e.state == BROKEN:
+        what = f"broken marker: {e.note}"
+    else:
+        what = e.note or "unfinished build"
     if e.not_ours:
         return False, f"{what}; not ours, left alone: {e.not_ours}"
-    if idle < UNFINISHED_MIN_AGE:
+    if idle < min_age:
         return False, f"{what}, changed {inventory.format_age(idle)}: may still be in use"
     return True, what
 
@@ -92,15 +116,21 @@ def plan(
     now: float,
     older_than_days: float | None = None,
     max_size_bytes: int | None = None,
+    everything: bool = False,
+    blind_spot: str | None = None,
 ) -> tuple[list[Decision], list[Decision]]:
     """(to remove, to keep) for every entry. Dead builds of ours go once old; ready venvs go
     when unused for longer than `older_than_days`, then least recently used first while the dir
-    is over `max_size_bytes`; never one in use, being built, untrusted, another user's, or used
-    in the last minutes."""
+    is over `max_size_bytes`; never one in use, being built, untrusted, another user's (but for
+    root), or used in the last minutes. `everything` (`--all`): every ready venv, and dead
+    builds whatever their age. `blind_spot` (why this user cannot see every process that may
+    use a venv): what a worker may use is kept, since it may be in use."""
     remove: list[Decision] = []
     keep: list[Decision] = []
     candidates: list[VenvEntry] = []
     me = os.geteuid()
+    if everything:
+        older_than_days = 0.0
     for e in entries:
         idle = now - e.last_used
         if e.state == UNTRUSTED:
@@ -109,11 +139,11 @@ def plan(
             keep.append(Decision(e, f"in use by pid {', '.join(map(str, e.users))}"))
         elif e.state == BUILDING:
             keep.append(Decision(e, e.note or "being built"))
-        elif e.owner is not None and e.owner != me:
+        elif e.owner is not None and e.owner != me and me != 0:
             user = inventory.user_name(e.owner)
             keep.append(Decision(e, f"owned by {user}: run gc as that user"))
         elif e.state in (INCOMPLETE, BROKEN):
-            go, why = _unfinished(e, idle)
+            go, why = _unfinished(e, idle, 0.0 if everything else UNFINISHED_MIN_AGE)
             (remove if go else keep).append(Decision(e, why))
         elif idle < MIN_IDLE_SECONDS:
             keep.append(Decision(e, f"used {inventory.format_age(idle)}"))
@@ -135,42 +165,193 @@ def plan(
         candidates = [e for e in candidates if e.path in kept]
     for e in candidates:
         keep.append(Decision(e, f"used {inventory.format_age(now - e.last_used)}"))
+    if blind_spot is not None:
+        unsure = [d for d in remove if d.entry.may_have_users]
+        remove = [d for d in remove if not d.entry.may_have_users]
+        keep += [
+            Decision(
+                d.entry,
+                f"{d.reason}, but may be in use by processes this user cannot see "
+                f"({blind_spot}): {ASSUME_UNUSED_HINT}",
+            )
+            for d in unsure
+        ]
     return remove, keep
 
 
-def _mtime(path: Path) -> float | None:
+def _lstat(path: Path) -> os.stat_result | None:
     try:
-        return os.lstat(path).st_mtime
+        return os.lstat(path)
     except FileNotFoundError:
         return None
 
 
-def remove_venv(root: Path, entry: VenvEntry) -> str | None:
-    """Delete one venv (see the module docstring); None if removed, else why it was kept."""
-    lock = BuildLock(lock_path(root, entry.key))
+def _mtime(path: Path) -> float | None:
+    st = _lstat(path)
+    return None if st is None else st.st_mtime
+
+
+def _flags(path: Path) -> int:
+    """The chattr flags of a file or directory (0 where they cannot be read)."""
     try:
-        if not lock.try_acquire():
-            return "being built"
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        buf = bytearray(4)
+        fcntl.ioctl(fd, _FS_IOC_GETFLAGS, buf, True)
+        return int.from_bytes(buf, "little")
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+
+
+def _tree_blocker(tree: Path) -> str | None:
+    """What keeps a user who is not root from deleting `tree`: `trust.remove_tree` makes each
+    directory writable first, which needs its owner, and cannot clear chattr flags."""
+    me = os.geteuid()
+    stack = [tree]
+    while stack:
+        directory = stack.pop()
+        st = _lstat(directory)
+        if st is None:
+            continue
+        if st.st_uid != me:
+            return (
+                f"{directory} belongs to {inventory.user_name(st.st_uid)}, whose directories "
+                "only they or root may make writable to empty them: run gc as root"
+            )
+        if _flags(directory) & _IMMUTABLE_OR_APPEND:
+            return f"{directory} is immutable (chattr +i), which only root can undo: run gc as root"
+        try:
+            with os.scandir(directory) as it:
+                stack += [Path(e.path) for e in it if e.is_dir(follow_symlinks=False)]
+        except OSError as e:
+            return f"this user cannot read {directory}: {e.strerror}"
+    return None
+
+
+def removal_blocker(root: Path, path: Path, lock: Path | None = None) -> str | None:
+    """Why this user could not remove `path` (a venv, trash, or lock file) and the lock file
+    `lock` beside it, or None: what the removal needs, checked before anything is touched (in
+    a dry run too). Renaming and unlinking need write access to the venv dir, the entry's
+    ownership if the venv dir is sticky, and no chattr flag on the entry."""
+    me = os.geteuid()
+    try:
+        root_st = os.lstat(root)
+    except OSError as e:
+        return f"cannot check the venv dir: {e.strerror}"
+    if not os.access(root, os.W_OK | os.X_OK):
+        return f"this user may not rename or delete entries of the venv dir {root}"
+    sticky = root_st.st_mode & stat.S_ISVTX and me not in (0, root_st.st_uid)
+    for entry in (path, lock):
+        st = None if entry is None else _lstat(entry)
+        if entry is None or st is None:
+            continue
+        if sticky and st.st_uid != me:
+            return (
+                f"{entry.name} belongs to {inventory.user_name(st.st_uid)} and the venv dir is "
+                "sticky (only an entry's owner may remove it): run gc as that user or as root"
+            )
+        opens_safely = stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)  # no device, FIFO
+        if opens_safely and _flags(entry) & _IMMUTABLE_OR_APPEND:
+            return f"{entry.name} is immutable or append-only: clear it with `chattr -i -a {entry}`"
+    st = _lstat(path)
+    if me != 0 and st is not None and stat.S_ISDIR(st.st_mode):
+        return _tree_blocker(path)
+    return None
+
+
+def _take_lock(path: Path, create: bool) -> tuple[int | None, str | None]:
+    """(an fd holding an exclusive flock on the key's lock file, None) or (None, why not).
+    Without `create`, a missing lock file is (None, None).
+
+    Unlike `lockfile.BuildLock`, this writes nothing: in a trusted-group venv dir the lock's
+    mtime is part of the venv's last-use record, and a file that is not the plugin's lock is
+    neither truncated nor removed. A lock held shared is a ship sender packing the venv."""
+    mode = 0o660 if trust.trusted_gid() is not None else 0o600
+    try:
+        fd = trust.open_no_follow(path, os.O_RDONLY | (os.O_CREAT if create else 0), mode)
+    except FileNotFoundError:
+        return None, None
+    except trust.UntrustedPathError as e:
+        return None, f"its build lock is untrusted: {e}"
+    except OSError as e:
+        return None, f"this user cannot open its build lock {path.name}: {e.strerror}"
+    try:
+        why = _lock_open_file(path, fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if why is not None:
+        os.close(fd)
+        return None, why
+    return fd, None
+
+
+def _lock_open_file(path: Path, fd: int, mode: int) -> str | None:
+    """Check and flock the lock file open as `fd`; None once held, else why not."""
+    try:
+        st = trust.check_fd(path, fd, "the build lock")
+        if st.st_uid == os.geteuid():
+            os.fchmod(fd, mode)  # one we made: the trusted group must open it too
+        problem = inventory.lock_form_problem(fd)
+        if problem:
+            return f"{path.name} is not the plugin's build lock ({problem}): left alone"
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return "being built"
+            return "in use (being sent to another node)"
+        if not os.path.samestat(os.fstat(fd), os.lstat(path)):
+            return "its build lock was replaced during gc"
+    except FileNotFoundError:
+        return "its build lock was removed during gc"
+    except trust.UntrustedPathError as e:
+        return f"its build lock is untrusted: {e}"
     except OSError as e:
         return f"its build lock cannot be taken: {e}"
+    return None
+
+
+def remove_venv(root: Path, entry: VenvEntry) -> str | None:
+    """Delete one venv (see the module docstring); None if removed, else why it was kept."""
+    lock = lock_path(root, entry.key)
+    fd, why = _take_lock(lock, create=True)
+    if fd is None:
+        return why
     try:
-        return _remove_locked(root, entry)
+        # The lock's mtime as scanned; a lock file we just made has that of its making.
+        lock_mtime = entry.stamps[1] if entry.stamps[1] is not None else os.fstat(fd).st_mtime
+        return _remove_locked(root, entry, fd, lock_mtime)
     finally:
-        lock.release()
+        os.close(fd)
 
 
-def _remove_locked(root: Path, entry: VenvEntry) -> str | None:
+def _used_since_scan(entry: VenvEntry, venv: Path, lock: Path, lock_mtime: float) -> str | None:
+    marker = _mtime(venv / MARKER)
+    if entry.state == INCOMPLETE and marker is not None and entry.stamps[0] is None:
+        return "finished building during gc"
+    if marker != entry.stamps[0] or _mtime(lock) != lock_mtime:
+        return "used during gc"
+    return None
+
+
+def _remove_locked(root: Path, entry: VenvEntry, fd: int, lock_mtime: float) -> str | None:
+    lock = lock_path(root, entry.key)
     try:
         trust.check_dir(entry.path, "the venv")
     except FileNotFoundError:
         return "already gone"
     except trust.UntrustedPathError:
         return "changed into something untrusted during gc, left alone"
-    seen = _mtime(entry.path / MARKER)
-    if entry.meta is not None and seen != entry.last_used:
-        return "used during gc"
-    if entry.state == INCOMPLETE and seen is not None:
-        return "finished building during gc"
+    why = _used_since_scan(entry, entry.path, lock, lock_mtime)
+    if why:
+        return why
     real = os.path.realpath(entry.path)
     if real in inventory.venv_users():
         return "in use"
@@ -181,15 +362,34 @@ def _remove_locked(root: Path, entry: VenvEntry) -> str | None:
         return "already gone"
     except OSError as e:
         return f"cannot move it aside: {e}"
-    if _mtime(trash / MARKER) != seen or real in inventory.venv_users():
+    why = _used_since_scan(entry, trash, lock, lock_mtime)
+    if why or real in inventory.venv_users():
         os.rename(trash, entry.path)  # nobody can have rebuilt it: we hold its lock
-        return "used during gc"
+        return why or "in use"
     try:
         trust.remove_tree(trash)
     except OSError as e:  # the trash is garbage for the next gc, once this one is gone
         return f"removal failed: {e}"
-    lock_path(root, entry.key).unlink(missing_ok=True)
+    _unlink_held(lock, fd)
     return None
+
+
+def _unlink_held(lock: Path, fd: int) -> None:
+    """Unlink the lock file we hold by `fd`, if its name still refers to it."""
+    with contextlib.suppress(OSError):  # the venv is gone; a lock left is the next gc's garbage
+        if os.path.samestat(os.fstat(fd), os.lstat(lock)):
+            os.unlink(lock)
+
+
+def _garbage_blocker(root: Path, path: Path) -> str | None:
+    """Why this user could not remove a piece of garbage (`removal_blocker`; and a lock file
+    must be one it can take), or None."""
+    why = removal_blocker(root, path)
+    if why is None and path.suffix == ".lock":
+        fd, why = _take_lock(path, create=False)
+        if fd is not None:
+            os.close(fd)
+    return why
 
 
 def remove_garbage(root: Path, paths: Sequence[Path]) -> tuple[list[Path], list[Other]]:
@@ -201,32 +401,34 @@ def remove_garbage(root: Path, paths: Sequence[Path]) -> tuple[list[Path], list[
         if path not in again.garbage:
             kept.extend(again.leftovers + again.others)
             continue
+        why = removal_blocker(root, path)
         try:
-            if path.suffix == ".lock":
-                if not _remove_lock(path):
-                    kept.append(Other(path, "taken by a build"))
-                    continue
-            else:
+            if why is None and path.suffix == ".lock":
+                why = _remove_lock(path)
+            elif why is None:
                 trust.remove_tree(path)
         except OSError as e:
-            kept.append(Other(path, f"removal failed: {e}"))
-            continue
-        removed.append(path)
+            why = f"removal failed: {e}"
+        if why is None:
+            removed.append(path)
+        else:
+            kept.append(Other(path, why))
     return removed, kept
 
 
-def _remove_lock(path: Path) -> bool:
-    """Unlink an orphan lock file while holding it, so that no build can start on it."""
-    lock = BuildLock(path)
-    if not lock.try_acquire():
-        return False
+def _remove_lock(path: Path) -> str | None:
+    """Unlink an orphan lock file while holding it, so that no build can start on it; None if
+    removed, else why not."""
+    fd, why = _take_lock(path, create=False)
+    if fd is None:
+        return why or "already gone"
     try:
         if os.path.lexists(path.with_suffix("")):
-            return False  # a build made its venv meanwhile
-        path.unlink(missing_ok=True)
-        return True
+            return "a build made its venv meanwhile"
+        os.unlink(path)
+        return None
     finally:
-        lock.release()
+        os.close(fd)
 
 
 def collect(
@@ -235,34 +437,51 @@ def collect(
     max_size_gb: float | None = None,
     dry_run: bool = False,
     now: float | None = None,
+    everything: bool = False,
+    assume_unused: bool = False,
 ) -> GcReport:
     """Plan and (unless `dry_run`) remove; `freed_bytes` is what `du -s root` drops by.
+    `everything` is `ray-uv gc --all`; `assume_unused` is `--assume-unused` (`plan`).
 
     Raises `VenvDirError` for a venv dir it must not clean (`inventory.check_venv_dir`) and
     `UntrustedPathError` for one the plugin would not trust."""
-    check_limits(older_than_days, max_size_gb)
+    check_limits(older_than_days, max_size_gb, everything)
     report = GcReport(dry_run=dry_run)
     if not inventory.check_venv_dir(root, "gc"):
         return report
     now = time.time() if now is None else now
-    inv = inventory.scan(root)
+    procs = inventory.processes()
+    inv = inventory.scan(root, procs.users)
+    blind_spot = None if assume_unused else procs.blind_spot(root)
     locks = {e.path: lock_path(root, e.key) for e in inv.venvs}
     # What stays but is named like ours (e.g. a venv uv made without the plugin) may share
     # hardlinks with what goes; other things are not walked: they can be anything, and large.
     near = [o.path for o in inv.leftovers + inv.others if inventory.KEY_PREFIX.match(o.path.name)]
     usage = inventory.measure([*locks, *locks.values(), *inv.garbage, *near])
     max_bytes = None if max_size_gb is None else int(max_size_gb * 1024**3)
-    remove, keep = plan(inv.venvs, usage, now, older_than_days, max_bytes)
+    remove, keep = plan(inv.venvs, usage, now, older_than_days, max_bytes, everything, blind_spot)
     report.kept, report.leftovers, report.others = keep, inv.leftovers, inv.others
+    for decision in remove:
+        entry = decision.entry
+        why_kept = removal_blocker(root, entry.path, locks[entry.path])
+        if why_kept is None and dry_run:
+            fd, why_kept = _take_lock(locks[entry.path], create=False)
+            if fd is not None:
+                os.close(fd)
+        elif why_kept is None:
+            why_kept = remove_venv(root, entry)
+        if why_kept is None:
+            report.removed.append(decision)
+        else:
+            report.kept.append(Decision(entry, why_kept))
     if dry_run:
-        report.removed, report.garbage = remove, inv.garbage
-    else:
-        for decision in remove:
-            why_kept = remove_venv(root, decision.entry)
-            if why_kept is None:
-                report.removed.append(decision)
+        for path in inv.garbage:
+            why = _garbage_blocker(root, path)
+            if why is None:
+                report.garbage.append(path)
             else:
-                report.kept.append(Decision(decision.entry, why_kept))
+                report.leftovers.append(Other(path, why))
+    else:
         report.garbage, failed = remove_garbage(root, inv.garbage)
         report.leftovers += failed
     gone = [p for d in report.removed for p in (d.entry.path, locks[d.entry.path])]

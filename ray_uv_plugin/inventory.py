@@ -5,6 +5,16 @@ system and `/proc` alone, so it sees venvs of every Ray session on the host, and
 never follows a symlink, never creates a file, and never raises on an odd entry: the venv dir
 may have been set to a directory that holds other things, so each entry is classified as a
 venv of ours, a leftover of ours, or something that is not ours (which `gc` never touches).
+
+What proves that a key-named directory without a (valid) marker is ours, in a venv dir that
+the trust rules already make private to this user (or the trusted group): uv's `pyvenv.cfg`
+in it and the plugin's `<key>.lock` beside it, or, once those are gone (`rm -rf` by root
+deletes them and stops at the directories `trust.freeze` made immutable), the state that only
+`trust.freeze` leaves: a `lib/` and no directory below the top one with a write bit, all of
+one owner. Nothing else writes there, and nobody makes a whole tree read-only by accident.
+
+`processes` also says when this user cannot see every process that may run in a venv (see
+`Processes.blind_spot`): `gc` then keeps what may be in use instead of guessing.
 """
 
 from __future__ import annotations
@@ -14,7 +24,7 @@ import pwd
 import re
 import stat
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +43,10 @@ TRASH_PATTERN = re.compile(rf"^({KEY})\.gc-(\d+)$")
 # A venv being received from another node (`ship`) is unpacked into `<key>.ship-XXXX` under
 # the key's lock: a leftover of a receiver that died is garbage once nobody holds that lock.
 SHIP_PATTERN = re.compile(rf"^({KEY}){re.escape(SHIP_INFIX)}[A-Za-z0-9_]+$")
+# What `lockfile.BuildLock` writes into a lock it takes: `pid host`; a lock file may also be
+# empty (its maker died before writing). Anything else is somebody else's file.
+LOCK_CONTENT = re.compile(rb"\A(\d+ \S+\n)?\Z")
+MAX_LOCK_BYTES = 512
 # The plugin's `VENV_ENV`, set in every worker (not imported: importing the plugin imports Ray).
 VENV_ENV = b"RAY_UV_PLUGIN_VENV="
 OLD_VENV_ENV = b"VIRTUAL_ENV="  # what versions before it set
@@ -50,13 +64,22 @@ class VenvEntry:
     path: Path
     state: str
     meta: Mapping | None
-    # Marker mtime for a ready venv (the plugin touches it on every reuse); else when its dir
-    # or build lock last changed (the lock holder writes its pid when a build starts).
+    # Marker mtime for a ready venv (the plugin touches it on every reuse; in a trusted-group
+    # venv dir, the later of it and its lock's mtime: see `_last_use`); else when its dir or
+    # build lock last changed (the lock holder writes its pid when a build starts).
     last_used: float
     users: tuple[int, ...] = ()  # pids of live processes running in this venv
     note: str = ""  # what is wrong: why broken, untrusted, or why a build cannot be checked
     not_ours: str | None = None  # a broken one: why it is not provably the plugin's
     owner: int | None = None  # its uid
+    frozen: bool = False  # no marker, but frozen as only a finished build leaves a venv
+    # (marker mtime, lock mtime) as scanned: `gc` sees a use between its scan and its removal.
+    stamps: tuple[float | None, float | None] = (None, None)
+
+    @property
+    def may_have_users(self) -> bool:
+        """Whether a worker may have been handed this venv (a dead build never was)."""
+        return self.state in (READY, BROKEN) or self.frozen
 
     @property
     def project(self) -> str:
@@ -152,42 +175,108 @@ def _homes() -> set[Path]:
     return {Path(os.path.realpath(h)) for h in homes if h}
 
 
-def _proc_entries(proc: Path) -> Iterable[tuple[int, Path]]:
-    try:
-        names = os.listdir(proc)
-    except OSError:
-        return
-    for name in names:
+def _proc_entries(proc: Path) -> Iterator[tuple[int, Path]]:
+    for name in os.listdir(proc):
         if name.isdigit():
             yield int(name), proc / name
 
 
-def venv_users(proc: Path = Path("/proc")) -> dict[str, set[int]]:
-    """Real path of a venv -> pids of the live processes that run in it.
+@dataclass
+class Processes:
+    """The live processes of this host as this user sees them (`processes`)."""
+
+    users: dict[str, set[int]] = field(default_factory=dict)  # real venv path -> pids
+    # pid -> (file-system uid, gids) of each process whose environment this user may not read
+    unreadable: dict[int, tuple[int, frozenset[int]]] = field(default_factory=dict)
+    proc: Path | None = Path("/proc")  # None: it could not be listed
+
+    def blind_spot(self, root: Path) -> str | None:
+        """Why this user may not see every process that can run in a venv of `root`, or None.
+
+        Who can: in a private venv dir only its owner (the plugin of any other user, root's
+        included, refuses a dir it does not own); in a trusted-group one also root and every
+        process in the group. Other users' environments are readable by root alone, and
+        `/proc` mounted with `hidepid` hides their processes altogether. Root sees what can be
+        seen: what even root may not read (a sandbox's init with more capabilities) is no
+        worker of the plugin.
+        """
+        if self.proc is None:
+            return "/proc cannot be listed"
+        if os.geteuid() == 0:
+            return None
+        try:
+            owner = os.lstat(root).st_uid
+        except OSError:
+            return None
+        gid = trust.trusted_gid()
+        if gid is not None and not (self.proc / "1").exists():
+            return "other users' processes are hidden: /proc is mounted with hidepid"
+        hidden = [
+            uid
+            for uid, gids in self.unreadable.values()
+            if uid == owner or (gid is not None and (uid == 0 or gid in gids))
+        ]
+        if not hidden:
+            return None
+        names = ", ".join(sorted({user_name(uid) for uid in hidden}))
+        return f"{len(hidden)} process{'' if len(hidden) == 1 else 'es'} of {names}"
+
+
+def _credentials(pdir: Path) -> tuple[int, frozenset[int]] | None:
+    """(file-system uid, every gid) from `/proc/<pid>/status`, which any user may read."""
+    try:
+        fields = dict(
+            line.split(":", 1) for line in (pdir / "status").read_text().splitlines() if ":" in line
+        )
+        uid = int(fields["Uid"].split()[3])
+        gids = {int(fields["Gid"].split()[3]), *map(int, fields.get("Groups", "").split())}
+    except (OSError, KeyError, IndexError, ValueError):
+        return None
+    return uid, frozenset(gids)
+
+
+def processes(proc: Path = Path("/proc")) -> Processes:
+    """Which venvs live processes run in, and which processes this user cannot look into.
 
     A process runs in a venv if its environment says `RAY_UV_PLUGIN_VENV=<venv>` (the plugin
     sets it for every worker; Ray workers' argv[0] is `ray::Name`, so this is what counts),
-    `VIRTUAL_ENV=<venv>` (older versions set that), or its argv[0] is `<venv>/bin/python...`.
-    Processes we may not read are skipped: run `gc` as the user that runs Ray (or root).
+    `VIRTUAL_ENV=<venv>` (older versions set that), or its argv[0] is `<venv>/bin/python...`
+    (argv is readable for other users' processes too; the environment is not).
     """
-    users: dict[str, set[int]] = {}
-    for pid, pdir in _proc_entries(proc):
+    found = Processes(proc=proc)
+    try:
+        entries = list(_proc_entries(proc))
+    except OSError:
+        return Processes(proc=None)
+    for pid, pdir in entries:
         venvs: set[str] = set()
         try:
             for item in (pdir / "environ").read_bytes().split(b"\0"):
                 for prefix in (VENV_ENV, OLD_VENV_ENV):
                     if item.startswith(prefix):
                         venvs.add(os.fsdecode(item[len(prefix) :]))
+        except PermissionError:
+            creds = _credentials(pdir)
+            if creds is not None:
+                found.unreadable[pid] = creds
+        except OSError:
+            continue  # gone
+        try:
             argv0 = os.fsdecode((pdir / "cmdline").read_bytes().split(b"\0")[0])
         except OSError:
-            continue
+            argv0 = ""
         exe = Path(argv0)
         if exe.name.startswith("python") and exe.parent.name == "bin":
             venvs.add(str(exe.parent.parent))  # not resolved: bin/python links out of the venv
         for venv in venvs:
             if venv:
-                users.setdefault(os.path.realpath(venv), set()).add(pid)
-    return users
+                found.users.setdefault(os.path.realpath(venv), set()).add(pid)
+    return found
+
+
+def venv_users(proc: Path = Path("/proc")) -> dict[str, set[int]]:
+    """Real path of a venv -> pids of the live processes that run in it (`processes`)."""
+    return processes(proc).users
 
 
 def _lstat(path: Path) -> os.stat_result | None:
@@ -251,24 +340,108 @@ def _held(lock: Path) -> bool | None:
     return lockfile.is_held(lock)
 
 
-def _build_record(root: Path, key: str) -> tuple[str | None, float]:
-    """(why `<key>` is not provably the plugin's, or None; mtime of its lock file, or 0).
+def lock_form_problem(fd: int) -> str | None:
+    """Why the open file `fd`, named like a build lock, is no lock the plugin made, or None.
 
-    Proof is both uv's `pyvenv.cfg` in it and our `<key>.lock` beside it (the plugin creates
-    the lock before uv runs): a directory merely named like a key is somebody else's.
+    `BuildLock` writes `pid host` into a lock it takes; a lock the user keeps under that name
+    (or a hard link to one of its files) must not be truncated or removed as if it were ours.
+    """
+    st = os.fstat(fd)
+    if st.st_nlink != 1:
+        return f"it has {st.st_nlink} hard links"
+    if st.st_size > MAX_LOCK_BYTES:
+        return f"it holds {st.st_size} bytes"
+    if not LOCK_CONTENT.match(os.pread(fd, MAX_LOCK_BYTES + 1, 0)):
+        return "it holds something else than the `pid host` a build writes"
+    return None
+
+
+def _lock_form(lock: Path) -> tuple[bool, str | None]:
+    """(whether this user could read `lock`, and if so why it is no lock of the plugin's or
+    None). Opened only if it is a regular file: opening a FIFO would block."""
+    st = _lstat(lock)
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return True, None  # gone, or refused by the caller's own checks
+    try:
+        fd = trust.open_no_follow(lock)
+    except OSError:
+        return False, None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return True, "it is not a regular file"
+        return True, lock_form_problem(fd)
+    except OSError:
+        return False, None
+    finally:
+        os.close(fd)
+
+
+def _frozen(venv: Path) -> bool:
+    """Whether `venv` is as `trust.freeze` leaves a built venv (see the module docstring): a
+    `lib/`, and no directory below the top one with a write bit, all of one owner."""
+    try:
+        owner = os.lstat(venv).st_uid
+        lib = os.lstat(venv / "lib")
+    except OSError:
+        return False
+    if not stat.S_ISDIR(lib.st_mode):
+        return False
+    stack = [str(venv)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    if not entry.is_dir(follow_symlinks=False):
+                        continue
+                    st = entry.stat(follow_symlinks=False)
+                    if st.st_mode & 0o222 or st.st_uid != owner:
+                        return False
+                    stack.append(entry.path)
+        except OSError:
+            return False  # what we cannot read proves nothing
+    return True
+
+
+def _build_record(root: Path, key: str) -> tuple[str | None, float, bool]:
+    """(why `<key>` is not provably the plugin's, or None; mtime of its lock file, or 0;
+    whether it is frozen as a finished build).
+
+    Proof is uv's `pyvenv.cfg` in it and our `<key>.lock` beside it (the plugin creates the
+    lock before uv runs), or a tree frozen as only a finished build is (`_frozen`): a
+    directory merely named like a key is somebody else's.
     """
     lock = lock_path(root, key)
     st = _lstat(lock)
     if st is None:
-        return f"no build lock {lock.name} of the plugin beside it", 0.0
+        if _frozen(root / key):
+            return None, 0.0, True
+        return f"no build lock {lock.name} of the plugin beside it", 0.0, False
     if not stat.S_ISREG(st.st_mode):
-        return f"{lock.name} is {_kind(st)}", 0.0
+        return f"{lock.name} is {_kind(st)}", 0.0, False
     why = trust.why_untrusted(st, trust.trusted_gid())
     if why:
-        return f"{lock.name} is untrusted: {why}", 0.0
+        return f"{lock.name} is untrusted: {why}", 0.0, False
+    _readable, problem = _lock_form(lock)  # what this user cannot read, `_held` reports
+    if problem:
+        return f"{lock.name} is not the plugin's: {problem}", 0.0, False
+    if _frozen(root / key):
+        return None, st.st_mtime, True
     if not _made_by_uv(root / key):
-        return "it has no pyvenv.cfg written by uv", st.st_mtime
-    return None, st.st_mtime
+        return "it has no pyvenv.cfg written by uv", st.st_mtime, False
+    return None, st.st_mtime, False
+
+
+def _last_use(marker_mtime: float, lock: os.stat_result | None) -> float:
+    """A ready venv's last use. The plugin touches the marker on every reuse; a member of a
+    trusted group cannot touch another member's marker and touches the group-writable lock
+    file instead, so there the later of the two counts (a build's start, which also writes
+    the lock, is a use too)."""
+    gid = trust.trusted_gid()
+    if gid is None or lock is None or not stat.S_ISREG(lock.st_mode):
+        return marker_mtime
+    if trust.why_untrusted(lock, gid):
+        return marker_mtime
+    return max(marker_mtime, lock.st_mtime)
 
 
 def _venv(root: Path, key: str, users: Mapping[str, set[int]]) -> VenvEntry | Other | None:
@@ -283,13 +456,18 @@ def _venv(root: Path, key: str, users: Mapping[str, set[int]]) -> VenvEntry | Ot
     if why:
         note = f"{why} ({trust.describe(st)})"
         return VenvEntry(key, path, UNTRUSTED, None, st.st_mtime, pids, note, owner=st.st_uid)
+    lock_st = _lstat(lock_path(root, key))
     meta, problem, marker_mtime = _marker(path, key)
+    stamps = (marker_mtime, None if lock_st is None else lock_st.st_mtime)
     if meta is not None and marker_mtime is not None:
-        return VenvEntry(key, path, READY, meta, marker_mtime, pids, owner=st.st_uid)
-    not_ours, lock_mtime = _build_record(root, key)
+        last = _last_use(marker_mtime, lock_st)
+        return VenvEntry(key, path, READY, meta, last, pids, owner=st.st_uid, stamps=stamps)
+    not_ours, lock_mtime, frozen = _build_record(root, key)
     changed = max(st.st_mtime, lock_mtime)
     if problem is not None:
-        return VenvEntry(key, path, BROKEN, None, changed, pids, problem, not_ours, st.st_uid)
+        return VenvEntry(
+            key, path, BROKEN, None, changed, pids, problem, not_ours, st.st_uid, frozen, stamps
+        )
     held = _held(lock_path(root, key))
     if held is None:
         note = "its build lock cannot be checked: maybe being built"
@@ -300,7 +478,10 @@ def _venv(root: Path, key: str, users: Mapping[str, set[int]]) -> VenvEntry | Ot
         return _venv(root, key, users)
     if not_ours:
         return Other(path, f"named like a venv, no marker, and {not_ours}")
-    return VenvEntry(key, path, INCOMPLETE, None, changed, pids, owner=st.st_uid)
+    note = "a built venv without its marker (partly removed by hand?)" if frozen else ""
+    return VenvEntry(
+        key, path, INCOMPLETE, None, changed, pids, note, None, st.st_uid, frozen, stamps
+    )
 
 
 def _pid_alive(pid: int) -> bool:
@@ -333,15 +514,15 @@ def _trash(root: Path, name: str, inv: Inventory) -> None:
         inv.leftovers.append(Other(path, f"trash of gc pid {match.group(2)}, still running"))
     elif _held(lock_path(root, match.group(1))) is not False:
         inv.leftovers.append(Other(path, "its key's build lock is held"))
-    elif st.st_uid != os.geteuid():
+    elif st.st_uid != os.geteuid() and os.geteuid() != 0:
         inv.leftovers.append(Other(path, f"owned by {user_name(st.st_uid)}: run gc as that user"))
     else:
         inv.garbage.append(path)
 
 
 def _lock(root: Path, name: str, key: str, inv: Inventory) -> None:
-    """`<key>.lock` is garbage when it is a trusted regular file, its venv is gone and nobody
-    holds it; while its venv exists it is part of it."""
+    """`<key>.lock` is garbage when it is a trusted regular file of the plugin's form, its venv
+    is gone and nobody holds it; while its venv exists it is part of it."""
     path = root / name
     st = _lstat(path)
     if st is None:
@@ -350,10 +531,16 @@ def _lock(root: Path, name: str, key: str, inv: Inventory) -> None:
         inv.others.append(Other(path, f"named like a build lock but {_kind(st)}"))
     elif why := trust.why_untrusted(st, trust.trusted_gid()):
         inv.others.append(Other(path, f"untrusted: {why} ({trust.describe(st)})"))
-    elif os.path.lexists(root / key) or _held(path) is not False:
-        return  # its venv's, or a build that is about to make the venv
-    else:
-        inv.garbage.append(path)
+    elif not os.path.lexists(root / key):  # else it is part of its venv
+        readable, problem = _lock_form(path)
+        if not readable:
+            inv.leftovers.append(Other(path, "a build lock this user cannot read"))
+        elif problem:
+            inv.others.append(
+                Other(path, f"named like a build lock but not the plugin's: {problem}")
+            )
+        elif _held(path) is False:  # else a build is about to make the venv
+            inv.garbage.append(path)
 
 
 def scan(root: Path, users: Mapping[str, set[int]] | None = None) -> Inventory:

@@ -6,6 +6,7 @@ import json
 import os
 import pwd
 import random
+import re
 import shutil
 import stat
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 import packaging
 import pytest
 
-from ray_uv_plugin import gc, inventory, lockfile
+from ray_uv_plugin import gc, inventory, lockfile, trust
 from ray_uv_plugin.inventory import BUILDING, INCOMPLETE, READY, UNTRUSTED, VenvEntry
 from ray_uv_plugin.project import load_project
 from ray_uv_plugin.spec import parse_spec
@@ -117,6 +118,47 @@ def test_bad_limits_say_what_to_pass() -> None:
         gc.check_limits(-1, None)
     with pytest.raises(gc.GcError, match="--max-size must be >= 0"):
         gc.check_limits(None, -2)
+
+
+def test_plan_all_takes_every_unused_venv_and_dead_build_whatever_its_age() -> None:
+    """`--all`: ready venvs of any age and dead builds at once; never one in use, being built,
+    or used in the last minutes (a worker may be starting in it)."""
+    entries = [
+        entry("old", 400),
+        entry("recent", 0.5),
+        entry("justnow", 30 / DAY),
+        entry("inuse", 90, users=(7,)),
+        entry("building", 90, state=BUILDING),
+        entry("dead", 0, state=INCOMPLETE),  # an hour would otherwise be waited for
+    ]
+    remove, keep = gc.plan(entries, usage({}), NOW, everything=True)
+    assert keys(remove) == ["old", "recent", "dead"]
+    assert keys(keep) == ["justnow", "inuse", "building"]
+    with pytest.raises(gc.GcError, match="--all removes every venv of ours that nothing uses"):
+        gc.check_limits(14, None, everything=True)
+
+
+def test_plan_keeps_what_a_worker_may_use_where_this_user_cannot_see_every_process() -> None:
+    """A blind spot (another user's processes, no /proc): ready venvs and what is left of one
+    stay, with what to do; a dead build, which no worker was ever given, still goes."""
+    note = "a built venv without its marker"
+    remains = VenvEntry(
+        "remains", Path("/r"), INCOMPLETE, None, NOW - 9 * DAY, (), note, frozen=True
+    )
+    entries = [entry("old", 30), remains, entry("dead", 1, state=INCOMPLETE)]
+    remove, keep = gc.plan(
+        entries, usage({}), NOW, older_than_days=7, blind_spot="3 processes of root"
+    )
+    assert keys(remove) == ["dead"]
+    assert {d.entry.key: d.reason for d in keep} == {
+        "old": "unused for 30.0 days, but may be in use by processes this user cannot see (3 "
+        "processes of root): run gc as root, or pass --assume-unused",
+        "remains": "a built venv without its marker, but may be in use by processes this user "
+        "cannot see (3 processes of root): run gc as root, or pass --assume-unused",
+    }
+    no_proc = inventory.processes(Path("/nonexistent/proc"))
+    assert no_proc.blind_spot(Path("/")) == "/proc cannot be listed"
+    assert inventory.processes().blind_spot(Path("/")) is None  # root sees what can be seen
 
 
 def test_formats() -> None:
@@ -257,6 +299,93 @@ def test_a_build_that_ends_while_scanned_is_ready_not_dead(
 
     monkeypatch.setattr(lockfile, "is_held", build_ends)
     assert [(e.key, e.state) for e in inventory.scan(tmp_path, users={}).venvs] == [(key, READY)]
+
+
+def freeze_like_a_build(venv: Path) -> None:
+    """Directories below the top one read-only, as `trust.freeze` leaves them (without the
+    immutable flag, which `rm -rf` by root then stops at)."""
+    for dirpath, _dirnames, _filenames in os.walk(venv, topdown=False):
+        if dirpath != str(venv):
+            os.chmod(dirpath, 0o555)
+
+
+def test_a_frozen_tree_without_marker_or_lock_is_ours_and_anything_less_is_not(
+    tmp_path: Path,
+) -> None:
+    """What proves a key-named dir is ours once its marker, lock and pyvenv.cfg are gone: a
+    `lib/` and every directory below the top read-only, of one owner (`inventory`)."""
+    remains, writable, flat = "a" * 16, "b" * 16, "c" * 16
+    for key in (remains, writable):
+        (tmp_path / key / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+        (tmp_path / key / "bin").mkdir()
+        freeze_like_a_build(tmp_path / key)
+    (tmp_path / writable / "lib" / "python3.11").chmod(0o755)  # one writable dir is enough
+    (tmp_path / flat).mkdir()  # no lib/: nothing to tell it from somebody's data
+    (tmp_path / flat / "notes.txt").write_text("mine")
+    inv = inventory.scan(tmp_path, users={})
+    assert [(e.key, e.state, e.frozen, e.note) for e in inv.venvs] == [
+        (remains, INCOMPLETE, True, "a built venv without its marker (partly removed by hand?)")
+    ]
+    assert sorted(o.path.name for o in inv.others) == [writable, flat]
+    report = gc.collect(tmp_path, everything=True)
+    assert keys(report.removed) == [remains]
+    assert sorted(os.listdir(tmp_path)) == [writable, flat]
+
+
+def test_gc_keeps_a_venv_that_a_ship_sender_is_reading(tmp_path: Path) -> None:
+    """A ship sender holds the key's lock shared while it packs the venv: gc's exclusive try
+    fails, and it says why."""
+    venv = made_by_plugin(tmp_path, "a" * 16, {"project": "/p"}, hours=999)
+    code = (
+        "import fcntl, sys, time\n"
+        "f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_SH); print('held', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    sender = subprocess.Popen(
+        [sys.executable, "-c", code, str(lock_path(tmp_path, venv.name))],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert sender.stdout.readline().strip() == "held"
+        for dry_run in (True, False):
+            report = gc.collect(tmp_path, older_than_days=0, dry_run=dry_run)
+            assert report.removed == []
+            assert [d.reason for d in report.kept] == ["in use (being sent to another node)"]
+    finally:
+        sender.kill()
+        sender.wait()
+    assert venv.exists()
+
+
+def test_gc_leaves_lock_files_that_are_not_the_plugins_alone(tmp_path: Path) -> None:
+    """Named like a build lock, but somebody's file: other content, or a hard link of a file
+    elsewhere. gc neither removes nor truncates it, nor the venv beside it; a lock of the
+    plugin's form (`pid host`, or empty) whose venv is gone still goes."""
+    notes = tmp_path / "0123456789abcdef.lock"
+    notes.write_text("my notes, not a lock\n")
+    precious = tmp_path / "precious.txt"
+    precious.write_text("precious data\n")
+    venv = made_by_plugin(tmp_path, "a" * 16, {"project": "/p"}, hours=999)
+    lock_path(tmp_path, venv.name).unlink()
+    os.link(precious, lock_path(tmp_path, venv.name))
+    orphans = [lock_path(tmp_path, "b" * 16), lock_path(tmp_path, "c" * 16)]
+    orphans[0].write_text("4242 node-a\n")
+    orphans[1].touch()
+    for dry_run in (True, False):
+        report = gc.collect(tmp_path, older_than_days=0, dry_run=dry_run)
+        assert report.removed == [] and report.garbage == orphans
+        assert {o.path.name: o.why for o in report.others} == {
+            notes.name: "named like a build lock but not the plugin's: it holds something else "
+            "than the `pid host` a build writes",
+            "precious.txt": "not named like a venv (16 hex digits)",
+        }
+        assert [d.reason for d in report.kept] == [
+            f"{venv.name}.lock is not the plugin's build lock (it has 2 hard links): left alone"
+        ]
+    assert notes.read_text() == "my notes, not a lock\n"
+    assert precious.read_text() == "precious data\n" and venv.exists()
+    assert not any(p.exists() for p in orphans)
 
 
 def snapshot(*dirs: Path) -> dict[str, object]:
@@ -582,8 +711,9 @@ def test_gc_racing_the_plugin_never_breaks_a_request(project: Path, tmp_path: Pa
 
 
 def kill_build(venv: Path, hours: float = 0) -> None:
-    """Make a built venv look like a build killed before its marker, `hours` ago."""
-    venv.chmod(0o755)  # a built venv's top dir is read-only
+    """Make a built venv look like a build killed before its marker, `hours` ago: never
+    frozen, so its directories are writable."""
+    trust.thaw(venv)
     (venv / MARKER).unlink(missing_ok=True)
     t = time.time() - hours * 3600
     for path in (venv, lock_path(venv.parent, venv.name)):
@@ -615,6 +745,44 @@ def test_a_dead_build_goes_only_once_old_and_only_if_the_plugin_made_it(
     assert (orphan / "pyvenv.cfg").exists() and [o.path for o in report.others] == [orphan]
 
 
+RAY_UV = str(Path(sys.executable).parent / "ray-uv")  # what `uv run ray-uv` runs
+
+
+def test_gc_all_removes_what_rm_rf_by_root_leaves_of_a_venv(project: Path, tmp_path: Path) -> None:
+    """A venv built by root is immutable below its top dir: `rm -rf` by hand deletes its lock,
+    marker and top-level files and stops there. gc knows what is left as ours (frozen as only a
+    build leaves a tree) and `ray-uv gc --all` removes it, then nothing is left."""
+    if os.geteuid() != 0:
+        pytest.skip("only a venv built by root is made immutable")
+    root = tmp_path / "venvs"
+    venv = build(project, root, "six")
+    if not json.loads((venv / MARKER).read_text())["immutable"]:
+        pytest.skip("this file system has no immutable flag")
+    by_hand = subprocess.run(["rm", "-rf", str(venv), str(lock_path(root, venv.name))])
+    assert by_hand.returncode != 0 and venv.exists()
+    assert not (venv / MARKER).exists() and not lock_path(root, venv.name).exists()
+    report = gc.collect(root)  # without --all, as any dead build: after an hour
+    assert report.removed == [] and report.others == []
+    assert [d.reason for d in report.kept] == [
+        "a built venv without its marker (partly removed by hand?), changed 0s ago: may still "
+        "be in use"
+    ]
+    env = {**os.environ, "RAY_UV_PLUGIN_VENV_DIR": str(root)}
+    dry = subprocess.run(
+        [RAY_UV, "gc", "--all", "--dry-run"], env=env, capture_output=True, text=True
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.startswith(
+        f"Would remove {venv.name}: a built venv without its marker (partly removed by hand?)\n"
+    )
+    out = subprocess.run([RAY_UV, "gc", "--all"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(
+        f"Removed {venv.name}: a built venv without its marker (partly removed by hand?)\n"
+    )
+    assert os.listdir(root) == []
+
+
 # --- a second Unix user ----------------------------------------------------------------------
 
 
@@ -639,9 +807,11 @@ def user_dir() -> Iterator[Path]:
 CLI = "import sys; from ray_uv_plugin.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def as_user(user: tuple[str, int, int], base: Path, env: dict[str, str], *args: str):
-    """`ray-uv args` run as `user` (conftest's `other_user`), with a Python it can run (root's
-    may be under /root, which only root may enter)."""
+def as_user(
+    user: tuple[str, int, int], base: Path, env: dict[str, str], *args: str, code: str = CLI
+):
+    """`ray-uv args` (or Python `code` with `args`) run as `user` (conftest's `other_user`), with
+    a Python it can run (root's may be under /root, which only root may enter)."""
     if not shutil.which("runuser"):
         pytest.skip("needs runuser to run a command as another user")
     for python in (os.path.realpath(sys.executable), "/usr/bin/python3"):
@@ -653,7 +823,7 @@ def as_user(user: tuple[str, int, int], base: Path, env: dict[str, str], *args: 
         probe = "import sys; assert sys.version_info >= (3, 11)"
         if subprocess.run([*command, probe], cwd=base, capture_output=True).returncode == 0:
             return subprocess.run(
-                [*command, CLI, *args], cwd=base, capture_output=True, text=True, timeout=120
+                [*command, code, *args], cwd=base, capture_output=True, text=True, timeout=120
             )
     pytest.skip(f"no Python >= 3.11 that {user[0]} may run")
 
@@ -739,3 +909,140 @@ def test_a_user_removes_its_own_read_only_venvs(other_user, user_dir: Path) -> N
     assert f"Removed {venv.name} (/p): unused for" in out.stdout
     assert f"Removed leftover {trash.name}" in out.stdout
     assert os.listdir(root) == []
+
+
+def shared_venv_dir(base: Path, gid: int, mode: int = 0o2770) -> Path:
+    """A venv dir of root shared with the trusted group `gid`, as `trust.make_root` makes one
+    (`mode` 0o3770: sticky as well, so that members may remove only their own entries)."""
+    root = base / "shared"
+    root.mkdir()
+    os.chown(root, 0, gid)
+    root.chmod(mode)
+    return root
+
+
+def member_venv(root: Path, key: str, owner: tuple[int, int], days_idle: float) -> Path:
+    """A ready venv as `trust.freeze` and `write_marker` leave it for the plugin's checks (a
+    site-packages dir, a bin/python), group-readable, marker and lock unused for `days_idle`."""
+    venv = made_by_plugin(root, key, {"project": "/p", "site_packages": "lib/site-packages"})
+    (venv / "lib" / "site-packages").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to("/bin/sh")
+    chown_tree(venv, *owner)
+    os.chown(lock_path(root, key), *owner)
+    lock_path(root, key).chmod(0o660)
+    t = time.time() - days_idle * DAY
+    for path in (venv / MARKER, lock_path(root, key)):
+        os.utime(path, (t, t))
+    return venv
+
+
+def test_a_members_reuse_of_roots_venv_is_a_use_that_gc_sees(
+    other_user, user_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a trusted-group venv dir a member may not touch root's marker; its reuse refreshes
+    the group-writable lock file instead, and gc counts the later of the two."""
+    gid = other_user[2]
+    root = shared_venv_dir(user_dir, gid)
+    venv = member_venv(root, "a" * 16, (0, gid), days_idle=30)
+    env = {"RAY_UV_PLUGIN_VENV_DIR": str(root), "RAY_UV_PLUGIN_TRUSTED_GROUP": str(gid)}
+    reuse = (
+        "import sys; from pathlib import Path; from ray_uv_plugin.venv_cache import check_ready\n"
+        "print(check_ready(Path(sys.argv[1]), sys.argv[2]))"
+    )
+    out = as_user(other_user, user_dir, env, str(root), venv.name, code=reuse)
+    assert out.stdout == "None\n", out.stderr  # ready, and used
+    assert time.time() - os.lstat(venv / MARKER).st_mtime > 29 * DAY  # root's: not touched
+    monkeypatch.setenv("RAY_UV_PLUGIN_TRUSTED_GROUP", str(gid))
+    (ready,) = inventory.scan(root, users={}).venvs
+    assert time.time() - ready.last_used < 60
+    report = gc.collect(root, older_than_days=1)
+    assert report.removed == [] and venv.exists()
+    assert [d.reason for d in report.kept] == [
+        f"used {inventory.format_age(time.time() - ready.last_used)}"
+    ]
+
+
+def test_a_member_keeps_a_venv_that_a_process_of_root_runs_in(
+    other_user, user_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member cannot read root's /proc entries: its gc keeps a venv that a worker may use,
+    says why and what to do, and removes it only when told `--assume-unused`."""
+    gid = other_user[2]
+    root = shared_venv_dir(user_dir, gid)
+    venv = member_venv(root, "a" * 16, other_user[1:], days_idle=30)
+    worker = subprocess.Popen(["sleep", "120"], env={**os.environ, "RAY_UV_PLUGIN_VENV": str(venv)})
+    env = {"RAY_UV_PLUGIN_VENV_DIR": str(root), "RAY_UV_PLUGIN_TRUSTED_GROUP": str(gid)}
+    try:
+        for dry_run in ([], ["--dry-run"]):
+            out = as_user(other_user, user_dir, env, "gc", "--older-than", "0", *dry_run)
+            assert out.returncode == 0, out.stderr
+            assert re.search(
+                rf"^Kept {venv.name} \(/p\): unused for 30.0 days, but may be in use by "
+                r"processes this user cannot see \(\d+ process(es)? of root\): run gc as root, "
+                r"or pass --assume-unused$",
+                out.stdout,
+                re.MULTILINE,
+            ), out.stdout
+        assert venv.exists()
+        monkeypatch.setenv("RAY_UV_PLUGIN_TRUSTED_GROUP", str(gid))
+        as_root = gc.collect(root, older_than_days=0, dry_run=True)  # root sees it
+        assert [d.reason for d in as_root.kept] == [f"in use by pid {worker.pid}"]
+    finally:
+        worker.kill()
+        worker.wait()
+    # Root, who sees every process, may remove a member's venv (the advice above).
+    assert keys(gc.collect(root, older_than_days=0, dry_run=True).removed) == [venv.name]
+    out = as_user(other_user, user_dir, env, "gc", "--older-than", "0", "--assume-unused")
+    assert f"Removed {venv.name} (/p): unused for 30.0 days" in out.stdout, out.stdout + out.stderr
+    assert not venv.exists()
+
+
+def test_a_dry_run_promises_only_what_the_real_run_does(other_user, user_dir: Path) -> None:
+    """A member's gc in a sticky trusted-group venv dir: root's lock files may not be removed
+    by the member, nor an immutable tree by anyone but root. The dry run says so, as the real
+    run then does, and the real run removes exactly what the dry run promised."""
+    uid, gid = other_user[1:]
+    root = shared_venv_dir(user_dir, gid, mode=0o3770)
+    roots_lock = member_venv(root, "a" * 16, (uid, gid), days_idle=30)
+    os.chown(lock_path(root, roots_lock.name), 0, gid)
+    immutable = member_venv(root, "b" * 16, (uid, gid), days_idle=30)
+    mine = member_venv(root, "c" * 16, (uid, gid), days_idle=30)
+    orphans = {lock_path(root, "d" * 16): (0, gid), lock_path(root, "e" * 16): (uid, gid)}
+    for orphan, owner in orphans.items():
+        orphan.write_text("4242 node-a\n")
+        os.chown(orphan, *owner)
+        orphan.chmod(0o660)
+    if subprocess.run(["chattr", "+i", str(immutable / "lib")], capture_output=True).returncode:
+        pytest.skip("this file system has no immutable flag")
+    env = {"RAY_UV_PLUGIN_VENV_DIR": str(root), "RAY_UV_PLUGIN_TRUSTED_GROUP": str(gid)}
+    args = ["gc", "--older-than", "0", "--assume-unused"]
+    try:
+        dry = as_user(other_user, user_dir, env, *args, "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        real = as_user(other_user, user_dir, env, *args)
+        assert real.returncode == 0, real.stderr
+    finally:
+        subprocess.run(["chattr", "-i", str(immutable / "lib")], check=True)
+    promised = dry.stdout.replace("Would remove ", "Removed ").replace("Would free ", "Freed ")
+    assert real.stdout == promised
+    sticky = (
+        "and the venv dir is sticky (only an entry's owner may remove it): run gc as that "
+        "user or as root"
+    )
+    assert real.stdout.splitlines()[:5] == [
+        f"Removed {mine.name} (/p): unused for 30.0 days",
+        f"Kept {roots_lock.name} (/p): {roots_lock.name}.lock belongs to root {sticky}",
+        f"Kept {immutable.name} (/p): {immutable / 'lib'} is immutable (chattr +i), which only "
+        "root can undo: run gc as root",
+        f"Removed leftover {'e' * 16}.lock",
+        f"Kept leftover {'d' * 16}.lock: {'d' * 16}.lock belongs to root {sticky}",
+    ]
+    assert sorted(os.listdir(root)) == sorted(
+        [
+            roots_lock.name,
+            f"{roots_lock.name}.lock",
+            immutable.name,
+            f"{immutable.name}.lock",
+            f"{'d' * 16}.lock",
+        ]
+    )
