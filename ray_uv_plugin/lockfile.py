@@ -12,6 +12,7 @@ import asyncio
 import errno
 import fcntl
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -21,6 +22,13 @@ from ray_uv_plugin import trust
 
 class LockTimeout(TimeoutError):
     """Waited too long for another build of the same key; says for whom."""
+
+
+class DiskFullError(OSError):
+    """The venv dir's disk has no room for a lock file; says where and what to do."""
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 class BuildLock:
@@ -33,10 +41,11 @@ class BuildLock:
         return self._fd is not None
 
     def try_acquire(self) -> bool:
-        """Take the lock if nobody holds it; never blocks."""
+        """Take the lock if nobody holds it; never blocks. A disk too full to record the
+        holder raises `DiskFullError`, leaving no lock file of ours behind."""
         assert self._fd is None, "already held"
         mode = 0o660 if trust.trusted_gid() is not None else 0o600
-        fd = trust.open_no_follow(self.path, os.O_RDWR | os.O_CREAT, mode)
+        fd, created = self._open(mode)
         try:
             if trust.check_fd(self.path, fd, "the build lock").st_uid == os.geteuid():
                 os.fchmod(fd, mode)  # whatever the umask: the trusted group must open it too
@@ -54,13 +63,53 @@ class BuildLock:
             if current is None or (current.st_ino, current.st_dev) != (mine.st_ino, mine.st_dev):
                 os.close(fd)
                 return self.try_acquire()
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+            self._record_holder(fd, created)
         except BaseException:
             os.close(fd)
             raise
         self._fd = fd
         return True
+
+    def _open(self, mode: int) -> tuple[int, bool]:
+        """The lock file, opened for writing, and whether this call created it."""
+        while True:  # each turn means another process created or removed it meanwhile
+            try:
+                flags = os.O_RDWR | os.O_CREAT | os.O_EXCL
+                return trust.open_no_follow(self.path, flags, mode), True
+            except FileExistsError:
+                pass
+            except OSError as e:
+                if e.errno in _NO_SPACE:  # no room for even an empty file
+                    raise DiskFullError(self._disk_full()) from e
+                raise
+            try:
+                return trust.open_no_follow(self.path, os.O_RDWR), False
+            except FileNotFoundError:
+                continue
+
+    def _record_holder(self, fd: int, created: bool) -> None:
+        """`pid host` over the last holder's record (its blocks are reused: a full disk
+        still takes it), then cut to length. A new file that gets no block is removed."""
+        record = f"{os.getpid()} {socket.gethostname()}\n".encode()
+        try:
+            os.pwrite(fd, record, 0)
+            os.ftruncate(fd, len(record))
+        except OSError as e:
+            if e.errno not in _NO_SPACE:
+                raise
+            if created:  # we hold it and it is our inode (checked): nobody else uses it
+                os.unlink(self.path)
+            raise DiskFullError(self._disk_full()) from e
+
+    def _disk_full(self) -> str:
+        root = self.path.parent
+        free = shutil.disk_usage(root).free
+        return (
+            f"uv_project: the disk of the venv dir {root} is full ({free / 1024**2:.0f} MiB "
+            f"free; or your disk quota is used up): no room for the build lock {self.path.name}. "
+            "Free space (`ray-uv gc --max-size ...`), or set RAY_UV_PLUGIN_VENV_DIR to a "
+            "larger disk. Nothing was built or kept."
+        )
 
     def release(self) -> None:
         if self._fd is not None:
@@ -127,3 +176,22 @@ def is_held(path: Path) -> bool | None:
     finally:
         os.close(fd)
     return False
+
+
+def hold_shared(path: Path) -> int:
+    """Hold the build lock at `path` shared, for as long as the returned fd is open: builds and
+    `gc`, which take it exclusively without waiting, then leave the key's venv alone (a sender
+    reads it meanwhile). Raises BlockingIOError while one of them holds it, FileNotFoundError
+    if there is no lock file or `gc` unlinked it (the venv is going), and trust's errors."""
+    fd = trust.open_no_follow(path)
+    try:
+        trust.check_fd(path, fd, "the build lock")
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        mine = os.fstat(fd)
+        current = os.lstat(path)
+        if (current.st_ino, current.st_dev) != (mine.st_ino, mine.st_dev):
+            raise FileNotFoundError(errno.ENOENT, "replaced while we took it", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

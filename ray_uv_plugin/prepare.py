@@ -8,8 +8,10 @@ which we tell a build from a reuse.
 With shipping (the default; `ship=False`, `--no-ship` or `RAY_UV_PLUGIN_SHIP=0` turn it off),
 the probe runs on one node first; its venv is then sent to the other nodes through Ray's
 object store (`ship`), and the probes that follow on those nodes find it ready. A node that
-cannot take it (another interpreter, platform, uv or Ray) or whose receive failed is built by
-its probe as without shipping, and its result says why it was not shipped.
+cannot take it (another interpreter, platform, uv or Ray; other hardware, for a venv holding
+wheels built on the first node) or whose receive failed or stalled is built by its probe as
+without shipping, and its result says why it was not shipped. A stalled node costs the others
+nothing: `ship` gives up on it alone, so their probes keep their time.
 """
 
 from __future__ import annotations

@@ -1,25 +1,39 @@
 """Shipping a ready venv from the node that has it to other nodes, through Ray's object store.
 
 The driver starts a `VenvSender` actor on the source node and a `VenvReceiver` on each target
-node (both on the node's own Python, which has this package since its raylet loads the plugin).
-It pulls the venv's chunks (`venv_archive`) from the sender one at a time and hands each chunk's
-object ref to every receiver still taking it; Ray moves the bytes, and a receiver may pull a
-chunk from any node that already holds a copy. At most `WINDOW` chunks are in flight, so the
-object store holds a few chunks per node, never the venv.
+node, both on the node's own Ray Python (never the driver's interpreter, nor a job's
+`py_executable`: see `ship`). It pulls the venv's chunks (`venv_archive`) from the sender one
+at a time and hands each chunk's object ref to every receiver still taking it; Ray moves the
+bytes, and a receiver may pull a chunk from any node that already holds a copy. At most
+`WINDOW` chunks are in flight, so the object store holds a few chunks per node, never the venv.
 
-A receiver takes a venv only where the node's own plugin would use it: the same Ray, Python
-interpreter, platform and uv version, and no ready venv of the key there yet. It holds the
-key's build lock while it receives, so the node's plugin waits for it rather than building the
-same venv, and a receiver that dies (the node, the driver, a SIGKILL) leaves only a
-`<key>.ship-XXXX` dir that is never used and is removed by the next receive or build of the key.
+What is checked, and what may go where:
+- The sender holds the key's build lock shared for its whole life, so that neither `gc` nor a
+  rebuild touches the venv while it is read; the stream itself is checked chunk by chunk and
+  whole (`venv_archive`), and a venv changed under the sender fails the receive.
+- A receiver takes a venv only where the node's own plugin would use it: the same Ray, Python
+  interpreter, platform, uv version and uv settings, and no ready venv of the key there yet.
+- A venv holding wheels that uv built on the source node for its platform (`build_target`)
+  goes only to nodes with the same build target: CPU instruction set, GPUs (unless
+  TORCH_CUDA_ARCH_LIST is set), CUDA driver and toolkit. Other nodes build it themselves.
+- Each receiver is judged on its own: one that does not acknowledge a chunk (or answer its
+  offer, or install) within `stall_timeout` of its last answer is failed and killed, and the
+  others go on.
+- A receiver holds the key's build lock while it receives, so the node's plugin waits for it
+  rather than building the same venv. It gives up by itself (a watchdog thread: the driver may
+  be stalled or gone) once it has held the lock for RAY_UV_PLUGIN_BUILD_TIMEOUT_S, as long as
+  a build may hold it, well within what a waiting request waits (that plus
+  `venv_cache.LOCK_MARGIN`). A receiver that dies (the node, the driver, a SIGKILL) leaves
+  only a `<key>.ship-XXXX` dir that is never used and is removed by the next receive or build
+  of the key.
 """
 
 from __future__ import annotations
 
 import os
 import platform
-import sys
 import sysconfig
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -30,11 +44,14 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_uv_plugin import trust, venv_archive
-from ray_uv_plugin.lockfile import BuildLock
+from ray_uv_plugin.build_target import build_target, local_builds, target_differs
+from ray_uv_plugin.lockfile import BuildLock, hold_shared
 from ray_uv_plugin.request import interpreter_tag
 from ray_uv_plugin.uv import uv_version
 from ray_uv_plugin.uv_env import keyed_settings, sync_environment
 from ray_uv_plugin.venv_cache import (
+    BUILD_TIMEOUT_ENV,
+    build_timeout,
     check_ready,
     install_received,
     lock_path,
@@ -44,6 +61,13 @@ from ray_uv_plugin.venv_cache import (
 
 SHIP_ENV = "RAY_UV_PLUGIN_SHIP"  # "0" on the driver: `prepare` and worker groups never ship
 WINDOW = 4  # chunks in flight to each receiver
+STALL_TIMEOUT = 300.0  # a node that does not answer for this long is given up on, alone
+ACTOR_START = 60.0  # besides, for an actor's first answer: its worker process starts first
+WATCH_INTERVAL = 1.0  # how often a receiver checks how long it has held the lock
+# The actors' runtime_env where the job sets a `py_executable`: an empty one overrides the job's,
+# and Ray's worker setup then starts the node's own Python (`RuntimeEnvContext` falls back to
+# the interpreter of the raylet's setup_worker for an empty py_executable).
+NODE_PYTHON: dict[str, Any] = {"py_executable": ""}
 
 
 class ShipError(RuntimeError):
@@ -66,14 +90,31 @@ def _where() -> str:
     return f"{ray.util.get_node_ip_address()} ({context.get_node_id()[:8]})"
 
 
+def _keyed_env(marker: dict[str, Any]) -> dict[str, str]:
+    """The uv settings the venv was built with (its key's), over this process's environment:
+    the environment its build saw, as far as the build target goes."""
+    inputs = marker.get("inputs") or {}
+    return {**os.environ, **{name: value for name, value in inputs.get("env") or []}}
+
+
 @ray.remote(num_cpus=0, max_restarts=0)
 class VenvSender:
-    """On the node that has the ready venv `key`: its description, then its chunks in order."""
+    """On the node that has the ready venv `key`: its description, then its chunks in order.
+
+    It holds the key's build lock shared from start to end (the kernel drops it when the actor
+    dies): `gc` skips the venv and no build replaces it while it is read."""
 
     def __init__(self, key: str, chunk_bytes: int) -> None:
         self.key = key
         root = venv_root()
         trust.check_root(root)
+        try:
+            self._lock_fd = hold_shared(lock_path(root, key))
+        except (BlockingIOError, FileNotFoundError) as e:
+            raise ShipError(
+                f"{_where()}: the venv {key} to send is being built or removed here, or has no "
+                f"build lock ({e}): try again once `ray-uv list` shows it ready"
+            ) from e
         why = check_ready(root, key)
         if why is not None:
             raise ShipError(f"{_where()}: the venv {key} to send is not ready: {why}")
@@ -83,6 +124,7 @@ class VenvSender:
 
     def describe(self) -> dict[str, Any]:
         size, on_disk = venv_archive.disk_usage(self.venv)
+        built_here = local_builds(self.venv)
         return {
             "key": self.key,
             "venv": str(self.venv),
@@ -92,6 +134,8 @@ class VenvSender:
             "size": size,
             "du": on_disk,
             "pid": os.getpid(),
+            "built_here": built_here,  # {distribution: wheel tag}, built on this node by uv
+            "target": build_target(_keyed_env(self.marker or {})) if built_here else None,
         }
 
     @ray.method(num_returns=2)
@@ -110,7 +154,10 @@ class VenvSender:
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class VenvReceiver:
-    """On a target node: decides whether to take the venv, then unpacks and installs it."""
+    """On a target node: decides whether to take the venv, then unpacks and installs it.
+
+    Its methods run one at a time on the actor's thread; a watchdog thread gives the lock up
+    once it has been held as long as a build may hold it. `_guard` keeps the two apart."""
 
     def __init__(self) -> None:
         self.root = venv_root()
@@ -118,6 +165,8 @@ class VenvReceiver:
         self.unpacker: venv_archive.Unpacker | None = None
         self.source: dict[str, Any] = {}
         self.start = time.monotonic()
+        self.gave_up: str | None = None
+        self._guard = threading.RLock()
 
     def _fail(self, step: str, e: BaseException) -> ShipError:
         self.abort()
@@ -127,29 +176,34 @@ class VenvReceiver:
         """`take` (the lock is then held), `reused`, or `refused` with why. `settings`: the
         request's env_vars and whether it resolves, for the uv settings this node keys."""
         try:
-            return self._offer(source, settings)
+            with self._guard:
+                return self._offer(source, settings)
         except Exception as e:
             raise self._fail("checking the offer", e) from e
 
-    def _offer(self, source: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-        key, marker = source["key"], source["marker"]
+    def _refusal(self, source: dict[str, Any], env: dict[str, str], resolves: bool) -> str | None:
+        """Why this node's plugin would not use the source's venv; None if it would."""
+        marker = source["marker"]
         inputs = marker.get("inputs") or {}
+        uv_settings = [list(item) for item in keyed_settings(env, resolves)]
+        for what, theirs, mine in (
+            ("Ray", marker.get("ray"), ray.__version__),
+            ("Python interpreter", inputs.get("interpreter"), interpreter_tag()),
+            ("platform", source["platform"], platform_tag()),
+            ("uv", inputs.get("uv"), uv_version()),
+            ("set of uv settings", inputs.get("env"), uv_settings),
+        ):
+            if theirs != mine:
+                return f"another {what} here ({mine}; the venv's: {theirs})"
+        if source.get("built_here"):
+            return target_differs(source["target"], build_target(env), source["built_here"])
+        return None
+
+    def _offer(self, source: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+        key = source["key"]
         env = sync_environment(settings["env_vars"])
-        uv_settings = [list(item) for item in keyed_settings(env, settings["resolves"])]
-        differs = [
-            (what, theirs, mine)
-            for what, theirs, mine in (
-                ("Ray", marker.get("ray"), ray.__version__),
-                ("Python interpreter", inputs.get("interpreter"), interpreter_tag()),
-                ("platform", source["platform"], platform_tag()),
-                ("uv", inputs.get("uv"), uv_version()),
-                ("set of uv settings", inputs.get("env"), uv_settings),
-            )
-            if theirs != mine
-        ]
-        if differs:
-            what, theirs, mine = differs[0]
-            why = f"another {what} here ({mine}; the venv's: {theirs})"
+        why = self._refusal(source, env, settings["resolves"])
+        if why is not None:
             return {"decision": "refused", "why": why}
         trust.make_root(self.root)
         if check_ready(self.root, key) is None:
@@ -163,46 +217,75 @@ class VenvReceiver:
             self.abort()
             return {"decision": "reused"}
         venv_archive.remove_leftovers(self.root, key)
-        self.unpacker = venv_archive.Unpacker(self.root, key, source["host"])
+        self.unpacker = venv_archive.Unpacker(
+            self.root, key, source["host"], sender_venv=source["venv"]
+        )
         self.start = time.monotonic()
+        limit = build_timeout()
+        threading.Thread(
+            target=self._watch, args=(limit,), name="ship watchdog", daemon=True
+        ).start()
         return {"decision": "take"}
 
-    def add(self, index: int, sha256: str, data: bytes) -> None:
+    def _watch(self, limit: float) -> None:
+        """Give the lock up once it has been held `limit` seconds: waiting requests wait that
+        plus LOCK_MARGIN, then fail, and a driver that stalled may never call `abort`."""
+        taken = self.start
+        while self.lock is not None and time.monotonic() - taken < limit:
+            time.sleep(WATCH_INTERVAL)
+        with self._guard:
+            if self.lock is None:  # installed or failed meanwhile
+                return
+            self.gave_up = (
+                f"gave up after holding the build lock for {limit:.0f}s "
+                f"({BUILD_TIMEOUT_ENV}, as long as a build may hold it): the receive is too "
+                "slow, or the driver stalled"
+            )
+            self.abort()
+
+    def _receiving(self, step: str) -> venv_archive.Unpacker:
         if self.unpacker is None:
-            raise ShipError(f"node {_where()}: chunk {index}: not receiving (failed before)")
-        try:
-            self.unpacker.add(index, sha256, data)
-        except Exception as e:
-            raise self._fail(f"receiving chunk {index}", e) from e
+            why = self.gave_up or "not receiving (failed before)"
+            raise ShipError(f"node {_where()}: {step}: {why}")
+        return self.unpacker
+
+    def add(self, index: int, sha256: str, data: bytes) -> None:
+        with self._guard:
+            unpacker = self._receiving(f"chunk {index}")
+            try:
+                unpacker.add(index, sha256, data)
+            except Exception as e:
+                raise self._fail(f"receiving chunk {index}", e) from e
 
     def finish(self, chunks: int, total: int, whole_sha256: str) -> dict[str, Any]:
-        if self.unpacker is None:
-            raise ShipError(f"node {_where()}: finishing: not receiving (failed before)")
-        try:
-            tree = self.unpacker.finish(chunks, total, whole_sha256)
-            meta = {
-                **self.source["marker"],
-                "venv": self.source["venv"],
-                "shipped_from": self.source["host"],
-                "received_at": time.time(),
-            }
-            install_received(self.root, self.source["key"], tree, meta)
-        except Exception as e:
-            raise self._fail("installing the received venv", e) from e
-        self.unpacker = None
-        seconds = time.monotonic() - self.start
-        self.abort()  # releases the lock; nothing is left to remove
-        return {"bytes": total, "seconds": seconds}
+        with self._guard:
+            unpacker = self._receiving("finishing")
+            try:
+                tree = unpacker.finish(chunks, total, whole_sha256)
+                meta = {
+                    **self.source["marker"],
+                    "venv": self.source["venv"],
+                    "shipped_from": self.source["host"],
+                    "received_at": time.time(),
+                }
+                install_received(self.root, self.source["key"], tree, meta)
+            except Exception as e:
+                raise self._fail("installing the received venv", e) from e
+            self.unpacker = None
+            seconds = time.monotonic() - self.start
+            self.abort()  # releases the lock; nothing is left to remove
+            return {"bytes": total, "seconds": seconds}
 
     def abort(self) -> None:
         """Remove what this receive made and release the lock. (A receiver that dies cannot:
         the kernel releases its lock, and the next receive or build removes its tree.)"""
-        if self.unpacker is not None:
-            unpacker, self.unpacker = self.unpacker, None
-            unpacker.abort()
-        if self.lock is not None:
-            lock, self.lock = self.lock, None
-            lock.release()
+        with self._guard:
+            if self.unpacker is not None:
+                unpacker, self.unpacker = self.unpacker, None
+                unpacker.abort()
+            if self.lock is not None:
+                lock, self.lock = self.lock, None
+                lock.release()
 
 
 @ray.remote(num_cpus=0, max_retries=0)
@@ -218,13 +301,17 @@ def _is_ready(key: str) -> bool:
 def _already_there(
     key: str, targets: list[str], runtime_env: dict[str, Any] | None, timeout: float
 ) -> dict[str, ShipResult]:
-    """The targets that have the ready venv already, found by a plain task on each."""
-    refs = {n: _is_ready.options(**_pinned(n, runtime_env)).remote(key) for n in targets}
+    """The targets that have the ready venv already, found by a plain task on each (all at
+    once: a node that does not answer in time is for the receiver to report)."""
+    refs = {_is_ready.options(**_pinned(n, runtime_env)).remote(key): n for n in targets}
+    done, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+    for ref in pending:
+        ray.cancel(ref, force=True)
     found = {}
-    for node, ref in refs.items():
+    for ref in done:
         try:
-            if ray.get(ref, timeout=timeout):
-                found[node] = ShipResult(node, "reused")
+            if ray.get(ref):
+                found[refs[ref]] = ShipResult(refs[ref], "reused")
         except Exception:  # noqa: BLE001 - the receiver will say what is wrong there
             pass
     return found
@@ -272,6 +359,10 @@ def _addresses() -> dict[str, str]:
     return {n["NodeID"]: f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})" for n in ray.nodes()}
 
 
+def _left(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 0.0)
+
+
 def ship(
     key: str,
     source_node: str,
@@ -281,23 +372,27 @@ def ship(
     chunk_bytes: int = venv_archive.CHUNK_BYTES,
     timeout: float = 1800.0,
     on_progress: Callable[[Progress], None] = lambda p: None,
+    stall_timeout: float = STALL_TIMEOUT,
 ) -> dict[str, ShipResult]:
     """Send the ready venv `key` from `source_node` to each of `targets` (node ids); returns
     each target's result. Never raises for one node's failure: it is that node's result.
 
     `settings`: `{"env_vars": the runtime_env's, "resolves": not locked/frozen}` (default: none,
     locked); `runtime_env`: for the actors, whose interpreter must have this package (default:
-    the job's, or this driver's interpreter where the job sets a `py_executable`)."""
+    the job's, but the node's own Python where the job sets a `py_executable`, e.g. Ray's
+    `uv run` hook's, which may name a path that only the driver's machine has). `timeout`
+    bounds the whole ship; `stall_timeout` each node's wait for its next answer."""
     settings = settings or {"env_vars": {}, "resolves": False}
     job_env = ray.get_runtime_context().runtime_env
     if "uv_project" in job_env:  # every actor of the job would run in that venv, without us
         why = "the job's own runtime_env has uv_project (ask for it per actor to ship it)"
         return {n: ShipResult(n, "refused", why=why) for n in targets}
-    if runtime_env is None and job_env.get("py_executable"):  # e.g. Ray's `uv run` hook's
-        runtime_env = {"py_executable": sys.executable}
+    if runtime_env is None and job_env.get("py_executable"):
+        runtime_env = dict(NODE_PYTHON)
     deadline = time.monotonic() + timeout
+    first_answer = min(stall_timeout + ACTOR_START, timeout)
     where = _addresses()
-    results = _already_there(key, targets, runtime_env, timeout)
+    results = _already_there(key, targets, runtime_env, first_answer)
     targets = [n for n in targets if n not in results]
     if not targets:
         return results  # a group whose nodes have the venv pays for no sender and receivers
@@ -305,88 +400,155 @@ def ship(
     receivers = {n: VenvReceiver.options(**_pinned(n, runtime_env)).remote() for n in targets}
     try:
         try:
-            source = ray.get(sender.describe.remote(), timeout=max(deadline - time.monotonic(), 1))
+            source = ray.get(sender.describe.remote(), timeout=first_answer)
         except Exception as e:
             why = "the source " + _error(e, where[source_node], "describing the venv")
-            return {n: ShipResult(n, "failed", why=why) for n in targets}
+            return {**results, **{n: ShipResult(n, "failed", why=why) for n in targets}}
         source["node_id"] = source_node
         offers = {n: r.offer.remote(source, settings) for n, r in receivers.items()}
+        answers, stalled = _each(
+            offers, dict.fromkeys(offers, time.monotonic()), first_answer, deadline
+        )
         takers: dict[str, Any] = {}
-        for n, ref in offers.items():
-            try:
-                offer = ray.get(ref, timeout=max(deadline - time.monotonic(), 1))
-            except Exception as e:
-                results[n] = ShipResult(n, "failed", why=_error(e, where[n], "the offer"))
-                continue
-            if offer["decision"] == "take":
+        for n, answer in answers.items():
+            if isinstance(answer, BaseException):
+                results[n] = ShipResult(n, "failed", why=_error(answer, where[n], "the offer"))
+            elif answer["decision"] == "take":
                 takers[n] = receivers[n]
             else:
-                results[n] = ShipResult(n, offer["decision"], why=offer.get("why"))
-        _stream(sender, source, takers, results, deadline, on_progress, where)
+                results[n] = ShipResult(n, answer["decision"], why=answer.get("why"))
+        for n, waited in stalled.items():  # killed now: it may hold the lock
+            ray.kill(receivers[n])
+            why = f"node {where[n]}: the offer: stalled: no answer for {waited:.0f}s"
+            results[n] = ShipResult(n, "failed", why=why)
+        _Stream(sender, source, takers, results, where, deadline, stall_timeout).run(on_progress)
         return results
     finally:
         for actor in [sender, *receivers.values()]:
             ray.kill(actor)
 
 
-def _stream(
-    sender: Any,
-    source: dict[str, Any],
-    takers: dict[str, Any],
-    results: dict[str, ShipResult],
-    deadline: float,
-    on_progress: Callable[[Progress], None],
-    where: dict[str, str],
-) -> None:
-    start = time.monotonic()
-    window: deque[tuple[int, dict[str, Any]]] = deque()
-
-    aborts = []
-
-    def fail(node: str, why: str) -> None:
-        if node in takers:
-            aborts.append(takers.pop(node).abort.remote())  # removes what it unpacked
-            results[node] = ShipResult(node, "failed", why=why)
-
-    def settle(chunk: int, acks: dict[str, Any]) -> None:
-        for node, ref in acks.items():
+def _each(
+    refs: dict[str, Any], since: dict[str, float], limit: float, deadline: float
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Each node's answer (its value, or the exception it raised) as it comes, waiting for each
+    node until `limit` seconds after its `since` or the `deadline`; returns (answers, the
+    nodes that did not answer in time: how long they were waited for)."""
+    pending = {ref: node for node, ref in refs.items()}
+    answers: dict[str, Any] = {}
+    stalled: dict[str, float] = {}
+    while pending:
+        until = min(min(since[n] for n in pending.values()) + limit, deadline)
+        done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_left(until))
+        for ref in done:
+            node = pending.pop(ref)
             try:
-                ray.get(ref, timeout=max(deadline - time.monotonic(), 1))
-            except Exception as e:
-                fail(node, _error(e, where[node], f"receiving chunk {chunk}"))
+                answers[node] = ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - the node's answer, to report
+                answers[node] = e
+        now = time.monotonic()
+        for ref, node in list(pending.items()):
+            if now >= since[node] + limit or now >= deadline:
+                del pending[ref]
+                stalled[node] = now - since[node]
+    return answers, stalled
 
-    meta: dict[str, Any] = {"index": -1}
-    while takers:
-        meta_ref, data_ref = sender.next_chunk.remote()
-        try:
-            meta = ray.get(meta_ref, timeout=max(deadline - time.monotonic(), 1))
-        except Exception as e:
-            step = f"sending chunk {meta['index'] + 1}"
-            why = "the source " + _error(e, where[source["node_id"]], step)
-            for node in list(takers):
-                fail(node, why)
-            break
-        acks = {n: r.add.remote(meta["index"], meta["sha256"], data_ref) for n, r in takers.items()}
-        del data_ref  # the pending `add`s hold the chunk; it is freed when they are done
-        window.append((meta["index"], acks))
-        on_progress(
-            Progress(meta["index"], meta["total"], source["size"], len(takers), source["pid"])
-        )
-        while window and (len(window) > WINDOW or meta["last"]):
-            settle(*window.popleft())
-        if meta["last"]:
-            break
-    while window:  # what is still in flight to receivers that failed meanwhile
-        settle(*window.popleft())
-    for node in list(takers):
-        try:
-            done = ray.get(
-                takers[node].finish.remote(meta["index"] + 1, meta["total"], meta["whole_sha256"]),
-                timeout=max(deadline - time.monotonic(), 1),
+
+class _Stream:
+    """The chunks from the sender to the receivers that took the venv, each receiver judged on
+    its own: one that does not acknowledge a chunk within `stall_timeout` of its previous
+    acknowledgement is failed and killed (it cannot even abort), and the others go on."""
+
+    def __init__(
+        self,
+        sender: Any,
+        source: dict[str, Any],
+        takers: dict[str, Any],
+        results: dict[str, ShipResult],
+        where: dict[str, str],
+        deadline: float,
+        stall_timeout: float,
+    ) -> None:
+        self.sender, self.source, self.takers, self.results = sender, source, takers, results
+        self.where, self.deadline, self.stall = where, deadline, stall_timeout
+        self.start = time.monotonic()
+        self.progress = dict.fromkeys(takers, self.start)  # each receiver's last answer
+        self.aborts: list[Any] = []
+
+    def fail(self, node: str, why: str, stalled: bool = False) -> None:
+        if node not in self.takers:
+            return
+        actor = self.takers.pop(node)
+        self.results[node] = ShipResult(node, "failed", why=why)
+        if stalled:  # the kernel releases its lock; the next receive or build removes its tree
+            ray.kill(actor)
+        else:
+            self.aborts.append(actor.abort.remote())  # removes what it unpacked
+
+    def _stalled(self, node: str, step: str, waited: float) -> None:
+        if time.monotonic() >= self.deadline:
+            why = f"ran past the time limit of the whole ship ({self.deadline - self.start:.0f}s)"
+        else:
+            why = f"stalled: no answer for {waited:.0f}s (limit {self.stall:g}s)"
+        self.fail(node, f"node {self.where[node]}: {step}: {why}; the other nodes went on", True)
+
+    def settle(self, step: str, acks: dict[str, Any]) -> dict[str, Any]:
+        """Each receiver's answer to `acks` (those still taking); fails the others."""
+        acks = {n: ref for n, ref in acks.items() if n in self.takers}
+        answers, stalled = _each(acks, self.progress, self.stall, self.deadline)
+        done = {}
+        for node, answer in answers.items():
+            if isinstance(answer, BaseException):
+                self.fail(node, _error(answer, self.where[node], step))
+            else:
+                self.progress[node] = time.monotonic()
+                done[node] = answer
+        for node, waited in stalled.items():
+            self._stalled(node, step, waited)
+        return done
+
+    def run(self, on_progress: Callable[[Progress], None]) -> None:
+        source, window = self.source, deque()
+        meta: dict[str, Any] = {"index": -1}
+        while self.takers:
+            meta_ref, data_ref = self.sender.next_chunk.remote()
+            try:
+                limit = min(self.stall, _left(self.deadline))
+                meta = ray.get(meta_ref, timeout=max(limit, 1))
+            except Exception as e:
+                step = f"sending chunk {meta['index'] + 1}"
+                why = "the source " + _error(e, self.where[source["node_id"]], step)
+                for node in list(self.takers):
+                    self.fail(node, why)
+                break
+            acks = {
+                n: r.add.remote(meta["index"], meta["sha256"], data_ref)
+                for n, r in self.takers.items()
+            }
+            del data_ref  # the pending `add`s hold the chunk; it is freed when they are done
+            window.append((meta["index"], acks))
+            on_progress(
+                Progress(
+                    meta["index"], meta["total"], source["size"], len(self.takers), source["pid"]
+                )
             )
-        except Exception as e:
-            fail(node, _error(e, where[node], "installing the venv"))
-            continue
-        results[node] = ShipResult(node, "shipped", done["bytes"], time.monotonic() - start)
-    if aborts:  # before `ship` kills the actors
-        ray.wait(aborts, num_returns=len(aborts), timeout=60)
+            while window and (len(window) > WINDOW or meta["last"]):
+                chunk, acks = window.popleft()
+                self.settle(f"receiving chunk {chunk}", acks)
+            if meta["last"]:
+                break
+        while window:  # what is still in flight to receivers that failed meanwhile
+            chunk, acks = window.popleft()
+            self.settle(f"receiving chunk {chunk}", acks)
+        if self.takers:
+            finishes = {
+                n: r.finish.remote(meta["index"] + 1, meta["total"], meta["whole_sha256"])
+                for n, r in self.takers.items()
+            }
+            self.progress = dict.fromkeys(self.takers, time.monotonic())
+            for node, done in self.settle("installing the venv", finishes).items():
+                seconds = time.monotonic() - self.start
+                self.results[node] = ShipResult(node, "shipped", done["bytes"], seconds)
+                del self.takers[node]
+        if self.aborts:  # before `ship` kills the actors
+            ray.wait(self.aborts, num_returns=len(self.aborts), timeout=60)

@@ -59,6 +59,8 @@ class VenvDirError(ValueError):
 
 
 def venv_root() -> Path:
+    """The venv dir, with the symlinks on its way that we trust resolved (`trust.resolve_root`),
+    so that a link changed later cannot move the venvs that workers were handed."""
     root = Path(os.environ.get(VENV_DIR_ENV) or DEFAULT_VENV_DIR).expanduser()
     if not root.is_absolute():
         raise VenvDirError(
@@ -66,7 +68,10 @@ def venv_root() -> Path:
             "directory in every worker and session: set an absolute path in the environment "
             "of `ray start` on every node."
         )
-    return root
+    try:
+        return trust.resolve_root(root, must_exist=False)
+    except OSError:
+        return root  # as given: `trust.check_root`, which every use of it passes, says why
 
 
 def build_timeout() -> float:
@@ -122,7 +127,12 @@ def _read_marker(venv: Path, touch: bool = False) -> dict[str, Any] | None:
             try:
                 os.utime(fd)  # its mtime is the venv's last use, for `gc`
             except PermissionError:
-                pass  # a read-only shared venv dir: usable, its last use goes unrecorded
+                # Another member's venv in a trusted-group venv dir: its lock file, which the
+                # group may write, records the use instead (`gc` reads the later of the two).
+                try:
+                    os.utime(lock_path(venv.parent, venv.name), follow_symlinks=False)
+                except OSError:
+                    pass  # a read-only shared venv dir: usable, its last use goes unrecorded
     finally:
         os.close(fd)
     meta = json.loads(data.decode("utf-8"))
@@ -163,7 +173,7 @@ def check_ready(root: Path, key: str) -> str | None:
 def lookup(request: VenvRequest, root: Path) -> Outcome | None:
     """The ready venv for this request, if there is one: the path every warm request takes."""
     start = time.perf_counter()
-    trust.check_root(root)
+    root = trust.check_root(root)  # resolved: what we check is what workers run
     if check_ready(root, request.key) is None:
         return Outcome(request.key, root / request.key, False, time.perf_counter() - start)
     return None
@@ -193,18 +203,20 @@ async def ensure_venv_async(
         ready = None
     if ready is not None:
         return ready
-    trust.make_root(root)
+    root = trust.make_root(root)  # resolved: the lock, the build and the path handed out
     lock = BuildLock(lock_path(root, key))
     await lock.acquire_async(lock_timeout, request.what)
     try:
         why = check_ready(root, key)  # another process may have built it while we waited
+        # Ray's agent retries a failed setup: not 3 builds
+        sync_inputs = failed_builds.sync_inputs(request)
+        failed = None if why is None else failed_builds.recent(root / key, sync_inputs)
     except BaseException:
         lock.release()
         raise
     if why is None:
         lock.release()
         return Outcome(key, root / key, False, time.perf_counter() - start)
-    failed = failed_builds.recent(root / key)  # Ray's agent retries a failed setup: not 3 builds
     if failed is not None:
         lock.release()
         raise UvSyncError(failed)
@@ -228,7 +240,7 @@ async def ensure_venv_async(
         except BaseException as e:  # noqa: BLE001 - handed to the awaiting request
             error = e
             if isinstance(e, UvSyncError) and not e.transient:
-                failed_builds.remember(root / key, str(e))
+                failed_builds.remember(root / key, sync_inputs, str(e))
         finally:
             lock.release()
         loop.call_soon_threadsafe(settle, result, error)
@@ -418,10 +430,11 @@ def write_marker(venv: Path, meta: Mapping[str, Any]) -> None:
 def install_received(root: Path, key: str, tree: Path, meta: Mapping[str, Any]) -> None:
     """Make a venv unpacked from another node (`ship`, checked whole) the ready `<key>`: the
     caller holds the key's build lock. Renamed into place, frozen, then marked, as builds are."""
+    old = venv_archive.check_sender_venv(str(meta["venv"]), key)  # the sender's say: checked
     venv = root / key
     if os.path.lexists(venv):  # not ready, or the caller would not have unpacked it
         trust.remove_tree(venv)
-    venv_archive.relocate(tree, str(meta["venv"]), str(venv))
+    venv_archive.relocate(tree, old, str(venv))
     os.rename(tree, venv)
     try:
         immutable = trust.freeze(venv)

@@ -152,13 +152,16 @@ def whole(packer: Packer) -> tuple[int, str]:
 
 
 def evil_stream(member: tarfile.TarInfo, data: bytes = b"") -> tuple[list, int, str]:
-    """A well-formed, correctly hashed stream whose content breaks the venv's rules."""
+    """A well-formed, correctly hashed stream (with its manifest) whose content breaks the
+    venv's rules."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        python = tarfile.TarInfo("bin/python")
-        python.size = 0
-        tar.addfile(python, io.BytesIO())
+        bin_dir, lib_dir, python = (tarfile.TarInfo(n) for n in ("bin", "lib", "bin/python"))
+        bin_dir.type = lib_dir.type = tarfile.DIRTYPE
+        for info in (bin_dir, lib_dir, python):
+            tar.addfile(info, io.BytesIO())
         tar.addfile(member, io.BytesIO(data) if member.isreg() else None)
+        venv_archive.write_manifest(tar, [bin_dir, lib_dir, python, member])
     payload = buf.getvalue()
     sha = hashlib.sha256(payload).hexdigest()
     return [venv_archive.Chunk(0, payload, sha, True)], len(payload), sha
@@ -177,7 +180,7 @@ def _link(name: str, target: str, hard: bool = False) -> tarfile.TarInfo:
         (_link("lib/x.py", "/etc/passwd"), "outside the venv"),
         (_link("bin/python3", "/bin/sh"), "outside the venv"),
         (_link("lib/up", "../../../../etc"), "outside the venv"),
-        (_link("lib/hard", "/etc/passwd", hard=True), "absolute|outside"),
+        (_link("lib/hard", "/etc/passwd", hard=True), "no file earlier in the stream"),
         (tarfile.TarInfo("../escaped.py"), "outside"),
         (tarfile.TarInfo("/abs.py"), "absolute|outside"),
     ],
@@ -187,7 +190,7 @@ def test_members_that_leave_the_venv_are_refused(
     tmp_path: Path, member: tarfile.TarInfo, message: str
 ) -> None:
     with pytest.raises(ArchiveError, match=message):
-        receive(tmp_path / "v", "k" * 16, *evil_stream(member))
+        receive(tmp_path / "v", "0123456789abcdef", *evil_stream(member))
     assert os.listdir(tmp_path / "v") == []
     assert not (tmp_path / "escaped.py").exists()
 
@@ -195,7 +198,7 @@ def test_members_that_leave_the_venv_are_refused(
 def test_set_id_bits_and_group_write_are_dropped(tmp_path: Path) -> None:
     member = tarfile.TarInfo("lib/tool")
     member.size, member.mode = 2, 0o6777
-    tree = receive(tmp_path / "v", "k" * 16, *evil_stream(member, b"hi"))
+    tree = receive(tmp_path / "v", "0123456789abcdef", *evil_stream(member, b"hi"))
     assert oct((tree / "lib" / "tool").stat().st_mode & 0o7777) == oct(0o755)
 
 
@@ -531,3 +534,197 @@ def test_the_building_node_dying_mid_way_fails_cleanly(two_nodes, tmp_path: Path
     assert not list(b.venvs.glob("*.ship-*"))
     again = prepare_nodes(value, live_nodes(), 600, chunk_bytes=4 * MiB)
     assert [r.outcome for r in again] == ["reused", "shipped"], again
+
+
+# --- issue 17: stalls, a venv changed while sent, what may go where, the actors' Python ------
+
+
+def driver_node() -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+def build_on_driver_node(project: Path) -> str:
+    """The project's venv, built on the driver's node A only; returns its key."""
+    from ray_uv_plugin.prepare import probe_nodes
+
+    here = driver_node()
+    (result,) = probe_nodes({"uv_project": {"project": str(project)}}, [(here, "A")], 600)
+    assert result.ok and result.key, result
+    return result.key
+
+
+def other_node(*not_these: str) -> str:
+    return next(n for n, _ in live_nodes() if n not in {driver_node(), *not_these})
+
+
+def test_a_stalled_receiver_is_given_up_alone(two_nodes, tmp_path: Path) -> None:
+    """Three raylets: node C's receiver stops (SIGSTOP) after chunk 1. B still gets the venv;
+    C's result says it stalled, and C's receiver is killed, which frees C's lock."""
+    from ray_uv_plugin.ship import ship
+
+    cluster, _, _ = two_nodes
+    c = Node(tmp_path / "node-c")
+    node_c = cluster.add_node(num_cpus=1, env_vars=c.env())
+    stopped: list[int] = []
+    try:
+        cluster.wait_for_nodes()
+        key = build_on_driver_node(new_project(tmp_path))
+        b_id = other_node(node_c.node_id)
+
+        def stop_c(p) -> None:
+            if p.chunk == 1 and not stopped:
+                pid = int(newest_lock(c).read_text().split()[0])  # C's receiver holds it
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+
+        start = time.monotonic()
+        results = ship(
+            key, driver_node(), [b_id, node_c.node_id], chunk_bytes=2 * MiB,
+            on_progress=stop_c, stall_timeout=10,
+        )  # fmt: skip
+        assert time.monotonic() - start < 120  # not the ship's whole time limit
+        assert stopped
+        assert results[b_id].outcome == "shipped", results
+        on_c = results[node_c.node_id]
+        assert on_c.outcome == "failed", results
+        assert "receiving chunk" in on_c.why and "stalled: no answer for" in on_c.why, on_c.why
+        # Killed while stopped (Ray's raylet SIGKILLs it): its lock is free without a SIGCONT.
+        wait_free(c.venvs / f"{key}.lock", 60)
+        assert check_ready(c.venvs, key) == "absent"
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass  # Ray killed it
+        remove(cluster, node_c)
+
+
+def test_a_receiver_lets_go_of_the_lock_by_itself(two_nodes, tmp_path: Path) -> None:
+    """The driver stalls mid-ship; B's receiver gives the key's lock up once it has held it
+    for RAY_UV_PLUGIN_BUILD_TIMEOUT_S (5 s here), as long as a build may hold it."""
+    from ray_uv_plugin.ship import ship
+    from ray_uv_plugin.venv_cache import BUILD_TIMEOUT_ENV
+
+    _, _, b = two_nodes
+    key = build_on_driver_node(new_project(tmp_path))
+    lock = b.venvs / f"{key}.lock"
+    held: list[float] = []
+
+    def stalled_driver(p) -> None:
+        if p.chunk == 1:
+            start = time.monotonic()
+            assert is_held(lock)
+            wait_free(lock, 60)  # nothing but the receiver's own watchdog can free it now
+            held.append(time.monotonic() - start)
+
+    results = ship(
+        key, driver_node(), [other_node()], chunk_bytes=MiB, on_progress=stalled_driver,
+        runtime_env={"env_vars": {BUILD_TIMEOUT_ENV: "5"}},
+    )  # fmt: skip
+    assert held and held[0] < 30, held
+    (failed,) = results.values()
+    assert failed.outcome == "failed", failed
+    assert f"gave up after holding the build lock for 5s ({BUILD_TIMEOUT_ENV}" in failed.why
+    assert check_ready(b.venvs, key) == "absent"
+    assert not list(b.venvs.glob("*.ship-*"))
+
+
+def test_a_venv_moved_while_it_is_sent_is_taken_by_no_node(two_nodes, tmp_path: Path) -> None:
+    """The sender holds the key's lock shared (gc leaves the venv alone meanwhile); an operator
+    who moves the venv away mid-ship anyway makes the receive fail, and B keeps nothing."""
+    from ray_uv_plugin import gc, inventory
+    from ray_uv_plugin.ship import ship
+
+    _, a, b = two_nodes
+    project = new_project(tmp_path)
+    key = build_on_driver_node(project)
+    venv, moved = a.venvs / key, a.venvs / f"{key}.moved"
+    seen: dict[str, object] = {}
+
+    def gc_then_move(p) -> None:
+        if p.chunk == 1:
+            seen["held"] = is_held(a.venvs / f"{key}.lock")
+            (entry,) = inventory.scan_one(a.venvs, key).venvs
+            seen["gc"] = gc.remove_venv(a.venvs, entry)  # the reason it kept it, or None
+            os.rename(venv, moved)
+
+    try:
+        results = ship(
+            key, driver_node(), [other_node()], chunk_bytes=MiB, on_progress=gc_then_move
+        )
+    finally:
+        if moved.exists():
+            os.rename(moved, venv)
+    assert seen["held"] is True and "sent to another node" in str(seen["gc"]), seen
+    (failed,) = results.values()
+    assert failed.outcome == "failed", failed
+    wait_free(a.venvs / f"{key}.lock")  # the sender is gone, and with it its shared lock
+    wait_free(b.venvs / f"{key}.lock")
+    assert check_ready(b.venvs, key) == "absent"
+    assert not list(b.venvs.glob("*.ship-*"))
+    again = prepare_nodes({"project": str(project)}, live_nodes(), 600, chunk_bytes=4 * MiB)
+    assert [r.outcome for r in again] == ["reused", "shipped"], again
+
+
+def test_a_venv_with_wheels_built_for_its_node_goes_only_to_the_same_hardware(
+    two_nodes, tmp_path: Path
+) -> None:
+    """uv builds `hostpkg` into a platform wheel on A. B (the same machine) takes the venv;
+    node C, whose nvidia-smi shows a GPU that A lacks, refuses it and says why."""
+    from ray_uv_plugin.ship import ship
+    from tests.test_build_target import fake_tool, host_package_project
+
+    cluster, _, b = two_nodes
+    c = Node(tmp_path / "node-c")
+    fake_tool(tmp_path / "fake-bin", "nvidia-smi", 'echo "3.5, 1.0"')
+    path = f"{tmp_path / 'fake-bin'}:{os.environ['PATH']}"
+    node_c = cluster.add_node(num_cpus=1, env_vars={**c.env(), "PATH": path})
+    try:
+        cluster.wait_for_nodes()
+        project = host_package_project(tmp_path / "proj", f"host{time.monotonic_ns()}")
+        key = build_on_driver_node(project)
+        b_id = other_node(node_c.node_id)
+        results = ship(key, driver_node(), [b_id, node_c.node_id], chunk_bytes=8 * MiB)
+    finally:
+        remove(cluster, node_c)
+    assert results[b_id].outcome == "shipped", results
+    assert (b.venvs / key / "lib").exists()
+    refused = results[node_c.node_id]
+    assert refused.outcome == "refused", results
+    assert refused.why.startswith("holds hostpkg built on the source node for its GPUs ("), refused
+    assert refused.why.endswith("; this node has 3.5"), refused
+    assert not (c.venvs / key).exists()
+
+
+UV_RUN_DRIVER = textwrap.dedent(
+    """\
+    import json, sys
+    import ray
+    from ray_uv_plugin.prepare import alive_nodes, prepare_nodes
+
+    # As under `uv run` on a laptop: the job's py_executable and this driver's interpreter are
+    # paths that the cluster's nodes do not have.
+    ray.init(address=sys.argv[1], runtime_env={"py_executable": "/driver-only/uv run python"})
+    sys.executable = "/driver-only/project/.venv/bin/python"
+    results = prepare_nodes({"project": sys.argv[2]}, alive_nodes(), 240)
+    print("RESULT", json.dumps([r.as_json() for r in results]))
+    """
+)
+
+
+def test_shipping_runs_on_each_nodes_own_python_under_a_uv_run_job(
+    two_nodes, tmp_path: Path
+) -> None:
+    cluster, _, b = two_nodes
+    project = new_project(tmp_path)
+    wait_removed_gone()
+    out = subprocess.run(
+        [sys.executable, "-c", UV_RUN_DRIVER, cluster.address, str(project)],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
+    nodes = json.loads(line.removeprefix("RESULT "))
+    assert [n["outcome"] for n in nodes] == ["built", "shipped"], nodes
+    assert check_ready(b.venvs, nodes[1]["key"]) is None
