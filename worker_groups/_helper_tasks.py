@@ -4,9 +4,10 @@ topology) and the interpreter they run on.
 These tasks need Ray and nothing else, so they must not inherit a job-level ``py_executable``:
 under a driver started with ``uv run``, Ray's hook makes that ``uv run ... python`` inside each
 node's copy of the working_dir, which with ``--no-sync`` has no venv (``No module named 'ray'``,
-retried for minutes). They run on the driver's own interpreter instead, which has Ray, or on the
-one ``WORKER_GROUPS_HELPER_PYTHON`` names (a Python with Ray at the same path on every node),
-and a helper that cannot start fails after `HELPER_TIMEOUT_S` with a message saying so.
+retried for minutes). They run on each node's own Ray Python instead (an empty
+``py_executable`` overrides the job's, as for the plugin's shipping actors), or on the one
+``WORKER_GROUPS_HELPER_PYTHON`` names, and a helper that cannot start fails after
+`HELPER_TIMEOUT_S` with a message saying so.
 """
 
 from __future__ import annotations
@@ -42,14 +43,17 @@ def job_py_executable() -> str | None:
 
 
 def helper_runtime_env() -> dict[str, Any]:
-    """A runtime_env whose interpreter has Ray: the job's own when it sets none (Ray's default
-    is the node's Ray Python), else ``WORKER_GROUPS_HELPER_PYTHON`` or the driver's Python."""
+    """A runtime_env whose interpreter has Ray: ``WORKER_GROUPS_HELPER_PYTHON`` if set, else
+    the node's Ray Python: the job's default when it sets no ``py_executable``, else an empty
+    one, which overrides the job's (the driver's own path may not exist on other nodes)."""
+    from ray_uv_plugin.ship import NODE_PYTHON
+
     chosen = os.environ.get(HELPER_PYTHON_ENV)
     if chosen:
         return {"py_executable": chosen}
     if job_py_executable() is None:
         return {}
-    return {"py_executable": shlex.quote(sys.executable)}
+    return dict(NODE_PYTHON)
 
 
 def run_helpers(refs: list[ray.ObjectRef], what: str, timeout_s: float = HELPER_TIMEOUT_S) -> list:
@@ -59,7 +63,7 @@ def run_helpers(refs: list[ray.ObjectRef], what: str, timeout_s: float = HELPER_
     if pending:
         for ref in pending:
             ray.cancel(ref, force=True)
-        exe = helper_runtime_env().get("py_executable", "the node's Ray Python")
+        exe = helper_runtime_env().get("py_executable") or "the node's Ray Python"
         raise HelperTaskError(
             f"{what}: {len(pending)} of {len(refs)} helper task(s) did not finish within "
             f"{timeout_s:g}s. They run on {exe}; if that path does not exist on every node, set "

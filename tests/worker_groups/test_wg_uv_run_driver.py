@@ -27,6 +27,8 @@ DRIVER = textwrap.dedent(
 
     ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False)
     out = {"job_py_executable": ray.get_runtime_context().runtime_env.get("py_executable")}
+    from worker_groups._helper_tasks import helper_runtime_env
+    out["helper_env"] = helper_runtime_env()
     cluster = RayVirtualCluster([2], num_gpus_per_node=2)
     start = time.monotonic()
     cluster._init_placement_groups(use_unified_pg=True)  # one topology probe per bundle
@@ -66,6 +68,8 @@ def test_helpers_run_and_system_workers_fail_fast_under_uv_run_no_sync(tmp_path:
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     out = json.loads(line[len("RESULT ") :])
     assert "uv run --no-sync" in out["job_py_executable"]  # the hook did apply
+    # Each node's own Ray Python, not the driver's path (which other nodes may lack).
+    assert out["helper_env"] == {"py_executable": ""}
     assert sorted(out["sorted"]) == [0, 1] and 1400 <= out["port"] < 1999
     assert out["probes_s"] < 100  # not minutes of retried worker starts
     assert "has no uv_project" in out["error"] and "PY_EXECUTABLES.BASE" in out["error"]
