@@ -1,18 +1,28 @@
 """ray-uv-plugin: every Ray actor gets the exact environment of a uv project, built once per node.
 
 Register the plugin on every node (and on a driver that starts a local Ray) with
-``export RAY_RUNTIME_ENV_PLUGINS=$(ray-uv plugin-config)``, then ask for an environment with
-``runtime_env={"uv_project": {"extras": ["vllm"]}}``.
+``eval "$(ray-uv plugin-config --shell)"`` (or ``setup_driver()`` before ``ray.init()``), then
+ask for an environment with ``runtime_env={"uv_project": {"extras": ["vllm"]}}``; a driver
+started with ``uv run`` gives its whole job its project's environment.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 PLUGIN_CLASS = "ray_uv_plugin.UvProjectPlugin"
 
-__all__ = ["PLUGIN_CLASS", "UvProject", "UvProjectPlugin", "plugin_config", "prepare_env"]
+__all__ = [
+    "PLUGIN_CLASS",
+    "UvProject",
+    "UvProjectPlugin",
+    "plugin_config",
+    "prepare_env",
+    "setup_driver",
+]
 
 if TYPE_CHECKING:
     from ray_uv_plugin.plugin import UvProjectPlugin
@@ -23,6 +33,23 @@ if TYPE_CHECKING:
 def plugin_config() -> str:
     """The value of ``RAY_RUNTIME_ENV_PLUGINS`` that registers the ``uv_project`` field."""
     return json.dumps([{"class": PLUGIN_CLASS}])
+
+
+def setup_driver() -> None:
+    """What `eval "$(ray-uv plugin-config --shell)"` sets, for a driver that starts a local Ray:
+    call it before `ray.init()`. It registers the plugin and its schema and makes a `uv run`
+    driver's job use the node's cached venv (our runtime_env hook instead of Ray's `uv run`
+    one, which Ray reads from the environment when it is imported, so it is also turned off in
+    an already imported Ray)."""
+    from ray_uv_plugin.driver_hook import hook_settings
+    from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
+
+    os.environ["RAY_RUNTIME_ENV_PLUGINS"] = plugin_config()
+    os.environ[SCHEMAS_ENV] = schemas_setting(os.environ.get(SCHEMAS_ENV))
+    os.environ.update(hook_settings(os.environ, portable=False))
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
 
 
 def __getattr__(name: str) -> Any:

@@ -14,7 +14,13 @@ from ray._private.runtime_env.plugin import RuntimeEnvPlugin
 from ray_uv_plugin.libraries import check_libraries
 from ray_uv_plugin.project import load_project, resolve_project_dir
 from ray_uv_plugin.request import make_request
-from ray_uv_plugin.spec import FIELD, check_siblings, is_uv_run_interpreter, parse_spec
+from ray_uv_plugin.spec import (
+    FIELD,
+    check_siblings,
+    is_uv_run_interpreter,
+    parse_spec,
+    yields_to,
+)
 from ray_uv_plugin.uv import format_duration
 from ray_uv_plugin.venv_cache import Outcome, ensure_venv_async, venv_root
 
@@ -70,8 +76,9 @@ class UvProjectPlugin(RuntimeEnvPlugin):
 
     @staticmethod
     def validate(runtime_env_dict: dict) -> None:
-        parse_spec(runtime_env_dict[FIELD])
-        check_siblings(runtime_env_dict)
+        spec = parse_spec(runtime_env_dict[FIELD])
+        if yields_to(spec, runtime_env_dict) is None:
+            check_siblings(runtime_env_dict)
 
     async def create(
         self,
@@ -82,6 +89,14 @@ class UvProjectPlugin(RuntimeEnvPlugin):
     ) -> float:
         start = time.perf_counter()
         spec = parse_spec(runtime_env[FIELD])
+        own_choice = yields_to(spec, runtime_env)
+        if own_choice is not None:
+            # The job's default env (a `uv run` driver's) under an actor that chose its own
+            # interpreter or packages: Ray's own plugin for that field decides, as without us.
+            logger.info(
+                "uv_project: the job's default env yields to this runtime_env's %r", own_choice
+            )
+            return 0
         if is_uv_run_interpreter(runtime_env.get("py_executable") or ""):
             # Ray's `uv run` hook's interpreter: ours replaces it. Ray sets up plugins one by one
             # on this object, so its py_executable plugin then has nothing to set.
@@ -112,7 +127,10 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         context: RuntimeEnvContext,
         logger: logging.Logger = default_logger,
     ) -> None:
-        venv = self._venvs.pop(id(context)).path
+        outcome = self._venvs.pop(id(context), None)
+        if outcome is None:  # a job default that yielded (see `create`)
+            return
+        venv = outcome.path
         context.py_executable = str(venv / "bin" / "python")
         context.env_vars[VENV_ENV] = str(venv)
         context.env_vars.update(dict.fromkeys(EMPTIED, ""))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -26,47 +28,91 @@ class UvProjectSpec:
     project: str | None = None
     extras: tuple[str, ...] = ()
     all_extras: bool = False
+    no_extras: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
     no_default_groups: bool = False
+    all_groups: bool = False
+    only_groups: tuple[str, ...] = ()
+    no_groups: tuple[str, ...] = ()
+    package: str | None = None
     locked: bool = True
     frozen: bool = False
     install_project: bool = False
+    # Set by the `uv run` driver hook on the job's value; it yields to an actor's own choice of
+    # interpreter (see `yields_to`). Not part of the key: it changes no package.
+    job_default: bool = False
 
     def sync_args(self) -> list[str]:
         """The `uv sync` flags that select exactly this environment."""
         args = ["--frozen"] if self.frozen else (["--locked"] if self.locked else [])
-        for extra in self.extras:
-            args += ["--extra", extra]
-        if self.all_extras:
-            args.append("--all-extras")
-        for group in self.groups:
-            args += ["--group", group]
-        if self.no_default_groups:
-            args.append("--no-default-groups")
-        if not self.install_project:
-            args.append("--no-install-project")
+        if self.package is not None:
+            args += ["--package", self.package]
+        for flag, names in (
+            ("--extra", self.extras),
+            ("--no-extra", self.no_extras),
+            ("--group", self.groups),
+            ("--only-group", self.only_groups),
+            ("--no-group", self.no_groups),
+        ):
+            for name in names:
+                args += [flag, name]
+        for flag, on in (
+            ("--all-extras", self.all_extras),
+            ("--all-groups", self.all_groups),
+            ("--no-default-groups", self.no_default_groups),
+            ("--no-install-project", not self.install_project),
+        ):
+            if on:
+                args.append(flag)
         return args
 
     def selection(self) -> dict[str, Any]:
-        """What selects the packages, normalised (`Fig` and `fig` are one extra): for the key."""
-        return {
-            "extras": sorted(canonicalize_name(e) for e in self.extras),
+        """What selects the packages, normalised (`Fig` and `fig` are one extra): for the key.
+
+        The fields added for `uv run` drivers (issue 18) appear only when set, so the venvs of
+        values without them keep their keys.
+        """
+        selection: dict[str, Any] = {
+            "extras": _canonical(self.extras),
             "all_extras": self.all_extras,
-            "groups": sorted(canonicalize_name(g) for g in self.groups),
+            "groups": _canonical(self.groups),
             "no_default_groups": self.no_default_groups,
             "locked": self.locked,
             "frozen": self.frozen,
             "install_project": self.install_project,
         }
+        added = {
+            "no_extras": _canonical(self.no_extras),
+            "all_groups": self.all_groups,
+            "only_groups": _canonical(self.only_groups),
+            "no_groups": _canonical(self.no_groups),
+            "package": canonicalize_name(self.package) if self.package else None,
+        }
+        selection.update({name: value for name, value in added.items() if value})
+        return selection
 
     def describe(self) -> str:
         """A short human label: `extras=vllm groups=-` for logs and `ray-uv list`."""
         extras = "all" if self.all_extras else (",".join(self.extras) or "-")
-        return f"extras={extras} groups={','.join(self.groups) or '-'}"
+        groups = ",".join(self.only_groups or self.groups) or ("all" if self.all_groups else "-")
+        label = f"extras={extras} groups={'only:' if self.only_groups else ''}{groups}"
+        return label + (f" package={self.package}" if self.package else "")
 
 
-_BOOL_FIELDS = ("all_extras", "no_default_groups", "locked", "frozen", "install_project")
-_LIST_FIELDS = ("extras", "groups")
+def _canonical(names: tuple[str, ...]) -> list[str]:
+    return sorted(canonicalize_name(name) for name in names)
+
+
+_BOOL_FIELDS = (
+    "all_extras",
+    "no_default_groups",
+    "all_groups",
+    "locked",
+    "frozen",
+    "install_project",
+    "job_default",
+)
+_LIST_FIELDS = ("extras", "no_extras", "groups", "only_groups", "no_groups")
 FIELD_NAMES = tuple(f.name for f in fields(UvProjectSpec))
 
 
@@ -109,6 +155,13 @@ def parse_spec(value: Any) -> UvProjectSpec:
                 f"uv_project.project must be a directory path (str), got {project!r}."
             )
         kwargs["project"] = project
+    package = value.get("package")
+    if package is not None:
+        if not isinstance(package, str) or not package.strip():
+            raise UvProjectTypeError(
+                f"uv_project.package must be the name of a workspace member (str), got {package!r}."
+            )
+        kwargs["package"] = package.strip()
     for name in _LIST_FIELDS:
         if name in value:
             kwargs[name] = _names(name, value[name])
@@ -131,6 +184,12 @@ def parse_spec(value: Any) -> UvProjectSpec:
             "uv_project: 'all_extras' already installs every extra; drop 'extras' or set "
             "'all_extras' to false."
         )
+    if kwargs.get("only_groups") and (kwargs.get("groups") or kwargs.get("all_groups")):
+        raise UvProjectSpecError(
+            "uv_project: 'only_groups' installs just those groups (not the project's "
+            "dependencies); it cannot go with 'groups' or 'all_groups'. Put every group you "
+            "want into 'only_groups', or drop it."
+        )
     return UvProjectSpec(**kwargs)
 
 
@@ -144,9 +203,34 @@ _CONFLICTS = {
 
 def is_uv_run_interpreter(py_executable: str) -> bool:
     """Whether a `py_executable` is `uv run ...`, as Ray's `uv run` driver hook sets it; a
-    `uv_project` env replaces that interpreter with its venv's."""
-    words = py_executable.split()
-    return len(words) >= 2 and words[0].rsplit("/", 1)[-1] == "uv" and words[1] == "run"
+    `uv_project` env replaces that interpreter with its venv's. Read as a shell would, so a
+    quoted path holding spaces is one word."""
+    try:
+        words = shlex.split(py_executable)
+    except ValueError:  # an unbalanced quote: not a command line Ray could run either
+        return False
+    return len(words) >= 2 and os.path.basename(words[0]) == "uv" and words[1] == "run"
+
+
+# What an actor or task sets to choose its own interpreter or packages. Ray merges its
+# runtime_env over the job's field by field, so it also inherits the job's `uv_project`.
+OWN_CHOICE_FIELDS = ("py_executable", "pip", "uv", "conda")
+
+
+def yields_to(spec: UvProjectSpec, runtime_env: Mapping[str, Any]) -> str | None:
+    """The field for which a job-default `uv_project` (the `uv run` driver hook's) steps aside,
+    or None. A `py_executable` counts even when empty: `{"py_executable": ""}` is how the
+    plugin's own shipping actors and helper tasks ask for the node's Ray Python."""
+    if not spec.job_default:
+        return None
+    for field in OWN_CHOICE_FIELDS:
+        value = runtime_env.get(field)
+        if field != "py_executable":
+            if value:
+                return field
+        elif value is not None and not is_uv_run_interpreter(value):
+            return field  # Ray's own `uv run` hook's interpreter is the one the default replaces
+    return None
 
 
 def check_siblings(runtime_env: Mapping[str, Any]) -> None:
@@ -181,26 +265,39 @@ class UvProject(dict):
         project: str | None = None,
         extras: list[str] | tuple[str, ...] = (),
         all_extras: bool = False,
+        no_extras: list[str] | tuple[str, ...] = (),
         groups: list[str] | tuple[str, ...] = (),
         no_default_groups: bool = False,
+        all_groups: bool = False,
+        only_groups: list[str] | tuple[str, ...] = (),
+        no_groups: list[str] | tuple[str, ...] = (),
+        package: str | None = None,
         locked: bool | None = None,
         frozen: bool = False,
         install_project: bool = False,
+        job_default: bool = False,
     ) -> None:
         value: dict[str, Any] = {}
-        if project is not None:
-            value["project"] = project
-        if extras:
-            value["extras"] = list(extras)
-        if groups:
-            value["groups"] = list(groups)
+        for name, given in (("project", project), ("package", package)):
+            if given is not None:
+                value[name] = given
+        lists = {
+            "extras": extras,
+            "no_extras": no_extras,
+            "groups": groups,
+            "only_groups": only_groups,
+            "no_groups": no_groups,
+        }
+        value.update({name: list(names) for name, names in lists.items() if names})
         if locked is not None:
             value["locked"] = locked
         flags = {
             "all_extras": all_extras,
             "no_default_groups": no_default_groups,
+            "all_groups": all_groups,
             "frozen": frozen,
             "install_project": install_project,
+            "job_default": job_default,
         }
         value.update({name: flag for name, flag in flags.items() if flag})
         parse_spec(value)
