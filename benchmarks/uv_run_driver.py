@@ -1,0 +1,634 @@
+"""A driver started with `uv run`, N plain actors: Ray's per-worker `uv run` hook against ours.
+
+    uv run python -m benchmarks.uv_run_driver --sets realistic,big --actors 1,8,32 \
+        --json benchmarks/results/uv-run-driver.json --plot benchmarks/results/uv-run-driver.png
+
+The same driver script (`bench_driver.py`, written into each set's uv project) starts a local
+Ray, N actors with no runtime_env of their own, and times their first calls (each imports the
+set's typical modules). It is started as users start it, `uv run --extra <set> python
+bench_driver.py` in the project's directory, in each of these ways:
+
+- floor: Ray's `uv run` hook off (`RAY_ENABLE_UV_RUN_RUNTIME_ENV=0`), no hook of ours: workers
+  run in the driver's own `.venv` (prepared with bytecode, as the plugin's venvs are);
+- ray-hook: Ray's default (`RAY_ENABLE_UV_RUN_RUNTIME_ENV=1`): every worker runs `uv run`;
+- ours-ready / ours-first: after `eval "$(ray-uv plugin-config --shell)"`, the job gets the
+  node's cached venv; ready = the venv exists (a second Ray session on the node), first = an
+  empty venv dir (the session that builds it, warm uv cache).
+
+Every sample is a fresh driver process and Ray session; ways are interleaved round by round.
+`uv sync` by the plugin is counted through `RAY_UV_PLUGIN_UV`, and every `uv run` through the
+`uv` that starts the driver (Ray's hook hands its path to the workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.envs import (
+    PACKAGE_SETS,
+    PROBE_IMPORTS,
+    BenchProject,
+    clean_env,
+    remove_tree,
+    write_project,
+)
+from benchmarks.report import machine
+from benchmarks.runner import SYNC_LOG_ENV, _kill_group, rounds, write_uv_wrapper
+from ray_uv_plugin.uv import UV_ENV_VAR, find_uv
+from ray_uv_plugin.venv_cache import MARKER, VENV_DIR_ENV
+
+ROOT = Path(__file__).resolve().parents[1]
+RAY_UV = Path(sys.executable).parent / "ray-uv"
+DRIVER_NAME = "bench_driver.py"
+RESULT_PREFIX = "BENCH_RESULT "
+WAYS = ("floor", "ray-hook", "ours-ready", "ours-first")
+WAY_LABELS = {
+    "floor": "floor: Ray's hook off, workers in the driver's .venv",
+    "ray-hook": "Ray's `uv run` hook: `uv run` per worker",
+    "ours-ready": "ours, venv ready (2nd session on)",
+    "ours-first": "ours, first session (builds the venv)",
+}
+# The issue's target: ours above the floor at most this share of Ray's hook's overhead.
+OVERHEAD_SHARE = 0.10
+# What the benchmark's own environment may carry that would set a way up before we do.
+SETUP_VARS = (
+    "RAY_RUNTIME_ENV_HOOK",
+    "RAY_UV_PLUGIN_PREVIOUS_HOOK",
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV",
+    "RAY_RUNTIME_ENV_PLUGINS",
+    "RAY_RUNTIME_ENV_PLUGIN_SCHEMAS",
+    "PYTHONPATH",
+)
+
+# The driver users write: nothing about environments in it. It reports one JSON line.
+DRIVER = textwrap.dedent(
+    """\
+    import json, os, sys, time
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def ping(self, imports):
+            import importlib
+            start = time.perf_counter()
+            for name in imports:
+                importlib.import_module(name)
+            return sys.executable, time.perf_counter() - start
+
+    config = json.loads(sys.argv[1])
+    result = {"ok": False, "driver_start_s": time.time() - float(os.environ["BENCH_T0"])}
+    try:
+        t = time.perf_counter()
+        ray.init(address="local", include_dashboard=False, log_to_driver=False)
+        start = time.perf_counter()
+        result["ray_init_s"] = start - t
+        result["job_runtime_env"] = ray.get_runtime_context().runtime_env
+        actors = [Probe.remote() for _ in range(config["actors"])]
+        refs = [a.ping.remote(config["imports"]) for a in actors]
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=config["timeout"])
+        if pending:
+            raise TimeoutError(f"{len(pending)} of {len(refs)} actors had not answered")
+        answers = ray.get(refs)
+        result["after_init_s"] = time.perf_counter() - start
+        result["total_s"] = time.time() - float(os.environ["BENCH_T0"])
+        result["executables"] = sorted({a[0] for a in answers})
+        result["import_s"] = [a[1] for a in answers]
+        result["ok"] = True
+    except Exception as e:
+        result["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        ray.shutdown()
+    print("BENCH_RESULT " + json.dumps(result), flush=True)
+    """
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    set_name: str
+    way: str
+    actors: int
+
+    @property
+    def group(self) -> tuple[str, int]:
+        return (self.set_name, self.actors)
+
+
+@dataclass
+class Sample:
+    set_name: str
+    way: str
+    actors: int
+    repeat: int
+    ok: bool
+    total_s: float | None = None  # from `uv run` starting to every actor answered
+    after_init_s: float | None = None  # from `ray.init` returning to every actor answered
+    ray_init_s: float | None = None
+    driver_start_s: float | None = None  # `uv run` up to the driver's first line
+    syncs: int = 0  # `uv sync` by the plugin
+    worker_uv_runs: int = 0  # `uv run` by anyone but the driver's own
+    executables: list[str] = field(default_factory=list)
+    import_s: list[float] = field(default_factory=list)
+    job_runtime_env: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Bench:
+    """Where one run keeps its files; what every sample's environment shares."""
+
+    workdir: Path
+    timeout: float
+    imports: bool
+
+    @property
+    def venv_dir(self) -> Path:
+        return self.workdir / "venvs"
+
+    @property
+    def sync_log(self) -> Path:
+        return self.workdir / "plugin-uv.log"
+
+    @property
+    def run_log(self) -> Path:
+        return self.workdir / "uv-run.log"
+
+    @property
+    def uv(self) -> Path:
+        """The `uv` that starts drivers: named `uv` (Ray's hook and ours look for that), it
+        logs its subcommand and runs the real uv with its own path as argv[0], so Ray's hook
+        hands this path to the workers and their `uv run` is counted too."""
+        return self.workdir / "bin" / "uv"
+
+
+def write_counting_uv(bench: Bench) -> None:
+    bench.uv.parent.mkdir(parents=True, exist_ok=True)
+    bench.uv.write_text(
+        f'#!/bin/bash\necho "$1" >> {bench.run_log}\nexec -a "$0" {find_uv()} "$@"\n'
+    )
+    bench.uv.chmod(0o755)
+    write_uv_wrapper(bench.workdir / "uv-logged")
+
+
+def prepare_set(set_name: str, bench: Bench) -> BenchProject:
+    """The set's locked project with the driver script, and its `.venv` synced the way the
+    plugin builds venvs (bytecode compiled, this Python): the floor, and what `uv run` finds."""
+    project = write_project(set_name, bench.workdir / "projects" / set_name)
+    (project.path / DRIVER_NAME).write_text(DRIVER)
+    subprocess.run(
+        [find_uv(), "sync", "--locked", "--quiet", "--extra", project.extra]
+        + ["--compile-bytecode", "--python", sys.executable],
+        cwd=project.path,
+        env=clean_env(UV_PYTHON_DOWNLOADS="never"),
+        check=True,
+        timeout=3600,
+    )
+    return project
+
+
+def way_env(way: str, bench: Bench) -> tuple[dict[str, str], str]:
+    """The driver's environment and the shell set-up before it, for one way."""
+    env = {k: v for k, v in clean_env().items() if k not in SETUP_VARS}
+    env.update(
+        {
+            UV_ENV_VAR: str(bench.workdir / "uv-logged"),
+            SYNC_LOG_ENV: str(bench.sync_log),
+            VENV_DIR_ENV: str(bench.venv_dir),
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # Ray's files in a dir of ours: no other Ray on this host is joined or joins ours.
+            "RAY_TMPDIR": str(bench.workdir / "ray"),
+            # Workers prestarted for the first driver would compete with the measured ones.
+            "RAY_prestart_worker_first_driver": "0",
+        }
+    )
+    if way == "floor":
+        return {**env, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}, "true"
+    if way == "ray-hook":
+        return {**env, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "1"}, "true"
+    # The README's set-up. A local Ray runs its runtime-env agent in the driver's Python, which
+    # needs the plugin: PYTHONPATH stands in for a project that depends on ray-uv-plugin.
+    env["PYTHONPATH"] = str(ROOT)
+    return env, f'eval "$({RAY_UV} plugin-config --shell)"'
+
+
+def run_sample(case: Case, project: BenchProject, bench: Bench, repeat: int) -> Sample:
+    """One `uv run` driver, one fresh Ray session; counts and checks what its workers ran."""
+    if case.way == "ours-first":
+        remove_tree(bench.venv_dir)
+    for log in (bench.sync_log, bench.run_log):
+        log.unlink(missing_ok=True)
+    env, setup = way_env(case.way, bench)
+    config = {
+        "actors": case.actors,
+        "imports": PROBE_IMPORTS[case.set_name] if bench.imports else [],
+        "timeout": bench.timeout,
+    }
+    command = [str(bench.uv), "run", "--extra", project.extra, "python", DRIVER_NAME]
+    script = f'{setup} && BENCH_T0=$(date +%s.%N) exec "$@"'
+    try:
+        result = _run_driver(
+            ["bash", "-c", script, "-", *command, json.dumps(config)],
+            project.path,
+            env,
+            bench.timeout,
+        )
+    finally:
+        remove_tree(bench.workdir / "ray")
+    sample = Sample(
+        case.set_name,
+        case.way,
+        case.actors,
+        repeat,
+        ok=bool(result.get("ok")),
+        total_s=result.get("total_s"),
+        after_init_s=result.get("after_init_s"),
+        ray_init_s=result.get("ray_init_s"),
+        driver_start_s=result.get("driver_start_s"),
+        syncs=_count(bench.sync_log, "sync"),
+        worker_uv_runs=max(0, _count(bench.run_log, "run") - 1),
+        executables=result.get("executables", []),
+        import_s=result.get("import_s", []),
+        job_runtime_env=result.get("job_runtime_env") or {},
+        error=result.get("error"),
+    )
+    if sample.ok and (wrong := wrong_env(sample, project, bench)):
+        sample.ok, sample.error = False, wrong
+    return sample
+
+
+def wrong_env(sample: Sample, project: BenchProject, bench: Bench) -> str | None:
+    """Why the workers did not run where this way puts them, or None: a timing of the wrong
+    environment (a silent fallback) must not pass for a result."""
+    venv_dir = str(bench.venv_dir) + os.sep
+    in_cache = all(e.startswith(venv_dir) for e in sample.executables)
+    if sample.way.startswith("ours"):
+        if not in_cache or not all(
+            (Path(e).parent.parent / MARKER).is_file() for e in sample.executables
+        ):
+            return f"workers not in the node's cached venv: {sample.executables}"
+    elif sample.way == "floor":
+        if sample.executables != [str(project.path / ".venv" / "bin" / "python")]:
+            return f"workers not in the driver's .venv: {sample.executables}"
+    elif sample.worker_uv_runs == 0 or any(e.startswith(venv_dir) for e in sample.executables):
+        return f"workers did not run `uv run`: {sample.executables}"
+    return None
+
+
+def _count(log: Path, verb: str) -> int:
+    if not log.exists():
+        return 0
+    return sum(1 for line in log.read_text().splitlines() if line.split(" ")[0] == verb)
+
+
+def _run_driver(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """Run the driver in its own process group; kill only that group if it hangs."""
+    with subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    ) as proc:
+        try:
+            output, _ = proc.communicate(timeout=timeout + 120)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)  # type: ignore[arg-type]
+            output, _ = proc.communicate()
+            return {"ok": False, "error": f"driver hung; killed: {output[-500:]}"}
+    for line in reversed(output.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX) :])
+    return {"ok": False, "error": f"driver exited {proc.returncode}: {output[-1500:]}"}
+
+
+@dataclass(frozen=True)
+class Row:
+    set_name: str
+    actors: int
+    way: str
+    median: float | None  # of total_s
+    low: float | None
+    high: float | None
+    after_init: float | None  # median of after_init_s
+    ok: int
+    runs: int
+    syncs: tuple[int, ...]  # per sample
+    worker_uv_runs: tuple[int, ...]
+    errors: tuple[str, ...]
+
+
+def summarize(samples: list[Sample]) -> list[Row]:
+    cases: dict[tuple[str, int, str], list[Sample]] = {}
+    for s in samples:
+        cases.setdefault((s.set_name, s.actors, s.way), []).append(s)
+    rows = []
+    for (set_name, actors, way), group in sorted(
+        cases.items(), key=lambda kv: (kv[0][0], kv[0][1], WAYS.index(kv[0][2]))
+    ):
+        good = [s for s in group if s.ok and s.total_s is not None]
+        times = [s.total_s for s in good if s.total_s is not None]
+        after = [s.after_init_s for s in good if s.after_init_s is not None]
+        rows.append(
+            Row(
+                set_name,
+                actors,
+                way,
+                statistics.median(times) if times else None,
+                min(times) if times else None,
+                max(times) if times else None,
+                statistics.median(after) if after else None,
+                len(good),
+                len(group),
+                tuple(s.syncs for s in group),
+                tuple(s.worker_uv_runs for s in group),
+                tuple(sorted({(s.error or "").splitlines()[0][:200] for s in group if s.error})),
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    measured: str
+    met: bool | None  # None: not measured in this run
+
+
+def targets(rows: list[Row]) -> list[Target]:
+    """The issue's targets: overhead share at the largest N of each set, one sync per node
+    and env, no `uv run` by a worker of ours."""
+    found = []
+    by_key = {(r.set_name, r.actors, r.way): r for r in rows}
+    for set_name in sorted({r.set_name for r in rows}):
+        n = max(r.actors for r in rows if r.set_name == set_name)
+        floor, theirs, ours = (by_key.get((set_name, n, w)) for w in WAYS[:3])
+        name = f"{set_name}, {n} actors: ours (venv ready) above the floor <= 10% of Ray's hook's"
+        if not (
+            floor and theirs and ours and None not in (floor.median, theirs.median, ours.median)
+        ):
+            found.append(Target(name, "not measured", None))
+            continue
+        ours_over = ours.median - floor.median  # type: ignore[operator]
+        theirs_over = theirs.median - floor.median  # type: ignore[operator]
+        met = ours_over <= OVERHEAD_SHARE * theirs_over if theirs_over > 0 else None
+        found.append(
+            Target(
+                name,
+                f"{ours_over:+.2f}s against {theirs_over:+.2f}s (floor {floor.median:.2f}s)",
+                met,
+            )
+        )
+    first = [s for r in rows if r.way == "ours-first" for s in r.syncs]
+    ready = [s for r in rows if r.way == "ours-ready" for s in r.syncs]
+    found.append(
+        Target(
+            "one `uv sync` per node per env (first session 1, later sessions 0)",
+            f"first session: {sorted(set(first))}, venv ready: {sorted(set(ready))}",
+            (set(first) <= {1} and set(ready) <= {0}) if first or ready else None,
+        )
+    )
+    runs = [u for r in rows if r.way.startswith("ours") for u in r.worker_uv_runs]
+    found.append(
+        Target(
+            "no `uv run` by any worker of ours",
+            f"{sum(runs)} in {len(runs)} samples",
+            (sum(runs) == 0) if runs else None,
+        )
+    )
+    return found
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def print_report(console: Console, rows: list[Row], found: list[Target]) -> None:
+    table = Table(title="`uv run` driver, N plain actors: seconds from `uv run` to all answered")
+    for col in (
+        "set",
+        "N",
+        "way",
+        "median",
+        "min-max",
+        "after ray.init",
+        "ok",
+        "syncs",
+        "worker uv runs",
+    ):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r.set_name,
+            str(r.actors),
+            WAY_LABELS[r.way],
+            _fmt(r.median),
+            f"{_fmt(r.low)}-{_fmt(r.high)}",
+            _fmt(r.after_init),
+            f"{r.ok}/{r.runs}",
+            ",".join(map(str, r.syncs)),
+            ",".join(map(str, r.worker_uv_runs)),
+        )
+    console.print(table)
+    for r in rows:
+        for error in r.errors:
+            console.print(f"[red]{r.set_name} x{r.actors} {r.way}: {error}[/red]", highlight=False)
+    for t in found:
+        mark = {True: "[green]met[/green]", False: "[red]missed[/red]", None: "n/a"}[t.met]
+        console.print(f"{mark}  {t.name}: {t.measured}", highlight=False)
+
+
+def markdown(rows: list[Row], found: list[Target]) -> str:
+    """The table and the targets for RESULTS.md."""
+    lines = [
+        "| set | N | way | median s | min-max | after ray.init | ok | syncs | worker uv runs |",
+        "|---|---:|---|---:|---|---:|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.set_name} | {r.actors} | {WAY_LABELS[r.way]} | {_fmt(r.median)} | "
+            f"{_fmt(r.low)}-{_fmt(r.high)} | {_fmt(r.after_init)} | {r.ok}/{r.runs} | "
+            f"{','.join(map(str, r.syncs))} | {','.join(map(str, r.worker_uv_runs))} |"
+        )
+    lines += ["", "| target | measured | met |", "|---|---|---|"]
+    met = {True: "yes", False: "**no**", None: "n/a"}
+    lines += [f"| {t.name} | {t.measured} | {met[t.met]} |" for t in found]
+    return "\n".join(lines)
+
+
+def plot(path: Path, rows: list[Row], title: str) -> None:
+    """Time against N per set, one line per way, min-max as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = sorted({r.set_name for r in rows})
+    fig, axes = plt.subplots(1, len(sets), figsize=(6 * len(sets), 4.5), squeeze=False)
+    for ax, set_name in zip(axes[0], sets, strict=True):
+        for way in WAYS:
+            points = [r for r in rows if r.set_name == set_name and r.way == way and r.median]
+            if not points:
+                continue
+            points.sort(key=lambda r: r.actors)
+            xs = [r.actors for r in points]
+            ys = [r.median for r in points]
+            err = [
+                [y - r.low for y, r in zip(ys, points, strict=True)],  # type: ignore[operator]
+                [r.high - y for y, r in zip(ys, points, strict=True)],
+            ]  # type: ignore[operator]
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=WAY_LABELS[way])
+        ax.set_title(f"{set_name} set")
+        ax.set_xlabel("plain actors (N)")
+        ax.set_ylabel("s from `uv run` to all N answered")
+        ax.set_xscale("log", base=2)
+        ns = sorted({r.actors for r in rows if r.set_name == set_name})
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.uv_run_driver",
+        description="A driver started with `uv run --extra <set>`, N plain actors: the floor, "
+        "Ray's per-worker `uv run` hook and the plugin's hook (venv ready / first session).",
+    )
+    p.add_argument("--sets", default="realistic,big", help="package sets, comma-separated")
+    p.add_argument("--actors", default="1,8,32", help="N, comma-separated")
+    p.add_argument("--ways", default=",".join(WAYS), help=f"of: {', '.join(WAYS)}")
+    p.add_argument("--repeats", type=int, default=2, help="samples per case (default 2)")
+    p.add_argument(
+        "--first-repeats",
+        type=int,
+        default=1,
+        help="samples per ours-first case (default 1: each rebuilds the venv)",
+    )
+    p.add_argument(
+        "--imports",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="each actor's first call imports the set's typical modules (default: yes)",
+    )
+    p.add_argument("--timeout", type=float, default=900, help="seconds per sample")
+    p.add_argument("--workdir", type=Path, help="default: a new temp dir, removed afterwards")
+    p.add_argument("--json", type=Path, help="write every sample, the rows and targets here")
+    p.add_argument("--plot", type=Path, help="write a PNG chart here")
+    p.add_argument("--markdown", action="store_true", help="also print the tables as Markdown")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console() if sys.stdout.isatty() else Console(width=140)
+    sets = [s for s in args.sets.split(",") if s]
+    ways = [w for w in args.ways.split(",") if w]
+    unknown = [s for s in sets if s not in PACKAGE_SETS] + [w for w in ways if w not in WAYS]
+    if unknown:
+        console.print(f"[red]unknown set(s) or way(s): {', '.join(unknown)}[/red]")
+        return 2
+    # Short: Ray's socket paths live under it (RAY_TMPDIR) and must stay under 107 characters.
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rud-", dir="/tmp"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _run(args, sets, ways, Bench(workdir, args.timeout, args.imports), console)
+    finally:
+        if args.workdir is None:
+            remove_tree(workdir)
+
+
+def _run(
+    args: argparse.Namespace, sets: list[str], ways: list[str], bench: Bench, console: Console
+) -> int:
+    meta = machine()
+    meta["args"] = {k: str(v) for k, v in vars(args).items()}
+    console.print(
+        f"[bold]uv run driver bench[/bold] on {meta.get('cpu', '?')}, {meta['cpus']} CPUs, "
+        f"load {meta['loadavg_start'][0]:.1f}; actors num_cpus=0, ray.init() on all cores"
+    )
+    write_counting_uv(bench)
+    projects: dict[str, BenchProject] = {}
+    for set_name in sets:
+        start = time.perf_counter()
+        projects[set_name] = prepare_set(set_name, bench)
+        # Unmeasured: the first Ray session pays cold disk caches, and it builds the venv that
+        # ours-ready finds (every ours-first sample builds it again).
+        warm = run_sample(Case(set_name, "ours-first", 1), projects[set_name], bench, -1)
+        if not warm.ok:
+            console.print(f"[red]{set_name}: the warm-up driver failed: {warm.error}[/red]")
+            return 1
+        console.print(
+            f"set {set_name}: project, .venv and cached venv in {time.perf_counter() - start:.1f}s"
+        )
+    cases, repeats = [], {}
+    for set_name in sets:
+        for n in (int(x) for x in args.actors.split(",") if x.strip()):
+            for way in ways:
+                case = Case(set_name, way, n)
+                cases.append(case)
+                repeats[case] = args.first_repeats if way == "ours-first" else args.repeats
+    total = sum(repeats.values())
+    samples: list[Sample] = []
+    for r, case in rounds(cases, repeats):  # type: ignore[arg-type]
+        sample = run_sample(case, projects[case.set_name], bench, r)
+        samples.append(sample)
+        status = f"{sample.total_s:.2f}s" if sample.ok else f"[red]failed: {sample.error}[/red]"
+        console.print(
+            f"  [{len(samples)}/{total}] {case.set_name} {case.way} x{case.actors}: {status}, "
+            f"{sample.syncs} sync(s), {sample.worker_uv_runs} worker uv run(s)",
+            highlight=False,
+        )
+        if args.json:  # after every sample: a run cut short keeps what it measured
+            _write_json(args.json, meta, samples)
+    meta["loadavg_end"] = os.getloadavg()
+    rows = summarize(samples)
+    print_report(console, rows, targets(rows))
+    if args.markdown:
+        print(markdown(rows, targets(rows)))
+    if args.json:
+        _write_json(args.json, meta, samples)
+        console.print(f"wrote {args.json}")
+    if args.plot:
+        plot(
+            args.plot,
+            rows,
+            f"`uv run` driver, {meta['date']}, {meta.get('cpu', '')} x{meta['cpus']}",
+        )
+        console.print(f"wrote {args.plot}")
+    return 0 if all(s.ok for s in samples) else 1
+
+
+def _write_json(path: Path, meta: dict[str, Any], samples: list[Sample]) -> None:
+    rows = summarize(samples)
+    data = {
+        "meta": meta,
+        "samples": [asdict(s) for s in samples],
+        "rows": [asdict(r) for r in rows],
+        "targets": [asdict(t) for t in targets(rows)],
+    }
+    path.write_text(json.dumps(data, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
