@@ -183,7 +183,15 @@ def write_project(set_name: str, path: Path) -> BenchProject:
 # Dropped from every environment the benchmark starts: the driver's own venv must not leak into
 # uv, and a PYTHONDONTWRITEBYTECODE of the machine's (a sandbox sets it) would keep workers from
 # caching `.pyc` files where users' workers can (`uv run`'s .venv, Ray's `uv` field's venv).
-DROPPED_ENV = ("VIRTUAL_ENV", "UV_LOCKED", "PYTHONDONTWRITEBYTECODE")
+# The driver hook of `ray-uv plugin-config --shell`, from a shell set up that way, would give
+# each sample driver (a descendant of `uv run`) the checkout's env as its job default.
+DROPPED_ENV = (
+    "VIRTUAL_ENV",
+    "UV_LOCKED",
+    "PYTHONDONTWRITEBYTECODE",
+    "RAY_RUNTIME_ENV_HOOK",
+    "RAY_UV_PLUGIN_PREVIOUS_HOOK",
+)
 
 
 def clean_env(**extra: str) -> dict[str, str]:

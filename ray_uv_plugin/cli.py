@@ -41,10 +41,13 @@ def cmd_plugin_config(args: argparse.Namespace) -> int:
     if not args.shell:
         print(plugin_config())
         return 0
+    from ray_uv_plugin.driver_hook import hook_settings
     from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
 
     print(f"export RAY_RUNTIME_ENV_PLUGINS={shlex.quote(plugin_config())}")
     print(f"export {SCHEMAS_ENV}={shlex.quote(schemas_setting(os.environ.get(SCHEMAS_ENV)))}")
+    for name, value in hook_settings(os.environ, portable=True).items():
+        print(f"export {name}={shlex.quote(value)}")
     return 0
 
 
@@ -438,7 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--shell",
         action="store_true",
         help="print `export` lines for `eval`, also setting RAY_RUNTIME_ENV_PLUGIN_SCHEMAS to "
-        "the package's JSON schema (driver-side checks of the field)",
+        "the package's JSON schema (driver-side checks of the field) and RAY_RUNTIME_ENV_HOOK "
+        "to the plugin's hook, with Ray's own `uv run` hook off (RAY_ENABLE_UV_RUN_RUNTIME_ENV"
+        "=0): a driver started with `uv run` gives its job the node's cached venv of its "
+        "project (a hook set before is kept: RAY_UV_PLUGIN_PREVIOUS_HOOK)",
     )
     p.set_defaults(func=cmd_plugin_config)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_uv_plugin import PLUGIN_CLASS, plugin_config
-from ray_uv_plugin.prepare import EXCLUDES
+from ray_uv_plugin.prepare import EXCLUDES, init_unhooked
 from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
 
 DEMO_EXTRAS = ("banner", "toml")
@@ -80,7 +80,7 @@ def run(
     from ray_uv_plugin import _probe
     from ray_uv_plugin.spec import UvProject
 
-    ray.init(
+    init_unhooked(  # the actors ask for their envs: no `uv run` driver hook applies
         address="local",
         num_cpus=len(DEMO_EXTRAS),
         include_dashboard=False,

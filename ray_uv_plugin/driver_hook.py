@@ -62,7 +62,8 @@ def uv_run_cmdline() -> list[str] | None:
     """The command line of the nearest ancestor process that is `uv run`, as Ray finds it (a
     driver may be a child of a child of `uv run`)."""
     import ray  # noqa: F401 - Ray vendors psutil (`ray/thirdparty_files`) and puts it on sys.path
-    import psutil
+
+    psutil = importlib.import_module("psutil")  # so: after Ray
 
     for parent in psutil.Process().parents():
         try:

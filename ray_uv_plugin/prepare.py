@@ -146,11 +146,34 @@ def lacks_plugin(address: str, python: str) -> str:
     )
 
 
-def connect(address: str | None, runtime_env: dict[str, Any] | None) -> None:
-    # The CLI's own environment is not what workers need: every probe asks for its uv env.
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    import ray
+def init_unhooked(**kwargs: Any) -> None:
+    """`ray.init(**kwargs)` for a driver of this package's own (`prepare`, the demo), whose
+    job runtime_env is exactly `kwargs["runtime_env"]`: no driver hook may rewrite it.
 
+    Under `uv run` (`uv run ray-uv prepare --project P` in another uv project), Ray's own hook
+    would give the job that project's `uv run` as py_executable and refuse a working_dir P
+    without its pyproject.toml; a RAY_RUNTIME_ENV_HOOK (ours makes the `uv run` project the
+    job's uv_project) would change the job as well. Ray reads RAY_ENABLE_UV_RUN_RUNTIME_ENV
+    when it is imported, so setting the env var here would come too late: its constant is off
+    for this call only (a caller's own later `ray.init` keeps its hook), and
+    `_skip_env_hook` skips RAY_RUNTIME_ENV_HOOK (Ray 2.44.1 has only that one).
+    """
+    import ray
+    from ray._private import ray_constants
+
+    missing = object()
+    saved = getattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", missing)
+    ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
+    try:
+        ray.init(_skip_env_hook=True, **kwargs)
+    finally:
+        if saved is missing:
+            del ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV
+        else:
+            ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = saved
+
+
+def connect(address: str | None, runtime_env: dict[str, Any] | None) -> None:
     target = address or os.environ.get("RAY_ADDRESS") or "auto"
     hint = (
         "start one with `RAY_RUNTIME_ENV_PLUGINS=$(ray-uv plugin-config) ray start --head`, "
@@ -158,15 +181,17 @@ def connect(address: str | None, runtime_env: dict[str, Any] | None) -> None:
     )
     reachable_or_die(target, hint)
     try:
-        ray.init(
+        init_unhooked(
             address=target,
             runtime_env=runtime_env,
             log_to_driver=False,
             logging_level="WARNING",
             namespace="ray-uv-prepare",
         )
-    except (ConnectionError, RuntimeError) as e:
+    except ConnectionError as e:
         raise PrepareError(f"cannot connect to a Ray cluster at {target!r} ({e}): {hint}") from e
+    except Exception as e:  # noqa: BLE001 - connected or not, Ray refused the job: say why
+        raise PrepareError(f"ray.init(address={target!r}) failed: {type(e).__name__}: {e}") from e
 
 
 def reachable_or_die(address: str, hint: str, timeout: float = 5.0) -> None:

@@ -2,10 +2,11 @@
 
 The driver starts a `VenvSender` actor on the source node and a `VenvReceiver` on each target
 node, both on the node's own Ray Python (never the driver's interpreter, nor a job's
-`py_executable`: see `ship`). It pulls the venv's chunks (`venv_archive`) from the sender one
-at a time and hands each chunk's object ref to every receiver still taking it; Ray moves the
-bytes, and a receiver may pull a chunk from any node that already holds a copy. At most
-`WINDOW` chunks are in flight, so the object store holds a few chunks per node, never the venv.
+`py_executable` or job-default `uv_project`: see `ship`). It pulls the venv's chunks
+(`venv_archive`) from the sender one at a time and hands each chunk's object ref to every
+receiver still taking it; Ray moves the bytes, and a receiver may pull a chunk from any node
+that already holds a copy. At most `WINDOW` chunks are in flight, so the object store holds a
+few chunks per node, never the venv.
 
 What is checked, and what may go where:
 - The sender holds the key's build lock shared for its whole life, so that neither `gc` nor a
@@ -64,10 +65,24 @@ WINDOW = 4  # chunks in flight to each receiver
 STALL_TIMEOUT = 300.0  # a node that does not answer for this long is given up on, alone
 ACTOR_START = 60.0  # besides, for an actor's first answer: its worker process starts first
 WATCH_INTERVAL = 1.0  # how often a receiver checks how long it has held the lock
-# The actors' runtime_env where the job sets a `py_executable`: an empty one overrides the job's,
-# and Ray's worker setup then starts the node's own Python (`RuntimeEnvContext` falls back to
-# the interpreter of the raylet's setup_worker for an empty py_executable).
+# The actors' runtime_env where the job sets a `py_executable` or a job-default `uv_project`: an
+# empty one overrides the job's (the plugin yields a job default to it), and Ray's worker setup
+# then starts the node's own Python (`RuntimeEnvContext` falls back to the interpreter of the
+# raylet's setup_worker for an empty py_executable).
 NODE_PYTHON: dict[str, Any] = {"py_executable": ""}
+
+
+def node_python_env(job_env: dict[str, Any]) -> dict[str, Any] | None:
+    """The runtime_env that puts this package's own actors and tasks on each node's Ray
+    Python under a job whose runtime_env is `job_env`; None where the job's own is that.
+
+    A job `py_executable` (Ray's `uv run` hook's) may name a path that only the driver's
+    machine has, and a job-default `uv_project` (our `uv run` driver hook's) would build the
+    job's venv first: `NODE_PYTHON` overrides the one, and the plugin yields the other to it.
+    """
+    value = job_env.get("uv_project")
+    job_default = isinstance(value, dict) and value.get("job_default") is True
+    return dict(NODE_PYTHON) if job_env.get("py_executable") or job_default else None
 
 
 class ShipError(RuntimeError):
@@ -379,16 +394,18 @@ def ship(
 
     `settings`: `{"env_vars": the runtime_env's, "resolves": not locked/frozen}` (default: none,
     locked); `runtime_env`: for the actors, whose interpreter must have this package (default:
-    the job's, but the node's own Python where the job sets a `py_executable`, e.g. Ray's
-    `uv run` hook's, which may name a path that only the driver's machine has). `timeout`
-    bounds the whole ship; `stall_timeout` each node's wait for its next answer."""
+    the job's, but the node's own Python where the job sets a `py_executable` or a job-default
+    `uv_project`: see `node_python_env`). `timeout` bounds the whole ship; `stall_timeout`
+    each node's wait for its next answer."""
     settings = settings or {"env_vars": {}, "resolves": False}
     job_env = ray.get_runtime_context().runtime_env
-    if "uv_project" in job_env:  # every actor of the job would run in that venv, without us
+    node_python = node_python_env(job_env)
+    if "uv_project" in job_env and node_python is None:
+        # Every actor of the job runs in that venv, and none may leave it for the node's Python.
         why = "the job's own runtime_env has uv_project (ask for it per actor to ship it)"
         return {n: ShipResult(n, "refused", why=why) for n in targets}
-    if runtime_env is None and job_env.get("py_executable"):
-        runtime_env = dict(NODE_PYTHON)
+    if runtime_env is None:
+        runtime_env = node_python
     deadline = time.monotonic() + timeout
     first_answer = min(stall_timeout + ACTOR_START, timeout)
     where = _addresses()

@@ -273,6 +273,47 @@ def test_a_failed_nodes_error_keeps_its_brackets() -> None:
 
 
 @pytest.mark.parametrize(
+    ("raised", "message"),
+    [
+        (
+            RuntimeError("Version mismatch: the cluster runs Ray 2.44.1"),
+            "ray.init(address='auto') failed: RuntimeError: Version mismatch: the cluster runs "
+            "Ray 2.44.1",
+        ),
+        (
+            ConnectionError("Could not find any running Ray instance"),
+            "cannot connect to a Ray cluster at 'auto' (Could not find any running Ray instance)"
+            ": start one with",
+        ),
+    ],
+)
+def test_prepare_reports_a_failing_ray_init_as_what_it_is(
+    monkeypatch: pytest.MonkeyPatch, raised: Exception, message: str
+) -> None:
+    """Only a connection failure is called one; `prepare`'s own job runs no driver hook (Ray's
+    `uv run` one is off for its `ray.init` only: a caller's own later `ray.init` keeps it)."""
+    import ray
+    from ray._private import ray_constants
+
+    from ray_uv_plugin import prepare
+
+    seen: dict[str, object] = {}
+
+    def init(**kwargs: object) -> None:
+        seen.update(kwargs, ray_uv_hook=ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV)
+        raise raised
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", True, raising=False)
+    with pytest.raises(prepare.PrepareError) as e:
+        prepare.connect("auto", {"working_dir": "/p"})
+    assert str(e.value).startswith(message)
+    assert seen["_skip_env_hook"] is True and seen["ray_uv_hook"] is False
+    assert seen["runtime_env"] == {"working_dir": "/p"}
+    assert ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV is True
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (["gc", "--older-than", "-1"], "error: --older-than must be >= 0 days"),

@@ -21,11 +21,14 @@ from pathlib import Path
 import pytest
 
 from ray_uv_plugin.inventory import format_bytes
+from ray_uv_plugin.uv import find_uv
 from ray_uv_plugin.venv_cache import MARKER
 from tests.test_gc import du_bytes
 from tests.uvproject import write_project
 
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[1]
+DRIVER_HOOK_ENV = ("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "RAY_RUNTIME_ENV_HOOK")  # conftest sets one
 RAY, RAY_UV = str(BIN / "ray"), str(BIN / "ray-uv")
 
 MAIN = """\
@@ -68,6 +71,23 @@ while not os.path.exists(stop):
     os.replace(beat + ".tmp", beat)
     time.sleep(0.2)
 print("LOOP DONE", i)
+"""
+
+
+UV_RUN_DRIVER = """\
+import json, sys
+import ray
+ray.init()
+
+@ray.remote(num_cpus=0)
+class Plain:
+    def where(self):
+        from importlib.util import find_spec
+        return sys.executable, bool(find_spec("six")), bool(find_spec("iniconfig"))
+
+actors = [Plain.remote() for _ in range(3)]
+print("ACTORS", json.dumps(ray.get([a.where.remote() for a in actors])))
+print("JOB_UV_PROJECT", json.dumps(ray.get_runtime_context().runtime_env.get("uv_project")))
 """
 
 
@@ -174,7 +194,12 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tmp_path_factory.mktemp("jobproj") / "p",
         extras={"six": ["six"], "ini": ["iniconfig"]},
         groups={"lint": ["tomli-w"]},
-        files={"main.py": MAIN, "bad_actor.py": BAD_ACTOR, "loop.py": LOOP},
+        files={
+            "main.py": MAIN,
+            "bad_actor.py": BAD_ACTOR,
+            "loop.py": LOOP,
+            "uv_driver.py": UV_RUN_DRIVER,
+        },
     )
 
 
@@ -346,3 +371,63 @@ def test_ray_job_cli_accepts_ray_auth_mode_disabled(cluster: Cluster) -> None:
     out = cluster.job("list")
     assert out.returncode == 0, out.stderr
     assert "token" not in (out.stdout + out.stderr).lower()
+
+
+@pytest.mark.parametrize(
+    "shell",
+    [
+        "true",  # a shell without set-up: Ray's own `uv run` hook (its default since 2.47)
+        f'eval "$({RAY_UV} plugin-config --shell)"',  # the set-up the docs give: our hook
+    ],
+    ids=["ray-hook", "plugin-config"],
+)
+def test_prepare_connects_from_under_uv_run_in_another_project(
+    cluster: Cluster, project: Path, shell: str
+) -> None:
+    """`uv run ray-uv prepare --project P` from another uv project (this checkout): no driver
+    hook rewrites the CLI's own job, so Ray neither refuses P as a working_dir without the
+    checkout's pyproject.toml nor gives the probes the checkout's `uv run`."""
+    command = [find_uv(), "run", "--no-sync", "ray-uv", "prepare", "--address", cluster.gcs]
+    command += ["--project", str(project), "--extra", "six", "--json"]
+    out = subprocess.run(
+        ["bash", "-c", f'{shell} && exec "$@"', "-", *command],
+        cwd=REPO,
+        env={k: v for k, v in cluster.env.items() if k not in DRIVER_HOOK_ENV},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Prepared 1 node" in out.stderr
+    (node,) = json.loads(out.stdout)["nodes"]
+    meta = json.loads((cluster.venvs / node["key"] / MARKER).read_text())
+    assert meta["extras"] == ["six"] and meta["name"] == "testproj"  # P's env, not the checkout's
+
+
+def test_a_uv_run_job_runs_its_plain_actors_in_the_cached_venv(
+    cluster: Cluster, project: Path
+) -> None:
+    """`ray job submit -- uv run --extra six python ...` on a head set up with `plugin-config
+    --shell`: the job's plain actors run in the node's cached venv of the project with exactly
+    that extra (not `uv run` each), as a job-default uv_project: the very venv that `ray-uv
+    prepare --extra six` makes ready."""
+    args = ["--address", cluster.gcs, "--project", str(project), "--extra", "six", "--json"]
+    prepared = cluster.run(RAY_UV, "prepare", *args)
+    assert prepared.returncode == 0, prepared.stderr
+    (node,) = json.loads(prepared.stdout)["nodes"]
+    out = cluster.job(
+        "submit", "--working-dir", str(project), "--",
+        find_uv(), "run", "--extra", "six", "python", "uv_driver.py",
+    )  # fmt: skip
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    (actors,) = [
+        json.loads(x.split(" ", 1)[1]) for x in text.splitlines() if x.startswith("ACTORS")
+    ]
+    (value,) = [x.split(" ", 1)[1] for x in text.splitlines() if x.startswith("JOB_UV_PROJECT")]
+    assert json.loads(value) == {"extras": ["six"], "locked": True, "job_default": True}
+    assert len({python for python, _, _ in actors}) == 1, actors  # one venv for all of them
+    python, has_six, has_iniconfig = actors[0]
+    venv = Path(python).parents[1]
+    assert venv == cluster.venvs / node["key"] and (has_six, has_iniconfig) == (True, False)
+    assert json.loads((venv / MARKER).read_text())["extras"] == ["six"]

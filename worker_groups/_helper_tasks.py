@@ -4,8 +4,10 @@ topology) and the interpreter they run on.
 These tasks need Ray and nothing else, so they must not inherit a job-level ``py_executable``:
 under a driver started with ``uv run``, Ray's hook makes that ``uv run ... python`` inside each
 node's copy of the working_dir, which with ``--no-sync`` has no venv (``No module named 'ray'``,
-retried for minutes). They run on each node's own Ray Python instead (an empty
-``py_executable`` overrides the job's, as for the plugin's shipping actors), or on the one
+retried for minutes). Nor should they wait for the job-default ``uv_project`` that our driver
+hook gives such a job instead (its venv may be large and needed by no worker on the node). They
+run on each node's own Ray Python instead (an empty ``py_executable`` overrides the job's, and
+the plugin yields the job default to it, as for the plugin's shipping actors), or on the one
 ``WORKER_GROUPS_HELPER_PYTHON`` names, and a helper that cannot start fails after
 `HELPER_TIMEOUT_S` with a message saying so.
 """
@@ -44,16 +46,15 @@ def job_py_executable() -> str | None:
 
 def helper_runtime_env() -> dict[str, Any]:
     """A runtime_env whose interpreter has Ray: ``WORKER_GROUPS_HELPER_PYTHON`` if set, else
-    the node's Ray Python: the job's default when it sets no ``py_executable``, else an empty
-    one, which overrides the job's (the driver's own path may not exist on other nodes)."""
-    from ray_uv_plugin.ship import NODE_PYTHON
+    the node's Ray Python: the job's default when it sets neither a ``py_executable`` nor a
+    job-default ``uv_project``, else an empty ``py_executable``, which overrides the job's (the
+    driver's own path may not exist on other nodes)."""
+    from ray_uv_plugin.ship import node_python_env
 
     chosen = os.environ.get(HELPER_PYTHON_ENV)
     if chosen:
         return {"py_executable": chosen}
-    if job_py_executable() is None:
-        return {}
-    return dict(NODE_PYTHON)
+    return node_python_env(ray.get_runtime_context().runtime_env) or {}
 
 
 def run_helpers(refs: list[ray.ObjectRef], what: str, timeout_s: float = HELPER_TIMEOUT_S) -> list:
@@ -113,7 +114,9 @@ def uv_run_no_sync_problem(fqn: str) -> str | None:
     Without ``uv_project`` a worker runs on the job's interpreter. Ray's ``uv run`` hook makes
     that ``uv run --no-sync ... python`` in each node's copy of the working_dir, which has no venv
     unless ``UV_PROJECT_ENVIRONMENT`` points uv at one: the worker would never start, and Ray
-    would retry it for the whole startup timeout.
+    would retry it for the whole startup timeout. Our driver hook gives such a job its
+    project's venv as a job-default ``uv_project`` instead (no ``py_executable``: nothing to
+    refuse); only a command line that it leaves to Ray's hook (an unmappable flag) gets here.
     """
     exe = job_py_executable()
     if exe is None:
@@ -130,6 +133,9 @@ def uv_run_no_sync_problem(fqn: str) -> str | None:
         f"{exe!r} (Ray's `uv run` hook), which runs in each node's copy of the working_dir: "
         "with --no-sync that copy has no venv, and the worker would never start. Register the "
         f"class with a uv_project value, e.g. ACTOR_ENVIRONMENT_REGISTRY[{fqn!r}] = "
-        "PY_EXECUTABLES.BASE (the driver's project, built once per node), or start the driver "
-        "with `uv run` without --no-sync, or with `python` directly."
+        "PY_EXECUTABLES.BASE (the driver's project, built once per node), or let the "
+        "plugin's driver hook give the job its project's venv (`eval \"$(ray-uv plugin-config "
+        "--shell)\"` in the driver's shell, and no `uv run` flag that it leaves to Ray: its "
+        "warning names it), or start the driver with `uv run` without --no-sync, or with "
+        "`python` directly."
     )

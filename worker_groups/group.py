@@ -50,6 +50,20 @@ logger = logging.getLogger(__name__)
 DEFAULT_STARTUP_TIMEOUT_S = 1800.0
 
 
+def job_default_uv_project(runtime_env: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's default `uv_project` (our `uv run` driver hook's), which workers with
+    `runtime_env` and no `uv_project` of their own run in; None where they run elsewhere."""
+    from ray_uv_plugin.spec import parse_spec, yields_to
+
+    value = ray.get_runtime_context().runtime_env.get("uv_project")
+    if not isinstance(value, dict):
+        return None
+    spec = parse_spec(value)
+    if not spec.job_default or yields_to(spec, runtime_env) is not None:
+        return None
+    return dict(value)
+
+
 class WorkerStartupTimeoutError(TimeoutError):
     """Workers of a group were not up within `startup_timeout_s`; the group was shut down."""
 
@@ -205,13 +219,16 @@ class RayWorkerGroup:
     def _prepare_env(self, runtime_env: dict[str, Any], pgs: list) -> None:
         """Before any worker starts: build the workers' uv_project env on one of the group's
         nodes and ship it to the others (`ray_uv_plugin.prepare`), as `ray-uv prepare` does.
-        Nodes that have it already cost one small task each; off with RAY_UV_PLUGIN_SHIP=0."""
+        Nodes that have it already cost one small task each; off with RAY_UV_PLUGIN_SHIP=0.
+        Workers without a uv_project of their own under a `uv run` driver run in the job's
+        default env (`job_default_uv_project`): that one is prepared then."""
         from ray.util import placement_group_table
 
         from ray_uv_plugin.prepare import prepare_nodes
         from ray_uv_plugin.ship import shipping_enabled
 
-        if "uv_project" not in runtime_env or not shipping_enabled():
+        value = runtime_env.get("uv_project") or job_default_uv_project(runtime_env)
+        if value is None or not shipping_enabled():
             return
         node_ids = {
             n for pg in pgs for n in placement_group_table(pg)["bundles_to_node_id"].values()
@@ -223,12 +240,12 @@ class RayWorkerGroup:
         what = self.name_prefix or "worker group"
         start = time.perf_counter()
         results = prepare_nodes(
-            runtime_env["uv_project"],
+            value,
             nodes,
             self.startup_timeout_s or DEFAULT_STARTUP_TIMEOUT_S,
             on_result=lambda r: logger.info("%s: uv_project env: %s: %s", what, r.label, r.summary),
             runtime_env=helper_runtime_env(),
-            probe_env=runtime_env,
+            probe_env={**runtime_env, "uv_project": value},
         )
         counts = {o: sum(r.outcome == o for r in results) for o in ("built", "shipped", "reused")}
         logger.info(
