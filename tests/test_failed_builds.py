@@ -247,6 +247,7 @@ def hello() -> str:
     return "hello"
 
 
+@pytest.mark.slow
 def test_an_identical_request_is_built_again_after_both_windows(ray_with_short_memories, tmp_path):
     uv = ray_with_short_memories
     project = write_project(tmp_path / "tampered", ["six"], name="tampered-twice")

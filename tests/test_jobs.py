@@ -294,6 +294,7 @@ def test_prepare_checks_the_request_before_touching_the_cluster(
     assert "Preparing" not in out.stderr
 
 
+@pytest.mark.slow
 def test_gc_under_load_keeps_a_live_workers_venv(
     cluster: Cluster, project: Path, tmp_path: Path
 ) -> None:

@@ -99,6 +99,7 @@ def test_two_raylets_on_one_host(tmp_path, node_env, monkeypatch, shared):
         assert len(pythons) == 2 and len(markers) == 2 and node_env.syncs() == 2
 
 
+@pytest.mark.slow
 def test_a_node_that_lacks_the_plugin_is_named(tmp_path, node_env, monkeypatch):
     """A raylet started without RAY_RUNTIME_ENV_PLUGINS ignores the field (Ray only warns in
     its setup log) and would run workers in the node's own Python: prepare and worker groups

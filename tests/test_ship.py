@@ -407,6 +407,7 @@ DRIVER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_driver_killed_mid_way_leaves_nothing_used(two_nodes, tmp_path: Path) -> None:
     cluster, _, b = two_nodes
     project = new_project(tmp_path)
@@ -500,6 +501,7 @@ def test_a_worker_group_ships_its_env_before_its_workers_start(
     assert any("ready on 2 of 2 nodes" in m and "2 reused" in m for m in lines), lines
 
 
+@pytest.mark.slow
 def test_the_building_node_dying_mid_way_fails_cleanly(two_nodes, tmp_path: Path) -> None:
     """Node D has the venv and ships it to B; D's raylet dies after chunk 2. B's receive fails
     naming D and the step, B keeps nothing of it, and B's next prepare ships from A."""

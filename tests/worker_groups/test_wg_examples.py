@@ -93,6 +93,7 @@ def test_vllm_generation_one_engine(tmp_path: Path) -> None:
     assert "engine 0: [" in out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_nemo_rl_style_script_runs_with_only_its_imports_changed() -> None:
     """examples/nemo_rl_api.py is written against NeMo RL's API; it starts its own Ray with

@@ -127,6 +127,7 @@ def run_driver(
     return json.loads(line[len("RESULT ") :])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_system_workers_run_in_the_jobs_default_env_shipped_to_each_node(
     tmp_path: Path,
