@@ -200,14 +200,15 @@ def prepare_set(set_name: str, bench: Bench) -> BenchProject:
     return project
 
 
-def way_env(way: str, bench: Bench) -> tuple[dict[str, str], str]:
-    """The driver's environment and the shell set-up before it, for one way."""
+def way_env(way: str, bench: Bench, set_name: str) -> tuple[dict[str, str], str]:
+    """The driver's environment and the shell set-up before it, for one way. Each set has a
+    venv dir of its own: an `ours-first` sample empties its set's, never another set's."""
     env = {k: v for k, v in clean_env().items() if k not in SETUP_VARS}
     env.update(
         {
             UV_ENV_VAR: str(bench.workdir / "uv-logged"),
             SYNC_LOG_ENV: str(bench.sync_log),
-            VENV_DIR_ENV: str(bench.venv_dir),
+            VENV_DIR_ENV: str(bench.venv_dir / set_name),
             "RAY_AUTH_MODE": "disabled",
             "RAY_USAGE_STATS_ENABLED": "0",
             # Ray's files in a dir of ours: no other Ray on this host is joined or joins ours.
@@ -229,10 +230,10 @@ def way_env(way: str, bench: Bench) -> tuple[dict[str, str], str]:
 def run_sample(case: Case, project: BenchProject, bench: Bench, repeat: int) -> Sample:
     """One `uv run` driver, one fresh Ray session; counts and checks what its workers ran."""
     if case.way == "ours-first":
-        remove_tree(bench.venv_dir)
+        remove_tree(bench.venv_dir / case.set_name)
     for log in (bench.sync_log, bench.run_log):
         log.unlink(missing_ok=True)
-    env, setup = way_env(case.way, bench)
+    env, setup = way_env(case.way, bench, case.set_name)
     config = {
         "actors": case.actors,
         "imports": PROBE_IMPORTS[case.set_name] if bench.imports else [],
@@ -281,6 +282,8 @@ def wrong_env(sample: Sample, project: BenchProject, bench: Bench) -> str | None
             (Path(e).parent.parent / MARKER).is_file() for e in sample.executables
         ):
             return f"workers not in the node's cached venv: {sample.executables}"
+        if sample.way == "ours-ready" and sample.syncs:
+            return f"the venv was not ready: {sample.syncs} sync(s) in this session"
     elif sample.way == "floor":
         if sample.executables != [str(project.path / ".venv" / "bin" / "python")]:
             return f"workers not in the driver's .venv: {sample.executables}"

@@ -474,7 +474,8 @@ def test_plugin_config_shell_and_setup_driver_set_the_hook(tmp_path: Path) -> No
         """
         import os, ray, ray_uv_plugin
         from ray._private import ray_constants
-        assert ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV
+        # Ray 2.44 has no `uv run` hook of its own to turn off (nor the constant).
+        assert getattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", True)
         ray_uv_plugin.setup_driver()
         assert not ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV
         assert os.environ["RAY_RUNTIME_ENV_HOOK"] == "ray_uv_plugin.driver_hook.hook"
