@@ -154,12 +154,20 @@ def run_sample(case: Case, inputs: Inputs, settings: Settings, repeat: int) -> S
 
 
 def _run_child(config: dict[str, Any], env: dict[str, str], settings: Settings) -> dict[str, Any]:
-    """Run `benchmarks.sample` in its own process group; kill only that group if it hangs."""
+    """Run `benchmarks.sample` for one sample."""
     cmd = [sys.executable, "-m", "benchmarks.sample", json.dumps(config)]
+    return run_for_result(cmd, settings.workdir, env, settings.timeout, "sample process")
+
+
+def run_for_result(
+    cmd: list[str], cwd: Path, env: dict[str, str], timeout: float, what: str
+) -> dict[str, Any]:
+    """Run `cmd` in its own process group and return the JSON it printed after
+    `RESULT_PREFIX`; kill only that group if it hangs past `timeout` (+ 120 s of start-up)."""
     with subprocess.Popen(
         cmd,
         env=env,
-        cwd=settings.workdir,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -167,15 +175,15 @@ def _run_child(config: dict[str, Any], env: dict[str, str], settings: Settings) 
         start_new_session=True,
     ) as proc:
         try:
-            output, _ = proc.communicate(timeout=settings.timeout + 120)
+            output, _ = proc.communicate(timeout=timeout + 120)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             output, _ = proc.communicate()
-            return {"ok": False, "error": f"sample process hung; killed: {output[-500:]}"}
+            return {"ok": False, "error": f"{what} hung; killed: {output[-500:]}"}
     for line in reversed(output.splitlines()):
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX) :])
-    return {"ok": False, "error": f"sample exited {proc.returncode}: {output[-1500:]}"}
+    return {"ok": False, "error": f"{what} exited {proc.returncode}: {output[-1500:]}"}
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:

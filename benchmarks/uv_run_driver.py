@@ -47,14 +47,13 @@ from benchmarks.envs import (
     write_project,
 )
 from benchmarks.report import machine
-from benchmarks.runner import SYNC_LOG_ENV, _kill_group, rounds, write_uv_wrapper
+from benchmarks.runner import SYNC_LOG_ENV, rounds, run_for_result, write_uv_wrapper
 from ray_uv_plugin.uv import UV_ENV_VAR, find_uv
 from ray_uv_plugin.venv_cache import MARKER, VENV_DIR_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY_UV = Path(sys.executable).parent / "ray-uv"
 DRIVER_NAME = "bench_driver.py"
-RESULT_PREFIX = "BENCH_RESULT "
 WAYS = ("floor", "ray-hook", "ours-ready", "ours-first")
 WAY_LABELS = {
     "floor": "floor: Ray's hook off, workers in the driver's .venv",
@@ -112,7 +111,7 @@ DRIVER = textwrap.dedent(
         result["error"] = f"{type(e).__name__}: {e}"
     finally:
         ray.shutdown()
-    print("BENCH_RESULT " + json.dumps(result), flush=True)
+    print("BENCH_RESULT " + json.dumps(result), flush=True)  # runner.RESULT_PREFIX
     """
 )
 
@@ -242,11 +241,12 @@ def run_sample(case: Case, project: BenchProject, bench: Bench, repeat: int) -> 
     command = [str(bench.uv), "run", "--extra", project.extra, "python", DRIVER_NAME]
     script = f'{setup} && BENCH_T0=$(date +%s.%N) exec "$@"'
     try:
-        result = _run_driver(
+        result = run_for_result(
             ["bash", "-c", script, "-", *command, json.dumps(config)],
             project.path,
             env,
             bench.timeout,
+            "driver",
         )
     finally:
         remove_tree(bench.workdir / "ray")
@@ -296,30 +296,6 @@ def _count(log: Path, verb: str) -> int:
     if not log.exists():
         return 0
     return sum(1 for line in log.read_text().splitlines() if line.split(" ")[0] == verb)
-
-
-def _run_driver(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> dict[str, Any]:
-    """Run the driver in its own process group; kill only that group if it hangs."""
-    with subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    ) as proc:
-        try:
-            output, _ = proc.communicate(timeout=timeout + 120)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)  # type: ignore[arg-type]
-            output, _ = proc.communicate()
-            return {"ok": False, "error": f"driver hung; killed: {output[-500:]}"}
-    for line in reversed(output.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX) :])
-    return {"ok": False, "error": f"driver exited {proc.returncode}: {output[-1500:]}"}
 
 
 @dataclass(frozen=True)
