@@ -107,6 +107,9 @@ def run_driver(
     """`uv run <args>` in the project, from a shell after `setup`."""
     command = [str(counter.uv), "run", *args]
     env = {k: v for k, v in env.items() if k != "VIRTUAL_ENV"}  # this test's own, from uv run
+    # The driver's venv on the interpreter Ray runs on here (uv would pick the first `python3` on
+    # PATH, which need not be the one this suite runs on: Ray refuses a driver of another version).
+    env.setdefault("UV_PYTHON", sys._base_executable)
     proc = subprocess.run(
         ["bash", "-c", f'{setup} && exec "$@"', "-", *command],
         cwd=project,

@@ -1,0 +1,78 @@
+"""The wheel users install: its metadata and the files the plugin needs at run time.
+
+Built with the real `uv build` from the checkout (hatchling from the registry), no Ray.
+"""
+
+from __future__ import annotations
+
+import email
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not on PATH")
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [uv, "build", "--wheel", "--out-dir", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (built,) = out.glob("ray_uv_plugin-*.whl")
+    return built
+
+
+def _metadata(wheel: Path) -> email.message.Message:
+    with zipfile.ZipFile(wheel) as z:
+        (name,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        return email.message_from_bytes(z.read(name))
+
+
+def test_metadata_states_license_pythons_and_typing(wheel: Path) -> None:
+    meta = _metadata(wheel)
+    assert meta["License-Expression"] == "MIT"
+    classifiers = meta.get_all("Classifier") or []
+    for version in ("3.11", "3.12", "3.13"):
+        assert f"Programming Language :: Python :: {version}" in classifiers
+    assert "Typing :: Typed" in classifiers
+    assert meta["Requires-Python"] == ">=3.11"
+    # The running interpreter is one the metadata promises.
+    assert f"Programming Language :: Python :: {sys.version_info[0]}.{sys.version_info[1]}" in (
+        classifiers
+    )
+
+
+def test_wheel_holds_markers_license_and_run_time_files(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    for needed in (
+        "ray_uv_plugin/py.typed",
+        "worker_groups/py.typed",
+        # Read at run time: the JSON schema Ray validates against, uv's config for builds, and
+        # the hook `plugin-config --shell` puts on PYTHONPATH.
+        "ray_uv_plugin/schemas/uv_project.json",
+        "ray_uv_plugin/uv_config/uv/uv.toml",
+        "ray_uv_plugin/hook_path/ray_uv_plugin_hook.py",
+    ):
+        assert needed in names, f"{needed} missing from the wheel"
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    # The checkout's benchmarks and tests stay out of an install.
+    assert not any(n.startswith(("benchmarks/", "tests/")) for n in names)
+
+
+def test_console_script_is_ray_uv(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as z:
+        (name,) = [n for n in z.namelist() if n.endswith(".dist-info/entry_points.txt")]
+        text = z.read(name).decode()
+    assert "ray-uv = ray_uv_plugin.cli:main" in text
