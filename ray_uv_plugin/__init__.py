@@ -14,12 +14,15 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 PLUGIN_CLASS = "ray_uv_plugin.UvProjectPlugin"
+PLUGINS_ENV = "RAY_RUNTIME_ENV_PLUGINS"
 
 __all__ = [
     "PLUGIN_CLASS",
+    "PLUGINS_ENV",
     "UvProject",
     "UvProjectPlugin",
     "plugin_config",
+    "plugins_setting",
     "prepare_env",
     "setup_driver",
 ]
@@ -35,6 +38,35 @@ def plugin_config() -> str:
     return json.dumps([{"class": PLUGIN_CLASS}])
 
 
+def plugins_setting(current: str | None) -> str:
+    """The `RAY_RUNTIME_ENV_PLUGINS` value that registers this plugin beside those already in
+    `current` (the variable as set): a site may register plugins of its own, which a plain
+    replacement would drop. Ray refuses a plugin listed twice, so ours stays single however
+    often `eval "$(ray-uv plugin-config --shell)"` runs; an entry of ours already there (with
+    the `priority` an operator gave it) is kept as it is. A value Ray cannot read is a
+    ValueError that says what to do."""
+    if current is None or not current.strip():
+        return plugin_config()
+    try:
+        plugins = json.loads(current)
+    except ValueError:
+        plugins = None
+    if not isinstance(plugins, list) or not all(
+        isinstance(p, dict) and isinstance(p.get("class"), str) for p in plugins
+    ):
+        raise ValueError(
+            f"{PLUGINS_ENV}={current!r} is not what Ray reads there, a JSON list of "
+            '{"class": "module.Class"} objects: fix or unset it, then run `ray-uv '
+            "plugin-config` again."
+        )
+    ours = [i for i, p in enumerate(plugins) if p["class"] == PLUGIN_CLASS]
+    if len(ours) == 1:
+        return current
+    if not ours:
+        return json.dumps([*plugins, {"class": PLUGIN_CLASS}])
+    return json.dumps([p for i, p in enumerate(plugins) if i not in ours[1:]])
+
+
 def setup_driver() -> None:
     """What `eval "$(ray-uv plugin-config --shell)"` sets, for a driver that starts a local Ray:
     call it before `ray.init()`. It registers the plugin and its schema and makes a `uv run`
@@ -44,7 +76,7 @@ def setup_driver() -> None:
     from ray_uv_plugin.driver_hook import hook_settings
     from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
 
-    os.environ["RAY_RUNTIME_ENV_PLUGINS"] = plugin_config()
+    os.environ[PLUGINS_ENV] = plugins_setting(os.environ.get(PLUGINS_ENV))
     os.environ[SCHEMAS_ENV] = schemas_setting(os.environ.get(SCHEMAS_ENV))
     os.environ.update(hook_settings(os.environ, portable=False))
     constants = sys.modules.get("ray._private.ray_constants")

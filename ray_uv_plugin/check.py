@@ -1,7 +1,8 @@
 """`ray-uv check`: build (or reuse) a project's env here and list which Ray libraries it would miss.
 
 The env is the one the plugin builds on a node for the same `uv_project` value (same key, in
-`RAY_UV_PLUGIN_VENV_DIR`), so a check on a node also prepares it.
+`RAY_UV_PLUGIN_VENV_DIR`), so a check on a node also prepares it; `--dry-run` (`find_env`)
+only looks.
 """
 
 from __future__ import annotations
@@ -10,9 +11,13 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray_uv_plugin.libraries import BY_NAME, LIBRARIES, Status, library_status
+
+if TYPE_CHECKING:
+    from ray_uv_plugin.project import ProjectFiles
+    from ray_uv_plugin.spec import UvProjectSpec
 
 
 class CheckError(ValueError):
@@ -27,6 +32,7 @@ class CheckResult:
     seconds: float
     statuses: list[Status]
     wanted: tuple[str, ...]  # the libraries the user asked for (`--library`)
+    notes: tuple[str, ...] = ()  # `node_notes`
 
     @property
     def failed(self) -> list[Status]:
@@ -51,6 +57,81 @@ def parse_libraries(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _env(
+    project: Path,
+    extras: Sequence[str],
+    groups: Sequence[str],
+    flags: Mapping[str, bool] | None,
+) -> tuple[UvProjectSpec, ProjectFiles]:
+    """The `uv_project` value these flags make, parsed, and the project's files."""
+    from ray_uv_plugin.project import load_project
+    from ray_uv_plugin.spec import UvProject, parse_spec
+
+    if not (project / "pyproject.toml").is_file():
+        raise CheckError(
+            f"{project} has no pyproject.toml: pass --project DIR, the directory holding "
+            "pyproject.toml and uv.lock."
+        )
+    value: dict[str, Any] = dict(
+        UvProject(extras=list(extras), groups=list(groups), **dict(flags or {}))
+    )
+    return parse_spec(value), load_project(project)
+
+
+@dataclass(frozen=True)
+class FoundEnv:
+    """What `ray-uv check --dry-run` finds without building or touching anything: the env's
+    key, where its venv is or would be built, and its state there."""
+
+    key: str
+    venv: Path
+    state: str  # `inventory`'s (`ready`, `building`, ...), or ABSENT
+    note: str  # what is wrong, for a state other than ready
+    statuses: list[Status] | None  # the libraries of a ready venv
+    wanted: tuple[str, ...]
+
+    @property
+    def missing(self) -> list[str]:
+        """Asked-for libraries that are missing, or that cannot be checked (no ready venv)."""
+        if self.statuses is None:
+            return list(self.wanted)
+        return [s.library.name for s in self.statuses if s.library.name in self.wanted and not s.ok]
+
+
+ABSENT = "not built"
+
+
+def find_env(
+    project: Path,
+    extras: Sequence[str] = (),
+    groups: Sequence[str] = (),
+    flags: Mapping[str, bool] | None = None,
+    libraries: Sequence[str] = (),
+) -> FoundEnv:
+    """`run_check` without building: the env may be GBs (and `uv sync` minutes), and an
+    operator may want to know first. Reads the venv dir as `ray-uv list` does: it creates no
+    venv dir, and a reuse is not recorded (the marker is not touched)."""
+    from ray_uv_plugin import inventory
+    from ray_uv_plugin.request import make_request
+    from ray_uv_plugin.venv_cache import venv_root
+
+    wanted = parse_libraries(libraries)
+    key = make_request(*_env(project, extras, groups, flags), {}).key
+    root = venv_root()
+    if not inventory.check_venv_dir(root, "check"):
+        return FoundEnv(key, root / key, ABSENT, "", None, wanted)
+    found = inventory.scan_one(root, key)
+    if not found.venvs:
+        note = found.others[0].why if found.others else ""
+        return FoundEnv(key, root / key, ABSENT, note, None, wanted)
+    entry = found.venvs[0]
+    try:
+        statuses = library_status(entry.path) if entry.state == inventory.READY else None
+    except ValueError as e:  # a ready venv without Ray: not one the plugin built
+        raise CheckError(str(e)) from e
+    return FoundEnv(key, entry.path, entry.state, entry.note, statuses, wanted)
+
+
 def run_check(
     project: Path,
     extras: Sequence[str] = (),
@@ -60,21 +141,10 @@ def run_check(
     logger: logging.Logger | None = None,
 ) -> CheckResult:
     """Build or reuse the env of `project` with these extras and groups, then check it."""
-    from ray_uv_plugin.project import load_project
-    from ray_uv_plugin.spec import UvProject, parse_spec
     from ray_uv_plugin.venv_cache import ensure_venv
 
     wanted = parse_libraries(libraries)
-    if not (project / "pyproject.toml").is_file():
-        raise CheckError(
-            f"{project} has no pyproject.toml: pass --project DIR, the directory holding "
-            "pyproject.toml and uv.lock."
-        )
-    value: dict[str, Any] = dict(
-        UvProject(extras=list(extras), groups=list(groups), **dict(flags or {}))
-    )
-    spec = parse_spec(value)
-    files = load_project(project)
+    spec, files = _env(project, extras, groups, flags)
     outcome = ensure_venv(spec, files, logger=logger)
     return CheckResult(
         outcome.key,
@@ -83,13 +153,33 @@ def run_check(
         outcome.seconds,
         library_status(outcome.path),
         wanted,
+        tuple(node_notes(outcome.path, files.path)),
     )
 
 
-def report_lines(result: CheckResult) -> list[str]:
+def node_notes(venv: Path, project: Path) -> list[str]:
+    """What this node's set-up costs a venv (uv copies instead of hardlinking) or leaves it
+    without (chattr +i, as root), each with its fix: what a build's setup log says, for a
+    reused venv too."""
+    import os
+
+    from ray_uv_plugin import trust
+    from ray_uv_plugin.uv_env import sync_environment
+    from ray_uv_plugin.venv_cache import cache_split_note, read_marker
+
+    notes = []
+    split = cache_split_note(sync_environment({}), venv.parent, project)
+    if split:
+        notes.append(split)
+    if os.geteuid() == 0 and (read_marker(venv) or {}).get("immutable") is False:
+        notes.append(trust.unfrozen_note())
+    return notes
+
+
+def report_lines(result: CheckResult | FoundEnv) -> list[str]:
     """What `ray-uv check` prints: one line per library, then what to add."""
     lines = []
-    for s in result.statuses:
+    for s in result.statuses or []:
         asked = " (asked for)" if s.library.name in result.wanted else ""
         node = {True: "node's Ray has it", False: "node's Ray lacks it too", None: "no Ray here"}[
             s.node_has
@@ -99,7 +189,7 @@ def report_lines(result: CheckResult) -> list[str]:
         else:
             m = s.as_missing()
             lines.append(f"  {s.library.name:<7} MISSING{asked}: {m.describe()} [{node}]")
-    missing = [s.as_missing() for s in result.statuses if not s.ok]
+    missing = [s.as_missing() for s in result.statuses or [] if not s.ok]
     if missing:
         reqs = ", ".join(f'"{m.requirement}"' for m in missing)
         lines.append(
@@ -107,4 +197,6 @@ def report_lines(result: CheckResult) -> list[str]:
             "group you ask for), then `uv lock`:"
         )
         lines.append(f"  {reqs}")
+    if isinstance(result, CheckResult):
+        lines += [f"note: {note}." for note in result.notes]
     return lines

@@ -7,8 +7,11 @@ must not pay for importing Ray.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -16,10 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ray_uv_plugin import plugin_config
+from ray_uv_plugin import PLUGINS_ENV, plugins_setting
 from ray_uv_plugin.uv import format_duration
 
 if TYPE_CHECKING:
+    from ray_uv_plugin.check import FoundEnv
     from ray_uv_plugin.inventory import VenvEntry
     from ray_uv_plugin.prepare import NodeResult
 
@@ -34,17 +38,65 @@ def _nodes(count: int) -> str:
     return f"{count} node" if count == 1 else f"{count} nodes"
 
 
+# --- --version -------------------------------------------------------------------------------
+
+
+def versions() -> str:
+    """`ray-uv --version`: this package's version first, in `uv --version`'s form, then what
+    decides the envs built here: the Ray and Python that run `ray-uv` (a node's, when run in
+    the environment of its `ray start`) and the uv that the plugin runs (`uv.find_uv`)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ray_uv_plugin.uv import find_uv, uv_version
+
+    def installed(name: str) -> str:
+        try:
+            return f"{name} {version(name)}"
+        except PackageNotFoundError:
+            return f"{name}: not installed"
+
+    try:
+        uv = find_uv()
+        uv_line = f"{uv_version(uv)} at {uv}"
+    except (OSError, ImportError) as e:
+        uv_line = f"uv: not usable: {e}"
+    python = ".".join(map(str, sys.version_info[:3]))
+    return "\n".join(
+        [
+            installed("ray-uv-plugin"),
+            installed("ray"),
+            uv_line,
+            f"python {python} at {sys.executable}",
+        ]
+    )
+
+
+class _VersionAction(argparse.Action):
+    """`--version`, worked out only when asked: it runs `uv --version`."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(versions(), flush=True)  # a closed pipe fails here, where `main` handles it
+        parser.exit()
+
+
 # --- plugin-config ---------------------------------------------------------------------------
 
 
 def cmd_plugin_config(args: argparse.Namespace) -> int:
+    try:
+        plugins = plugins_setting(os.environ.get(PLUGINS_ENV))
+    except ValueError as e:
+        raise CliError(str(e)) from None
     if not args.shell:
-        print(plugin_config())
+        print(plugins)
         return 0
     from ray_uv_plugin.driver_hook import hook_settings
     from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
 
-    print(f"export RAY_RUNTIME_ENV_PLUGINS={shlex.quote(plugin_config())}")
+    print(f"export {PLUGINS_ENV}={shlex.quote(plugins)}")
     print(f"export {SCHEMAS_ENV}={shlex.quote(schemas_setting(os.environ.get(SCHEMAS_ENV)))}")
     for name, value in hook_settings(os.environ, portable=True).items():
         print(f"export {name}={shlex.quote(value)}")
@@ -62,6 +114,55 @@ def _state(e: VenvEntry) -> str:
     return f"{state}; not ours: {e.not_ours}" if e.not_ours else state
 
 
+# Where Ray unpacks a job's or actor's working_dir on a node: `<temp dir>/session_<time>/
+# runtime_resources/working_dir_files/<package>`, the package named after its content hash
+# (`_ray_pkg_<hex>`) or its remote URI. A uv_project there records that path as its project.
+RAY_WORKING_DIR = re.compile(r"/session_[^/]+/runtime_resources/working_dir_files/([^/]+)(/.*)?$")
+RAY_PACKAGE = re.compile(r"(_ray_pkg_[0-9a-f]{8})[0-9a-f]+")
+
+
+def project_label(project: str) -> str:
+    """The PROJECT column: a project path as it is, but a working_dir that Ray unpacked as
+    `(Ray working_dir _ray_pkg_0123abcd)`: the package as Ray's logs name it (its hash cut
+    to 8 digits, as git's short hashes), not a session path that nobody typed and that wraps
+    over lines. `list --wide` and `--json` show the full path."""
+    found = RAY_WORKING_DIR.search(project)
+    if found is None:
+        return project
+    package = RAY_PACKAGE.sub(r"\1", found.group(1))
+    return f"(Ray working_dir {package}){found.group(2) or ''}"
+
+
+def _utc(timestamp: float) -> str:
+    """ISO 8601 in UTC, to the second: `2026-11-23T12:00:00Z`."""
+    moment = datetime.datetime.fromtimestamp(timestamp, datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _json_row(e: VenvEntry, size: int) -> dict[str, Any]:
+    """A venv in `list --json`: null for what is unknown (an entry without valid metadata
+    has no name, project, extras or groups, rather than none), times in UTC as ISO 8601
+    and as Unix seconds (to compute with)."""
+    meta = e.meta or {}
+    return {
+        "key": e.key,
+        "path": str(e.path),
+        "state": e.state,
+        "note": e.note or None,
+        "not_ours": e.not_ours,
+        "name": meta.get("name"),
+        "project": meta.get("project"),
+        "extras": e.extras if e.meta else None,
+        "groups": e.groups if e.meta else None,
+        "size_bytes": size,
+        "last_used": _utc(e.last_used),
+        "last_used_unix": e.last_used,
+        "users": list(e.users),
+        "ray": meta.get("ray"),
+        "python": meta.get("python"),
+    }
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from ray_uv_plugin import inventory, trust
     from ray_uv_plugin.venv_cache import VenvDirError, venv_root
@@ -75,30 +176,19 @@ def cmd_list(args: argparse.Namespace) -> int:
     entries = inv.venvs
     usage = inventory.measure([e.path for e in entries])
     now = time.time()
+    total = usage.size(*usage.inodes)
     if args.json:
-        rows = [
-            {
-                "key": e.key,
-                "path": str(e.path),
-                "state": e.state,
-                "note": e.note or None,
-                "not_ours": e.not_ours,
-                "name": e.name,
-                "project": e.project,
-                "extras": e.extras,
-                "groups": e.groups,
-                "size_bytes": usage.size(e.path),
-                "last_used": e.last_used,
-                "users": list(e.users),
-                "ray": (e.meta or {}).get("ray"),
-                "python": (e.meta or {}).get("python"),
-            }
-            for e in entries
-        ]
+        rows = [_json_row(e, usage.size(e.path)) for e in entries]
         leftovers = [{"path": str(p), "why": "garbage: gc removes it"} for p in inv.garbage]
         leftovers += [{"path": str(o.path), "why": o.why} for o in inv.leftovers]
         others = [{"path": str(o.path), "why": o.why} for o in inv.others]
-        out = {"venv_dir": str(root), "venvs": rows, "leftovers": leftovers, "others": others}
+        out = {
+            "venv_dir": str(root),
+            "venvs": rows,
+            "total_bytes": total,  # shared hardlinks once: less than the sum of size_bytes
+            "leftovers": leftovers,
+            "others": others,
+        }
         print(json.dumps(out, indent=1))
         return 0
     from rich.console import Console
@@ -122,7 +212,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             cells = (
                 e.key,
                 e.name,
-                e.project,
+                e.project if args.wide else project_label(e.project),
                 ",".join(e.extras) or "-",
                 ",".join(e.groups) or "-",
                 inventory.format_bytes(usage.size(e.path)),
@@ -131,8 +221,14 @@ def cmd_list(args: argparse.Namespace) -> int:
             )
             table.add_row(*map(escape, cells))
         console.print(table, soft_wrap=True)
-        total = inventory.format_bytes(usage.size(*usage.inodes))
-        console.print(f"{len(entries)} venvs, {total} in {root}", markup=False, highlight=False)
+        footer = f"{len(entries)} venvs, {inventory.format_bytes(total)} in {root}"
+        each = sum(usage.size(e.path) for e in entries)
+        if each > total:
+            footer += (
+                f" (the SIZEs add up to {inventory.format_bytes(each)}: files that venvs share "
+                "as hardlinks count in each SIZE, once here)"
+            )
+        console.print(footer, markup=False, highlight=False)
     for o in inv.others:
         console.print(f"{o.path.name}: not ours, left alone: {o.why}", markup=False)
     return 0
@@ -213,6 +309,18 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     console = Console(stderr=True, soft_wrap=True)  # log-friendly: no hard wraps in pipes
     project = Path(args.project).expanduser().resolve()
     ship = False if args.no_ship else None
+    if args.interval is not None and not args.watch:
+        raise CliError("--interval goes with --watch (how often it looks for new nodes)")
+    if args.watch and args.json:
+        raise CliError("--json does not go with --watch: the watch prints a line per node")
+    if args.watch:
+        from ray_uv_plugin import watch
+
+        interval = watch.DEFAULT_INTERVAL if args.interval is None else args.interval
+        try:
+            watch.check_interval(interval)
+        except prepare.PrepareError as e:
+            raise CliError(str(e)) from e
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -237,8 +345,34 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             line = f"Preparing uv_project {json.dumps(value)} of {project} on {_nodes(nodes)}"
             progress.console.print(line, markup=False)
 
+        run, watching = prepare.prepare_env, {}
+        if args.watch:
+
+            def say(line: str) -> None:
+                """A line of the watch's own, after the last ship's bar (the next starts anew)."""
+                nonlocal sending
+                if sending is not None:
+                    progress.remove_task(sending)
+                    sending = None
+                progress.console.print(line, markup=False)
+
+            def on_watching() -> None:
+                say(f"Watching for nodes that join, every {interval:g}s (Ctrl-C stops)")
+
+            def on_round(nodes: list[tuple[str, str]], source: Any) -> None:
+                names = ", ".join(f"{a} ({n[:8]})" for n, a in nodes)
+                how = f"shipping from {source.label}" if source else "building there"
+                say(f"{_nodes(len(nodes))} joined: {names}: {how}")
+
+            run = watch.watch_env
+            watching = {
+                "interval": interval,
+                "on_watching": on_watching,
+                "on_round": on_round,
+                "stop_signals": True,
+            }
         try:
-            results = prepare.prepare_env(
+            results = run(
                 project,
                 extras=args.extra or [],
                 groups=args.group or [],
@@ -249,10 +383,13 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                 on_start=on_start,
                 on_result=on_result,
                 on_progress=on_progress,
+                **watching,
                 **_selection_flags(args),
             )
         except (UvProjectSpecError, ProjectError, prepare.PrepareError) as e:
             raise CliError(str(e)) from e
+    if args.watch:
+        console.print("Stopped watching", markup=False)
     if args.json:
         print(json.dumps({"nodes": [r.as_json() for r in results]}, indent=1))
     else:
@@ -286,6 +423,35 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 # --- check -----------------------------------------------------------------------------------
 
 
+LIBRARY_HINT = "hint: pass --library NAME to exit 1 when a library the job uses is missing"
+
+
+def _report_found(found: FoundEnv) -> int:
+    """`check --dry-run`: what is there; exit 1 if a `--library` is missing or, with no
+    ready venv to look into, cannot be checked."""
+    from ray_uv_plugin import check
+
+    state = f"{found.state}: {found.note}" if found.note else found.state
+    print(f"uv_project {found.key}: {state} -> {found.venv}")
+    if found.statuses is None:
+        print(
+            "Nothing built (--dry-run): `ray-uv check` without it, or the first job that asks "
+            "for this env here, builds it."
+        )
+    else:
+        print("Ray libraries this env's Ray can run:")
+        for line in check.report_lines(found):
+            print(line)
+        if not found.wanted and any(not s.ok for s in found.statuses):
+            print(LIBRARY_HINT)
+    if found.missing:
+        names = ", ".join(found.missing)
+        why = "lacks what" if found.statuses is not None else "is not built here to check what"
+        print(f"error: the env {why} {names} needs", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from ray_uv_plugin import check, trust
     from ray_uv_plugin.project import ProjectError
@@ -297,7 +463,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     flags = _selection_flags(args)
     try:
         wanted = check.parse_libraries(args.library or [])
-        print(f"Checking the uv_project env of {project} (this builds it if needed)...", flush=True)
+        if args.dry_run:
+            found = check.find_env(project, args.extra or [], args.group or [], flags, wanted)
+            return _report_found(found)
+        print(
+            f"Checking the uv_project env of {project} (this builds it if needed; --dry-run "
+            "builds nothing)...",
+            flush=True,
+        )
         result = check.run_check(project, args.extra or [], args.group or [], flags, wanted)
     except (
         check.CheckError,
@@ -320,7 +493,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         )
         return 1
     if not result.wanted and any(not s.ok for s in result.statuses):
-        print("hint: pass --library NAME to exit 1 when a library the job uses is missing")
+        print(LIBRARY_HINT)
     return 0
 
 
@@ -412,6 +585,18 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--install-project", action="store_true", help="install the project too")
 
 
+def _amount(text: str) -> float:
+    """A number of days or GiB for `gc`: `nan` compares false with every age (it was taken,
+    and kept every venv), `inf` and negative amounts mean nothing either."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0")
+    return value
+
+
 def _selection_flags(args: argparse.Namespace) -> dict[str, bool]:
     """The boolean `uv_project` fields that `_add_selection`'s flags turned on."""
     return {
@@ -427,6 +612,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Operate the uv_project Ray runtime_env plugin: register it, build envs "
         "on a cluster, list and clean up venvs.",
         epilog=EPILOG,
+    )
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="print the versions of ray-uv-plugin, and of the Ray, uv and Python it uses here",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -487,6 +677,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--json", action="store_true", help="print the per-node results as JSON on stdout"
     )
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="then keep running: every --interval, prepare the nodes that joined since "
+        "(autoscaling), shipping the venv from a node that has it; stop with Ctrl-C or SIGTERM",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        metavar="S",
+        help="with --watch: look for new nodes every S seconds (default 10, at least 2)",
+    )
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser(
@@ -496,7 +698,16 @@ def build_parser() -> argparse.ArgumentParser:
         "~/.cache/ray-uv-plugin/venvs) on this host: key, project, extras, size (as du "
         "counts it), last use, state.",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="machine-readable output: full paths, null for what is unknown, times in UTC",
+    )
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="show each project's full path, also where Ray unpacked it (a working_dir)",
+    )
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser(
@@ -509,13 +720,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--older-than",
-        type=float,
+        type=_amount,
         metavar="DAYS",
         help="remove venvs unused for DAYS days (0: every unused venv)",
     )
     p.add_argument(
         "--max-size",
-        type=float,
+        type=_amount,
         metavar="GB",
         help="then remove least recently used venvs until the dir holds at most GB GiB",
     )
@@ -529,8 +740,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--assume-unused",
         action="store_true",
-        help="remove venvs even where this user cannot see every process that may use them "
-        "(another user's, in a venv dir shared by a trusted group): only when you know "
+        help="remove venvs even where gc cannot see every process that may use them "
+        "(another user's, in a venv dir shared by a trusted group; the host's and other "
+        "containers', when gc runs in a container; all, without /proc): only when you know "
         "that none does",
     )
     p.add_argument("--dry-run", action="store_true", help="only print what would go")
@@ -559,6 +771,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a Ray library the job uses (data, serve, tune, train, client; repeatable): exit "
         "1 if the env lacks it",
     )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build nothing: print the env's key, whether its venv is here and ready, and, "
+        "if it is, the libraries it lacks (a --library it cannot check exits 1)",
+    )
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser(
@@ -585,17 +803,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:  # everything after it, --help included, is the benchmark's
-        args = argparse.Namespace(func=cmd_bench, args=argv[1:])
-    else:
-        args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        if argv[:1] == ["bench"]:  # everything after it, --help included, is the benchmark's
+            args = argparse.Namespace(func=cmd_bench, args=argv[1:])
+        else:
+            args = build_parser().parse_args(argv)
+        code = args.func(args)
+        sys.stdout.flush()  # a reader that went away shows here, not at exit
+        return code
     except CliError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `ray-uv list | head -1`: as Python's docs on SIGPIPE recommend, stdout goes to
+        # devnull so that the flush at exit cannot fail again, and the exit status says so.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except OSError as e:  # what the system refused (a file, a disk, no uv): the message says what
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

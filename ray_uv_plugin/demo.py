@@ -6,7 +6,6 @@ package), the first run builds each venv once, a second run reuses them in milli
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -14,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin import PLUGIN_CLASS, plugin_config
+from ray_uv_plugin import PLUGINS_ENV, plugins_setting
 from ray_uv_plugin.prepare import EXCLUDES, init_unhooked
 from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
 
@@ -57,12 +56,7 @@ def find_demo_project(project: Path | None = None) -> Path:
 
 def register_plugin(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
     """What `export $(ray-uv plugin-config --shell)` does, for the Ray this process starts."""
-    current = environ.get("RAY_RUNTIME_ENV_PLUGINS")
-    if not current:
-        environ["RAY_RUNTIME_ENV_PLUGINS"] = plugin_config()
-    elif PLUGIN_CLASS not in current:
-        plugins = json.loads(current)
-        environ["RAY_RUNTIME_ENV_PLUGINS"] = json.dumps([*plugins, {"class": PLUGIN_CLASS}])
+    environ[PLUGINS_ENV] = plugins_setting(environ.get(PLUGINS_ENV))
     environ[SCHEMAS_ENV] = schemas_setting(environ.get(SCHEMAS_ENV))
     # The demo driver's own venv is not what the actors need: each asks for its uv env.
     environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")

@@ -12,8 +12,10 @@ What may go (`inventory` classifies every entry; the rest is reported and left a
 Untrusted entries (another user's, or writable by others) and symlinks are never touched.
 
 `plan` is pure: from a scan and the limits, which venvs to remove and why. A venv that a
-worker may use is kept when this user cannot see every process that could run in it
-(`inventory.Processes.blind_spot`), unless the operator says it is unused (`assume_unused`).
+worker may use is kept when gc cannot see every process that could run in it (`blind_spot`:
+another user's processes, `/proc` missing, or gc in a PID namespace of its own, as in a
+container, where the host's and other containers' processes are invisible), unless the
+operator says it is unused (`assume_unused`).
 `removal_blocker` checks what the removal needs (ownership, a sticky venv dir, immutable
 directories when not root, a readable lock of the plugin's form) in a dry run as well, so that
 a dry run promises only what the real run can do.
@@ -59,6 +61,14 @@ DAY = 86400.0
 # such a directory, until root clears the flag (`trust.thaw` does, for directories, as root).
 _FS_IOC_GETFLAGS, _IMMUTABLE_OR_APPEND = 0x80086601, 0x10 | 0x20
 ASSUME_UNUSED_HINT = "run gc as root, or pass --assume-unused"
+NO_PROC_HINT = "run gc on each Linux host that runs Ray, or pass --assume-unused"
+NAMESPACE_HINT = (
+    "run gc on the host, or pass --assume-unused if only processes of this container use the "
+    "venv dir"
+)
+# The kernel's PROC_PID_INIT_INO (Linux >= 3.8): the inode of the host's PID namespace, the one
+# namespace whose /proc shows every process of the machine.
+INIT_PID_NAMESPACE_INODE = 0xEFFFFFFC
 
 
 class GcError(ValueError):
@@ -118,13 +128,14 @@ def plan(
     max_size_bytes: int | None = None,
     everything: bool = False,
     blind_spot: str | None = None,
+    hint: str = ASSUME_UNUSED_HINT,
 ) -> tuple[list[Decision], list[Decision]]:
     """(to remove, to keep) for every entry. Dead builds of ours go once old; ready venvs go
     when unused for longer than `older_than_days`, then least recently used first while the dir
     is over `max_size_bytes`; never one in use, being built, untrusted, another user's (but for
     root), or used in the last minutes. `everything` (`--all`): every ready venv, and dead
-    builds whatever their age. `blind_spot` (why this user cannot see every process that may
-    use a venv): what a worker may use is kept, since it may be in use."""
+    builds whatever their age. `blind_spot` (why gc cannot see every process that may use a
+    venv): what a worker may use is kept, since it may be in use; `hint` says what to do."""
     remove: list[Decision] = []
     keep: list[Decision] = []
     candidates: list[VenvEntry] = []
@@ -172,11 +183,39 @@ def plan(
             Decision(
                 d.entry,
                 f"{d.reason}, but may be in use by processes this user cannot see "
-                f"({blind_spot}): {ASSUME_UNUSED_HINT}",
+                f"({blind_spot}): {hint}",
             )
             for d in unsure
         ]
     return remove, keep
+
+
+def pid_namespace_blind_spot(proc: Path = Path("/proc")) -> str | None:
+    """Why gc, by the PID namespace it runs in, cannot see every process of this machine, or
+    None. A container has a PID namespace of its own, whose /proc lists its own processes
+    only, while its venv dir may be a volume that the host or other pods (a hostPath) use too:
+    only the host's namespace sees them all. What cannot be told counts as unseen."""
+    try:
+        inode = os.stat(proc / "self" / "ns" / "pid").st_ino
+    except OSError as e:
+        return f"cannot tell which PID namespace gc runs in: {proc}/self/ns/pid: {e.strerror}"
+    if inode == INIT_PID_NAMESPACE_INODE:
+        return None
+    return (
+        "gc runs in a PID namespace of its own, as in a container: the processes of the host "
+        "and of other containers that share this venv dir are invisible to it"
+    )
+
+
+def blind_spot(procs: inventory.Processes, root: Path) -> tuple[str, str] | None:
+    """(why gc cannot see every process that may use a venv of `root`, what to do), or None."""
+    if procs.proc is None:
+        return "/proc cannot be listed", NO_PROC_HINT
+    why = pid_namespace_blind_spot(procs.proc)
+    if why is not None:
+        return why, NAMESPACE_HINT
+    why = procs.blind_spot(root)
+    return None if why is None else (why, ASSUME_UNUSED_HINT)
 
 
 def _lstat(path: Path) -> os.stat_result | None:
@@ -208,8 +247,9 @@ def _flags(path: Path) -> int:
 
 
 def _tree_blocker(tree: Path) -> str | None:
-    """What keeps a user who is not root from deleting `tree`: `trust.remove_tree` makes each
-    directory writable first, which needs its owner, and cannot clear chattr flags."""
+    """What keeps this process from deleting `tree`: `trust.remove_tree` makes each directory
+    writable first, which needs its owner or root, and cannot clear chattr flags without
+    CAP_LINUX_IMMUTABLE (root in a container usually lacks it)."""
     me = os.geteuid()
     stack = [tree]
     while stack:
@@ -217,13 +257,22 @@ def _tree_blocker(tree: Path) -> str | None:
         st = _lstat(directory)
         if st is None:
             continue
-        if st.st_uid != me:
+        if st.st_uid != me and me != 0:
             return (
                 f"{directory} belongs to {inventory.user_name(st.st_uid)}, whose directories "
                 "only they or root may make writable to empty them: run gc as root"
             )
         if _flags(directory) & _IMMUTABLE_OR_APPEND:
-            return f"{directory} is immutable (chattr +i), which only root can undo: run gc as root"
+            if me != 0:
+                return (
+                    f"{directory} is immutable (chattr +i), which only root can undo: run gc "
+                    "as root"
+                )
+            return (
+                f"{directory} is immutable (chattr +i) and this process lacks "
+                "CAP_LINUX_IMMUTABLE (as in a container), which undoing it needs: run gc where "
+                "root has it, e.g. on the host"
+            )
         try:
             with os.scandir(directory) as it:
                 stack += [Path(e.path) for e in it if e.is_dir(follow_symlinks=False)]
@@ -258,7 +307,9 @@ def removal_blocker(root: Path, path: Path, lock: Path | None = None) -> str | N
         if opens_safely and _flags(entry) & _IMMUTABLE_OR_APPEND:
             return f"{entry.name} is immutable or append-only: clear it with `chattr -i -a {entry}`"
     st = _lstat(path)
-    if me != 0 and st is not None and stat.S_ISDIR(st.st_mode):
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        return None
+    if me != 0 or not trust.can_change_immutable():
         return _tree_blocker(path)
     return None
 
@@ -353,7 +404,7 @@ def _remove_locked(root: Path, entry: VenvEntry, fd: int, lock_mtime: float) -> 
     if why:
         return why
     real = os.path.realpath(entry.path)
-    if real in inventory.venv_users():
+    if real in inventory.processes().users_under(root):
         return "in use"
     trash = root / f"{entry.key}.gc-{os.getpid()}"
     try:
@@ -363,7 +414,7 @@ def _remove_locked(root: Path, entry: VenvEntry, fd: int, lock_mtime: float) -> 
     except OSError as e:
         return f"cannot move it aside: {e}"
     why = _used_since_scan(entry, trash, lock, lock_mtime)
-    if why or real in inventory.venv_users():
+    if why or real in inventory.processes().users_under(root):
         os.rename(trash, entry.path)  # nobody can have rebuilt it: we hold its lock
         return why or "in use"
     try:
@@ -451,15 +502,18 @@ def collect(
         return report
     now = time.time() if now is None else now
     procs = inventory.processes()
-    inv = inventory.scan(root, procs.users)
-    blind_spot = None if assume_unused else procs.blind_spot(root)
+    inv = inventory.scan(root, procs.users_under(root))
+    unseen = None if assume_unused else blind_spot(procs, root)
     locks = {e.path: lock_path(root, e.key) for e in inv.venvs}
     # What stays but is named like ours (e.g. a venv uv made without the plugin) may share
     # hardlinks with what goes; other things are not walked: they can be anything, and large.
     near = [o.path for o in inv.leftovers + inv.others if inventory.KEY_PREFIX.match(o.path.name)]
     usage = inventory.measure([*locks, *locks.values(), *inv.garbage, *near])
     max_bytes = None if max_size_gb is None else int(max_size_gb * 1024**3)
-    remove, keep = plan(inv.venvs, usage, now, older_than_days, max_bytes, everything, blind_spot)
+    why_unseen, hint = unseen or (None, ASSUME_UNUSED_HINT)
+    remove, keep = plan(
+        inv.venvs, usage, now, older_than_days, max_bytes, everything, why_unseen, hint
+    )
     report.kept, report.leftovers, report.others = keep, inv.leftovers, inv.others
     for decision in remove:
         entry = decision.entry

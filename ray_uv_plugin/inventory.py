@@ -141,6 +141,16 @@ def check_venv_dir(root: Path, command: str) -> bool:
             f"cannot read the venv dir {root} ({e.strerror}): run `ray-uv {command}` as the "
             "user that runs Ray."
         ) from None
+    except NotADirectoryError:
+        trust.resolve_root(root, must_exist=False)  # says which component is a file
+        raise VenvDirError(
+            f"the venv dir {root} is below a file: set RAY_UV_PLUGIN_VENV_DIR to a directory."
+        ) from None
+    except OSError as e:  # a symlink loop, a name too long, an I/O error
+        raise VenvDirError(
+            f"cannot use the venv dir {root} ({e.strerror}): set RAY_UV_PLUGIN_VENV_DIR to a "
+            "directory of the user that runs Ray."
+        ) from None
     gid = trust.trusted_gid()
     if st.st_uid != os.geteuid() and (gid is None or st.st_gid != gid):
         sudo = user_name(st.st_uid, f"#{st.st_uid}")
@@ -189,6 +199,24 @@ class Processes:
     # pid -> (file-system uid, gids) of each process whose environment this user may not read
     unreadable: dict[int, tuple[int, frozenset[int]]] = field(default_factory=dict)
     proc: Path | None = Path("/proc")  # None: it could not be listed
+    # (st_dev, st_ino) of each venv a process names, as its own mount namespace resolves the
+    # name -> pids: a container that mounts the venv dir elsewhere names it by another path.
+    inodes: dict[tuple[int, int], set[int]] = field(default_factory=dict)
+
+    def users_under(self, root: Path) -> dict[str, set[int]]:
+        """`users`, plus the processes that name an entry of `root` by another path (from a
+        container that mounts the venv dir elsewhere), keyed by the entry's real path."""
+        users = {venv: set(pids) for venv, pids in self.users.items()}
+        try:
+            names = os.listdir(root) if self.inodes else []
+        except OSError:
+            names = []
+        for name in names:
+            st = _lstat(root / name)
+            pids = None if st is None else self.inodes.get((st.st_dev, st.st_ino))
+            if pids:
+                users.setdefault(os.path.realpath(root / name), set()).update(pids)
+        return users
 
     def blind_spot(self, root: Path) -> str | None:
         """Why this user may not see every process that can run in a venv of `root`, or None.
@@ -271,7 +299,21 @@ def processes(proc: Path = Path("/proc")) -> Processes:
         for venv in venvs:
             if venv:
                 found.users.setdefault(os.path.realpath(venv), set()).add(pid)
+            if inode := _inode_seen_by(pdir, venv):
+                found.inodes.setdefault(inode, set()).add(pid)
     return found
+
+
+def _inode_seen_by(pdir: Path, venv: str) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the directory that the process `pdir` means by `venv`: looked up
+    through `/proc/<pid>/root`, i.e. in its mount namespace (a container's view)."""
+    if not venv.startswith("/"):
+        return None
+    try:
+        st = os.stat(f"{pdir}/root{venv}")
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
 
 
 def venv_users(proc: Path = Path("/proc")) -> dict[str, set[int]]:
@@ -544,9 +586,10 @@ def _lock(root: Path, name: str, key: str, inv: Inventory) -> None:
 
 
 def scan(root: Path, users: Mapping[str, set[int]] | None = None) -> Inventory:
-    """Everything under `root`, classified; `users` from `venv_users()` (scanned if None)."""
+    """Everything under `root`, classified; `users` from `Processes.users_under` (scanned if
+    None)."""
     if users is None:
-        users = venv_users()
+        users = processes().users_under(root)
     inv = Inventory()
     try:
         names = sorted(os.listdir(root))

@@ -237,26 +237,62 @@ def prepare_nodes(
     if not ship or len(nodes) < 2:
         return probe_nodes(probe_env, nodes, timeout, on_result)
     start = time.perf_counter()
-    spec = parse_spec(value)
     source, rest = _source_first(nodes)
     first = probe_nodes(probe_env, [source], timeout, on_result)
     if not first[0].ok or first[0].key is None:
         note = f"not shipped: the first node {source[1]} failed"
         return first + probe_nodes(probe_env, rest, _left(timeout, start), on_result, note=note)
+    return first + ship_and_probe(
+        value,
+        first[0],
+        rest,
+        _left(timeout, start),
+        on_result,
+        runtime_env=runtime_env,
+        chunk_bytes=chunk_bytes,
+        on_progress=on_progress,
+        probe_env=probe_env,
+    )
+
+
+def ship_and_probe(
+    value: Mapping[str, Any],
+    source: NodeResult,
+    nodes: list[tuple[str, str]],
+    timeout: float,
+    on_result: Callable[[NodeResult], None] = lambda r: None,
+    *,
+    runtime_env: dict[str, Any] | None = None,
+    chunk_bytes: int | None = None,
+    on_progress: Callable[[Any], None] = lambda p: None,
+    probe_env: dict[str, Any] | None = None,
+) -> list[NodeResult]:
+    """Send the venv that `source` (a node's result with the env ready: its `key`) has to
+    `nodes`, then probe each: a node that took it finds it ready, one that could not (another
+    build target, other uv settings, a failed receive) builds its own and its result says why.
+    `prepare` ships from the node it built on; `ray-uv prepare --watch` from any node that
+    has the env, to the nodes that joined since."""
+    from ray_uv_plugin import ship as shipping
+
+    if source.key is None:
+        raise ValueError(f"no venv to ship from {source.label}: {source}")
+    probe_env = probe_env or {"uv_project": dict(value)}
+    start = time.perf_counter()
+    spec = parse_spec(value)
     shipped = shipping.ship(
-        first[0].key,
-        source[0],
-        [node_id for node_id, _ in rest],
+        source.key,
+        source.node_id,
+        [node_id for node_id, _ in nodes],
         settings={
             "env_vars": probe_env.get("env_vars") or {},
             "resolves": not (spec.locked or spec.frozen),
         },
         runtime_env=runtime_env,
         chunk_bytes=chunk_bytes or shipping.venv_archive.CHUNK_BYTES,
-        timeout=_left(timeout, start),
+        timeout=timeout,
         on_progress=on_progress,
     )
-    return first + probe_nodes(probe_env, rest, _left(timeout, start), on_result, shipped)
+    return probe_nodes(probe_env, nodes, _left(timeout, start), on_result, shipped)
 
 
 def _left(timeout: float, start: float) -> float:

@@ -3,10 +3,16 @@
 The driver starts a `VenvSender` actor on the source node and a `VenvReceiver` on each target
 node, both on the node's own Ray Python (never the driver's interpreter, nor a job's
 `py_executable` or job-default `uv_project`: see `ship`). It pulls the venv's chunks
-(`venv_archive`) from the sender one at a time and hands each chunk's object ref to every
-receiver still taking it; Ray moves the bytes, and a receiver may pull a chunk from any node
-that already holds a copy. At most `WINDOW` chunks are in flight, so the object store holds a
-few chunks per node, never the venv.
+(`venv_archive`) from the sender one at a time and passes each on through a tree of the
+receivers still taking it (`relay_parents`): the sender's copy goes to the first receiver
+alone, and each receiver hands its own copy to at most `RELAY_FANOUT` others. Ray moves the
+bytes; left to itself, it would not spread them: receivers that pull one object at once all
+pull it from the one node that holds it, and the sender's link would carry the venv once per
+receiver. Through the tree it carries it once, and the last node is a few chunks behind the
+first. A receiver whose relay fails, dies or stalls takes the sender's copy instead (after
+`RELAY_WAIT_SHARE` of `stall_timeout`, so that it never looks stalled itself). At most
+`WINDOW` chunks are in flight, so the object store holds a few chunks per node (twice that on
+a node that passes them on), never the venv.
 
 What is checked, and what may go where:
 - The sender holds the key's build lock shared for its whole life, so that neither `gc` nor a
@@ -62,6 +68,8 @@ from ray_uv_plugin.venv_cache import (
 
 SHIP_ENV = "RAY_UV_PLUGIN_SHIP"  # "0" on the driver: `prepare` and worker groups never ship
 WINDOW = 4  # chunks in flight to each receiver
+RELAY_FANOUT = 2  # receivers a receiver passes each chunk on to (the sender: one)
+RELAY_WAIT_SHARE = 0.25  # of `stall_timeout`: how long a receiver waits for its relay's copy
 STALL_TIMEOUT = 300.0  # a node that does not answer for this long is given up on, alone
 ACTOR_START = 60.0  # besides, for an actor's first answer: its worker process starts first
 WATCH_INTERVAL = 1.0  # how often a receiver checks how long it has held the lock
@@ -272,6 +280,17 @@ class VenvReceiver:
             except Exception as e:
                 raise self._fail(f"receiving chunk {index}", e) from e
 
+    @ray.method(num_returns=2)
+    def relay(
+        self, index: int, sha256: str, sources: list[Any], forward: bool, wait: float
+    ) -> tuple[None, bytes]:
+        """`add` chunk `index` from the first of `sources` (object refs: the copy of the
+        receiver that passes it on to this one, then the sender's) that delivers it; returns
+        (None, this node's copy for the receivers it passes the chunk on to, if `forward`)."""
+        data = _first_copy(sources, wait)
+        self.add(index, sha256, data)
+        return None, data if forward else b""
+
     def finish(self, chunks: int, total: int, whole_sha256: str) -> dict[str, Any]:
         with self._guard:
             unpacker = self._receiving("finishing")
@@ -301,6 +320,27 @@ class VenvReceiver:
             if self.lock is not None:
                 lock, self.lock = self.lock, None
                 lock.release()
+
+
+def _first_copy(sources: list[Any], wait: float) -> Any:
+    """A chunk from the first of `sources` that delivers it: a relaying receiver's copy within
+    `wait` seconds (one that failed, died or stalls is passed over), else the sender's."""
+    for ref in sources[:-1]:
+        try:
+            return ray.get(ref, timeout=wait)
+        except Exception:  # noqa: BLE001 - whatever became of the relay, the next source
+            pass
+    return ray.get(sources[-1])
+
+
+def relay_parents(receivers: list[str]) -> dict[str, str | None]:
+    """Who passes each chunk to whom: the sender (None) to the first receiver, and each
+    receiver to the next `RELAY_FANOUT` not yet served, in order: a tree as deep as the log
+    of their number, in which each node's link carries a chunk out at most that often."""
+    return {
+        node: None if i == 0 else receivers[(i - 1) // RELAY_FANOUT]
+        for i, node in enumerate(receivers)
+    }
 
 
 @ray.remote(num_cpus=0, max_retries=0)
@@ -538,11 +578,16 @@ class _Stream:
                 for node in list(self.takers):
                     self.fail(node, why)
                 break
-            acks = {
-                n: r.add.remote(meta["index"], meta["sha256"], data_ref)
-                for n, r in self.takers.items()
-            }
-            del data_ref  # the pending `add`s hold the chunk; it is freed when they are done
+            parents = relay_parents(list(self.takers))  # parents first: a dict keeps order
+            wait = max(self.stall * RELAY_WAIT_SHARE, 1.0)
+            acks, copies = {}, {}
+            for n, r in self.takers.items():
+                sources = [copies[parents[n]], data_ref] if parents[n] else [data_ref]
+                forward = n in parents.values()
+                acks[n], copies[n] = r.relay.remote(
+                    meta["index"], meta["sha256"], sources, forward, wait
+                )
+            del data_ref, copies  # the pending `relay`s hold the copies; freed when done
             window.append((meta["index"], acks))
             on_progress(
                 Progress(

@@ -24,6 +24,7 @@ import fcntl
 import grp
 import os
 import pwd
+import shlex
 import shutil
 import stat
 import sys
@@ -76,12 +77,48 @@ def describe(st: os.stat_result) -> str:
     )
 
 
-def _fix(path: Path) -> str:
+OTHER_OWNER = "it is owned by another user"
+OTHERS_WRITE = "others can write it"
+# The `what` of `check_stat` for the venv dir itself and for a venv's marker.
+VENV_DIR = "the venv dir"
+MARKER_WHAT = "the venv's marker"
+
+# What each refusal says to do. Only an entry of the venv dir (a `<key>` venv or its lock) is
+# to be removed: the plugin makes it again. The venv dir and the directories above it may be
+# anything (a shared mount, `/tmp`): their modes are to be fixed, never the directory removed.
+
+
+def _own_dir() -> str:
     me = _user(os.geteuid())
     return (
-        f"the venv dir must be private to {me}: remove {path} (it is rebuilt), or set "
-        f"RAY_UV_PLUGIN_VENV_DIR to a directory only {me} can write; a venv dir shared by a "
-        f"trusted group needs {TRUSTED_GROUP_ENV}=<group> on every node (see the README)"
+        f"or set RAY_UV_PLUGIN_VENV_DIR to a directory only {me} can write; a venv dir shared "
+        f"by a trusted group needs {TRUSTED_GROUP_ENV}=<group> on every node (mode 2770)"
+    )
+
+
+def _venv_dir_fix(path: Path, why: str) -> str:
+    if why == OTHER_OWNER:
+        return f"run Ray as the user that owns it, {_own_dir()}"
+    return f"make it private: `chmod 700 {shlex.quote(str(path))}`, {_own_dir()}"
+
+
+def _ancestor_fix(path: Path, why: str) -> str:
+    if why == OTHER_OWNER:
+        return "set RAY_UV_PLUGIN_VENV_DIR to a path whose directories only you or root own"
+    quoted = shlex.quote(str(path))
+    bits = "o-w" if why == OTHERS_WRITE else "g-w"
+    return (
+        f"`chmod {bits} {quoted}`, or, where others must keep adding entries there, "
+        f"`chmod +t {quoted}` (sticky, as /tmp: nobody may rename or remove another's entry), "
+        "or set RAY_UV_PLUGIN_VENV_DIR to a path whose directories only you or root can write"
+    )
+
+
+def _entry_fix(path: Path, what: str) -> str:
+    unit = path.parent if what == MARKER_WHAT else path  # the marker's venv, not the marker
+    return (
+        f"remove {unit} (one venv or build lock: the plugin makes it again); if you did not "
+        "make it, check who else can write the venv dir (RAY_UV_PLUGIN_VENV_DIR)"
     )
 
 
@@ -90,34 +127,37 @@ def why_untrusted(st: os.stat_result, gid: int | None, ancestor: bool = False) -
     group_ok = gid is not None and st.st_gid == gid
     owners = {os.geteuid(), 0} if ancestor else {os.geteuid()}
     if st.st_uid not in owners and not group_ok:
-        return "it is owned by another user"
+        return OTHER_OWNER
     sticky = ancestor and st.st_mode & stat.S_ISVTX
     if st.st_mode & stat.S_IWOTH and not sticky:
-        return "others can write it"
+        return OTHERS_WRITE
     if st.st_mode & stat.S_IWGRP and not (sticky or group_ok):
         return "its group can write it"
     return None
 
 
-def _raise(path: Path, st: os.stat_result, why: str, what: str) -> None:
-    raise UntrustedPathError(
-        f"uv_project: refusing {what} {path}: {why} ({describe(st)}); {_fix(path)}."
-    )
+def _raise(path: Path, st: os.stat_result, why: str, what: str, fix: str) -> None:
+    raise UntrustedPathError(f"uv_project: refusing {what} {path}: {why} ({describe(st)}); {fix}.")
 
 
 def check_stat(path: Path, st: os.stat_result, what: str, kind: int = stat.S_IFDIR) -> None:
-    """Raise unless `st` (an `lstat`/`fstat` of `path`) is of `kind` and trusted."""
+    """Raise unless `st` (an `lstat`/`fstat` of `path`) is of `kind` and trusted. `what` is
+    `VENV_DIR` for the venv dir itself, else names an entry of it (`MARKER_WHAT`: a venv's)."""
     if stat.S_ISLNK(st.st_mode):
-        _raise(path, st, "it is a symlink, which is never followed", what)
+        why = "it is a symlink, which is never followed"
+        _raise(path, st, why, what, _entry_fix(path, what))
     why = why_untrusted(st, trusted_gid())
     if why:
-        _raise(path, st, why, what)
+        fix = _venv_dir_fix(path, why) if what == VENV_DIR else _entry_fix(path, what)
+        _raise(path, st, why, what, fix)
     if stat.S_IFMT(st.st_mode) != kind:
         wanted = "a directory" if kind == stat.S_IFDIR else "a regular file"
-        raise WrongTypeError(
-            f"uv_project: {what} {path} is not {wanted} ({describe(st)}): remove it, or point "
-            "RAY_UV_PLUGIN_VENV_DIR at a directory of your own."
+        fix = (
+            "set RAY_UV_PLUGIN_VENV_DIR to a directory"
+            if what == VENV_DIR
+            else _entry_fix(path, what)
         )
+        raise WrongTypeError(f"uv_project: {what} {path} is not {wanted} ({describe(st)}): {fix}.")
 
 
 def check_dir(path: Path, what: str) -> os.stat_result:
@@ -152,7 +192,7 @@ def _check_above(root: Path, path: Path, st: os.stat_result, gid: int | None) ->
     an ancestor."""
     why = why_untrusted(st, gid, ancestor=True)
     if why:
-        _raise(path, st, why, f"a directory above the venv dir {root}:")
+        _raise(path, st, why, f"a directory above the venv dir {root}:", _ancestor_fix(path, why))
     if not stat.S_ISDIR(st.st_mode):
         raise WrongTypeError(
             f"uv_project: {path}, on the way to the venv dir {root}, is not a directory "
@@ -218,7 +258,7 @@ def resolve_root(root: Path, must_exist: bool = True) -> Path:
         if todo:
             _check_above(root, path, st, gid)
         here = path
-    check_dir(here, "the venv dir")
+    check_dir(here, VENV_DIR)
     return here
 
 
@@ -235,7 +275,8 @@ def open_no_follow(path: Path, flags: int = os.O_RDONLY, mode: int = 0o600) -> i
         return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
     except OSError as e:
         if e.errno == errno.ELOOP:  # the last component is a symlink
-            _raise(path, os.lstat(path), "it is a symlink, which is never followed", "the file")
+            why = "it is a symlink, which is never followed"
+            _raise(path, os.lstat(path), why, "the file", _entry_fix(path, "the file"))
         raise
 
 
@@ -335,6 +376,40 @@ def freeze(venv: Path) -> bool:
             os.chmod(dirpath, stat.S_IMODE(os.lstat(dirpath).st_mode) & ~0o222)
             immutable = immutable and _set_immutable(dirpath, True)
     return immutable
+
+
+CAP_LINUX_IMMUTABLE = 9  # its bit in `CapEff:` of /proc/self/status
+
+
+def can_change_immutable() -> bool:
+    """Whether this process may set or clear chattr +i: root with CAP_LINUX_IMMUTABLE in its
+    effective set, which container runtimes drop by default."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_LINUX_IMMUTABLE & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def unfrozen_note() -> str:
+    """What a venv that `freeze` could not make immutable (as root) still has, and the fix."""
+    why = (
+        "the file system of the venv dir has no immutable flag"
+        if can_change_immutable()
+        else "this process lacks CAP_LINUX_IMMUTABLE (containers drop it by default)"
+    )
+    return (
+        f"not made immutable (chattr +i): {why}. What protects it still: read-only directories "
+        "and files (against accidents, not against root), a venv dir only this user (or the "
+        "trusted group) may write, and the check on every use (marker naming its key, "
+        "interpreter and site-packages present), which rebuilds a venv that fails it. For "
+        "chattr +i, grant the Ray container CAP_LINUX_IMMUTABLE "
+        "(securityContext.capabilities.add)"
+    )
 
 
 def thaw(path: Path) -> None:

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -275,6 +276,50 @@ def _no_space(venv: Path) -> str:
     )
 
 
+def _device(path: Path) -> int | None:
+    """`st_dev` of `path`, or of its nearest existing ancestor (where uv would create it)."""
+    for candidate in (path, *path.parents):
+        try:
+            return os.stat(candidate).st_dev
+        except OSError:
+            continue
+    return None
+
+
+def cache_split_note(uv_env: Mapping[str, str], venv_dir: Path, cwd: Path) -> str | None:
+    """Why uv will copy every file into a venv of `venv_dir` instead of hardlinking it from its
+    cache (the two are on different file systems), with the fix; None if it will not.
+
+    One `uv cache dir` (a few ms, in uv's environment and the project's dir, where a uv.toml
+    may set `cache-dir`) and two stats: asked per build, never per reuse."""
+    no_cache = uv_env.get("UV_NO_CACHE", "").lower() in ("1", "true", "yes", "on")
+    if no_cache or uv_env.get("UV_LINK_MODE") == "copy":  # copies whatever the volumes
+        return None
+    try:
+        out = subprocess.run(
+            [find_uv(), "cache", "dir"],
+            env=dict(uv_env),
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None  # the build itself says what is wrong with uv
+    cache = Path(out)
+    cache_device, venv_device = _device(cache), _device(venv_dir)
+    if not out or cache_device is None or cache_device == venv_device:
+        return None
+    return (
+        f"the uv cache {cache} and the venv dir {venv_dir} are on different file systems, so "
+        "uv copies every file into the venv instead of hardlinking it from the cache: builds "
+        "take longer and each venv takes its full size on disk again. Put both on one volume: "
+        f"set UV_CACHE_DIR to a directory on the venv dir's file system (e.g. "
+        f"{venv_dir.parent / 'uv-cache'}) in the environment of `ray start` on every node"
+    )
+
+
 def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: float) -> float:
     """Build the venv (under the caller's lock); returns uv's time. Leaves nothing on failure."""
     import ray
@@ -293,6 +338,8 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
         args += ["--refresh-package", name]
     logger.info("uv_project %s: building: %s %s", venv.name, find_uv(), " ".join(args))
     env = {**request.uv_env, "UV_PROJECT_ENVIRONMENT": str(venv)}
+    if split := cache_split_note(env, venv.parent, files.path):
+        logger.warning("uv_project %s: %s.", venv.name, split)
     try:
         try:
             result = run_uv(
@@ -329,6 +376,8 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
                 "`uv lock`."
             )
         immutable = trust.freeze(venv)
+        if os.geteuid() == 0 and not immutable:
+            logger.warning("uv_project %s: %s.", venv.name, trust.unfrozen_note())
         _write_marker(venv, request, result.seconds, immutable)
     except OSError as e:
         trust.remove_tree(venv)

@@ -166,11 +166,12 @@ def test_list_and_gc_on_a_venv_dir(tmp_path: Path) -> None:
 
 
 def test_list_piped_cuts_neither_key_nor_name_nor_path(tmp_path: Path) -> None:
-    """`ray-uv list | grep myproj` finds it, however long the session's working_dir path."""
+    """`ray-uv list --wide | grep myproj` finds it, however long the session's working_dir
+    path (without --wide, the PROJECT column names Ray's package: test_cli_surfaces)."""
     session = "/tmp/ray/session_2026-11-22_07-20-24_123456_4242/runtime_resources"
     project = f"{session}/working_dir_files/_ray_pkg_0123456789abcdef0123456789abcdef"
     venv = fake_venv(tmp_path, "2" * 16, project, ["vllm"], 1, name="my-rl-project")
-    out = ray_uv("list", env={"RAY_UV_PLUGIN_VENV_DIR": str(tmp_path)})
+    out = ray_uv("list", "--wide", env={"RAY_UV_PLUGIN_VENV_DIR": str(tmp_path)})
     (row,) = [line for line in out.stdout.splitlines() if "my-rl-project" in line]
     assert row.split()[:3] == [venv.name, "my-rl-project", project]
     listed = json.loads(
@@ -316,8 +317,8 @@ def test_prepare_reports_a_failing_ray_init_as_what_it_is(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["gc", "--older-than", "-1"], "error: --older-than must be >= 0 days"),
-        (["gc", "--max-size", "-5"], "error: --max-size must be >= 0 GB"),
+        (["gc", "--older-than", "-1"], "error: argument --older-than: '-1' is not a finite"),
+        (["gc", "--max-size", "-5"], "error: argument --max-size: '-5' is not a finite number"),
         (["prepare", "--project", "/nonexistent/proj"], "does not exist: pass --project DIR"),
         (
             ["prepare", "--project", "examples/demo_project", "--extra", "banner", "--all-extras"],

@@ -108,8 +108,10 @@ def run_driver(
     command = [str(counter.uv), "run", *args]
     env = {k: v for k, v in env.items() if k != "VIRTUAL_ENV"}  # this test's own, from uv run
     # The driver's venv on the interpreter Ray runs on here (uv would pick the first `python3` on
-    # PATH, which need not be the one this suite runs on: Ray refuses a driver of another version).
-    env.setdefault("UV_PYTHON", sys._base_executable)
+    # PATH, which need not be the one this suite runs on: Ray refuses a driver of another version),
+    # found first on PATH, as a user's own interpreter is (not `--python`, which is a flag).
+    base_bin = str(Path(sys._base_executable).parent)
+    env["PATH"] = base_bin + os.pathsep + env.get("PATH", "")
     proc = subprocess.run(
         ["bash", "-c", f'{setup} && exec "$@"', "-", *command],
         cwd=project,

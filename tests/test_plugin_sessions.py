@@ -131,7 +131,7 @@ def test_a_node_that_lacks_the_plugin_is_named(tmp_path, node_env, monkeypatch):
         ray.shutdown()
         cluster.shutdown()
     assert "ran this worker in its own Python" in str(group_error.value)
-    assert "RAY_RUNTIME_ENV_PLUGINS=$(ray-uv plugin-config)" in str(group_error.value)
+    assert 'eval "$(ray-uv plugin-config --shell)"' in str(group_error.value)
     ok = [r for r in results if r.ok]
     bad = [r for r in results if not r.ok]
     assert len(ok) == 1 and ok[0].built and len(bad) == 1

@@ -472,7 +472,7 @@ def test_plugin_config_shell_and_setup_driver_set_the_hook(tmp_path: Path) -> No
     # setup_driver: the same in os.environ, and Ray's constant, which Ray read at import.
     code = textwrap.dedent(
         """
-        import os, ray, ray_uv_plugin
+        import json, os, ray, ray_uv_plugin
         from ray._private import ray_constants
         # Ray 2.44 has no `uv run` hook of its own to turn off (nor the constant).
         assert getattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", True)
@@ -480,10 +480,13 @@ def test_plugin_config_shell_and_setup_driver_set_the_hook(tmp_path: Path) -> No
         assert not ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV
         assert os.environ["RAY_RUNTIME_ENV_HOOK"] == "ray_uv_plugin.driver_hook.hook"
         assert os.environ["RAY_UV_PLUGIN_PREVIOUS_HOOK"] == "my_hooks.add_tag"
-        assert "UvProjectPlugin" in os.environ["RAY_RUNTIME_ENV_PLUGINS"]
+        # A plugin the site registers stays, beside ours.
+        assert [p["class"] for p in json.loads(os.environ["RAY_RUNTIME_ENV_PLUGINS"])] == [
+            "site_plugins.Audit", "ray_uv_plugin.UvProjectPlugin"]
         """
     )
     env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "1"
+    env["RAY_RUNTIME_ENV_PLUGINS"] = '[{"class": "site_plugins.Audit"}]'
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
 

@@ -55,19 +55,42 @@ def _call_configure(cls: Any, **available: Any) -> tuple[dict, dict, dict, dict]
     return resources or {}, env_vars or {}, init_kwargs or {}, (rest[0] if rest else None) or {}
 
 
+# Set by the plugin in every process it starts in a venv (`ray_uv_plugin.plugin.VENV_ENV`).
+PLUGIN_VENV_ENV = "RAY_UV_PLUGIN_VENV"
+# How a node gets the plugin: the `--shell` form adds it to the plugins the node registers already.
+PLUGIN_FIX = (
+    "its raylet does not load the uv_project plugin, so Ray ignored the field (it only warns in "
+    "that node's runtime_env setup log). On that node, with ray-uv-plugin installed in its "
+    'Python, run `eval "$(ray-uv plugin-config --shell)"` before `ray start`, and restart it.'
+)
+# What of a worker's runtime_env decides whether the plugin applies to it (`worker_venv_report`).
+PLUGIN_FIELDS = ("uv_project", "py_executable", "pip", "uv", "conda")
+
+
 def check_in_its_venv() -> None:
     """A `uv_project` actor on a node whose raylet lacks the plugin runs in the node's own
-    Python (Ray only warns in that node's setup log): say so before anything imports."""
+    Python: say so before anything imports."""
     asked = "uv_project" in (ray.get_runtime_context().runtime_env or {})
-    if asked and not os.environ.get("RAY_UV_PLUGIN_VENV"):
+    if asked and not os.environ.get(PLUGIN_VENV_ENV):
         node = ray.util.get_node_ip_address()
         raise RuntimeError(
             f"uv_project: node {node} ran this worker in its own Python ({sys.executable}), "
-            "not in a venv: its raylet does not load the uv_project plugin, so Ray ignored the "
-            "field. Restart that node with the plugin registered: `export "
-            "RAY_RUNTIME_ENV_PLUGINS=$(ray-uv plugin-config)` before `ray start` (and "
-            "ray-uv-plugin installed in its Python)."
+            f"not in a venv: {PLUGIN_FIX}"
         )
+
+
+def worker_venv_report(_worker: Any) -> dict[str, Any]:
+    """Run in a started worker through `__ray_call__` (instead of `__ray_ready__`, so it costs
+    no extra call): where it runs, the venv the plugin put it in (None without the plugin), and
+    the runtime_env fields the driver needs to decide whether it should have one."""
+    runtime_env = ray.get_runtime_context().runtime_env or {}
+    return {
+        "node_ip": ray.util.get_node_ip_address(),
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "python": sys.executable,
+        "venv": os.environ.get(PLUGIN_VENV_ENV) or None,
+        "runtime_env": {k: runtime_env[k] for k in PLUGIN_FIELDS if k in runtime_env},
+    }
 
 
 class IsolatedWorkerInitializer:

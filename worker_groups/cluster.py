@@ -9,14 +9,25 @@ Two layouts, as in NeMo RL: one ``PACK`` placement group per node (the default),
 ``_sorted_bundle_indices`` follows the hardware (see `topology`), for model-parallel groups that
 span nodes. Creating the cluster touches no Ray; the placement groups are made when first asked
 for, and removed by `shutdown` or when the cluster is garbage collected.
+
+A request that does not fit the nodes alive now fails at once with `InfeasibleClusterError`,
+unless nodes may still join: an autoscaler manages the cluster (see
+`autoscaler_state`), or the caller asked to wait (``wait_for_nodes=True`` or
+``WORKER_GROUPS_WAIT_FOR_NODES=1``). Then it waits up to ``ready_timeout_s`` for the placement
+groups, as NeMo RL does on clusters that scale up from 0 GPU nodes, with a progress line every
+`PROGRESS_INTERVAL_S`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import re
 import time
+from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -37,6 +48,13 @@ STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 # an outgoing connection before the rendezvous binds it. Half-open: [low, high).
 DEFAULT_MASTER_PORT_RANGE_LOW = 1400
 DEFAULT_MASTER_PORT_RANGE_HIGH = 1999
+# Set on the driver: "1" waits for nodes to join, "0" never does; unset: wait only where an
+# autoscaler manages the cluster. For scripts that construct the cluster themselves (NeMo RL's).
+WAIT_FOR_NODES_ENV = "WORKER_GROUPS_WAIT_FOR_NODES"
+PROGRESS_INTERVAL_S = 30.0
+# Ray's autoscaler on a cluster started by hand (its read-only provider) gives each node a type of
+# its own, "node_<node id>": such a cluster cannot grow.
+_READONLY_NODE_TYPE = re.compile(r"node_[0-9a-f]+")
 
 
 class ResourceInsufficientError(RuntimeError):
@@ -59,6 +77,97 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+_WAIT_HINT = (
+    "If nodes are about to join (nodes you add, or an autoscaler Ray does not report), pass "
+    f"wait_for_nodes=True or set {WAIT_FOR_NODES_ENV}=1 to wait up to ready_timeout_s for them."
+)
+
+
+def _wait_for_nodes_setting(value: bool | None) -> bool | None:
+    """The caller's choice, else ``WORKER_GROUPS_WAIT_FOR_NODES``'s; None leaves it to the
+    autoscaler (`autoscaler_state`). Read when the cluster is made, so a typo fails there."""
+    if value is not None:
+        if not isinstance(value, bool):
+            raise ValueError(
+                f"wait_for_nodes={value!r}: use True (wait for nodes to join), False (never "
+                "wait) or None (wait where an autoscaler manages the cluster)"
+            )
+        return value
+    raw = os.environ.get(WAIT_FOR_NODES_ENV, "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    if raw in ("1", "true", "yes"):
+        return True
+    if raw in ("0", "false", "no"):
+        return False
+    raise ValueError(
+        f"{WAIT_FOR_NODES_ENV}={raw!r}: use 1 (wait for nodes to join), 0 (never wait) or leave "
+        "it unset (wait where an autoscaler manages the cluster)"
+    )
+
+
+class AutoscalerState(NamedTuple):
+    """What Ray's autoscaler reports: the node types of the nodes it manages now (its config's
+    types that have nodes; empty where none runs, or where it is the read-only one of a cluster
+    started by hand) and the nodes it is launching, by type."""
+
+    node_types: frozenset[str]
+    launching: dict[str, int]
+
+
+NO_AUTOSCALER = AutoscalerState(frozenset(), {})
+
+
+def _state_of(types: list[str], launching: Counter[str]) -> AutoscalerState:
+    launches = {t: n for t, n in sorted(launching.items()) if t and n > 0}
+    named = [*types, *launches]
+    scaling = frozenset(t for t in named if t and not _READONLY_NODE_TYPE.fullmatch(t))
+    return AutoscalerState(scaling, launches)
+
+
+def autoscaler_state_from_v1(status_json: bytes | str | None) -> AutoscalerState:
+    """From the v1 autoscaler's status (what `ray status` prints, kept in the GCS)."""
+    if not status_json:
+        return NO_AUTOSCALER
+    report = json.loads(status_json).get("autoscaler_report") or {}
+    launching: Counter[str] = Counter(report.get("pending_launches") or {})
+    # (ip, type, status); newer Rays put the node id first: the type is always second to last.
+    launching.update(node[-2] for node in report.get("pending_nodes") or [])
+    types = [*(report.get("node_type_mapping") or {}).values(), *(report.get("active_nodes") or {})]
+    return _state_of(types, launching)
+
+
+def autoscaler_state_from_v2(status: Any) -> AutoscalerState:
+    """From the v2 autoscaler's `ray.autoscaler.v2.schema.ClusterStatus`: nodes carry the type
+    they were launched as (``RAY_NODE_TYPE_NAME``, which its providers and KubeRay set)."""
+    launching: Counter[str] = Counter()
+    for request in status.pending_launches:
+        launching[request.ray_node_type_name] += request.count
+    launching.update(node.ray_node_type_name for node in status.pending_nodes)
+    nodes = [*status.active_nodes, *status.idle_nodes]
+    return _state_of([n.ray_node_type_name for n in nodes], launching)
+
+
+def autoscaler_state() -> AutoscalerState:
+    """What the cluster's autoscaler reports, read from the GCS as `ray status` reads it (Ray
+    2.44-2.60, autoscaler v1 or v2). Never raises: a state it cannot read is no autoscaler."""
+    try:
+        from ray.autoscaler.v2.utils import is_autoscaler_v2
+
+        if is_autoscaler_v2(fetch_from_server=True):
+            from ray.autoscaler.v2.sdk import get_cluster_status
+
+            gcs = ray.get_runtime_context().gcs_address
+            return autoscaler_state_from_v2(get_cluster_status(gcs, timeout=10))
+        from ray._private.ray_constants import DEBUG_AUTOSCALING_STATUS
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        return autoscaler_state_from_v1(_internal_kv_get(DEBUG_AUTOSCALING_STATUS))
+    except Exception as e:  # noqa: BLE001 - Ray internals: treat anything odd as no autoscaler
+        logger.debug("could not read the autoscaler's state: %r", e)
+        return NO_AUTOSCALER
+
+
 class RayVirtualCluster:
     """Placement groups over nodes: ``[2, 2]`` is two nodes of two GPU bundles each."""
 
@@ -76,6 +185,7 @@ class RayVirtualCluster:
         node_resource_constraints: list[dict[str, float]] | None = None,
         *,
         ready_timeout_s: float = 180.0,
+        wait_for_nodes: bool | None = None,
     ) -> None:
         counts = list(bundle_ct_per_node_list)
         if not counts or not all(_is_count(c) and c >= 0 for c in counts):
@@ -121,6 +231,7 @@ class RayVirtualCluster:
             )
         if ready_timeout_s <= 0:
             raise ValueError(f"ready_timeout_s={ready_timeout_s!r} must be > 0")
+        self.wait_for_nodes = _wait_for_nodes_setting(wait_for_nodes)
         self._bundle_ct_per_node_list = counts
         self._world_size = sum(counts)
         self.use_gpus = use_gpus
@@ -150,7 +261,8 @@ class RayVirtualCluster:
     ) -> list[PlacementGroup]:
         """Create the placement groups unless they exist: one ``PACK`` group per node, or one
         group of every bundle with ``strategy`` (default: the cluster's) when ``use_unified_pg``.
-        Waits at most ``ready_timeout_s``; a request that can never fit fails at once."""
+        Waits at most ``ready_timeout_s``; a request that the nodes alive now cannot hold fails
+        at once, unless nodes may still join (`_why_wait_for_nodes`)."""
         if self._shut_down:
             raise RuntimeError("this RayVirtualCluster was shut down: create a new one")
         if self._node_placement_groups is not None:
@@ -166,12 +278,28 @@ class RayVirtualCluster:
             requests = [([b for node in per_node for b in node], strategy, "unified")]
         else:
             requests = [(b, "PACK", f"node{i}") for i, b in enumerate(per_node) if b]
-        self._check_feasible(requests)
+        waiting_for = None
+        try:
+            self._check_feasible(requests)
+        except InfeasibleClusterError as e:
+            waiting_for = self._why_wait_for_nodes()
+            if waiting_for is None:
+                if self.wait_for_nodes is None:
+                    raise InfeasibleClusterError(f"{e} {_WAIT_HINT}") from None
+                raise
+            logger.warning(
+                "virtual cluster %s does not fit the nodes alive now: %s Waiting up to %gs for "
+                "nodes to join (%s).",
+                self._bundle_ct_per_node_list,
+                e,
+                self.ready_timeout_s,
+                waiting_for,
+            )
         pgs = [
             placement_group(bundles, strategy=s, name=f"{self.name}-{n}" if self.name else "")
             for bundles, s, n in requests
         ]
-        self._wait_ready(pgs)
+        self._wait_ready(pgs, waiting_for)
         self._node_placement_groups = pgs
         if use_unified_pg and self.use_gpus:
             self._sort_unified_bundles(pgs[0])
@@ -211,24 +339,75 @@ class RayVirtualCluster:
                     f"a node for each and the cluster has {len(nodes)}"
                 )
 
-    def _wait_ready(self, pgs: list[PlacementGroup]) -> None:
-        start = time.perf_counter()
-        ready, pending = ray.wait(
-            [pg.ready() for pg in pgs], num_returns=len(pgs), timeout=self.ready_timeout_s
+    def _why_wait_for_nodes(self) -> str | None:
+        """Why nodes may still join, or None: the caller asked to wait, or an autoscaler manages
+        the cluster (whose node types may not fit either: its log and `ray status` say so)."""
+        if self.wait_for_nodes is not None:
+            return f"wait_for_nodes / {WAIT_FOR_NODES_ENV}" if self.wait_for_nodes else None
+        types = autoscaler_state().node_types
+        return f"an autoscaler runs; node types now: {sorted(types)}" if types else None
+
+    def _placement_state(
+        self, pgs: list[PlacementGroup], pending: list[PlacementGroup], autoscaling: bool
+    ) -> str:
+        """What is still pending and what the cluster has now, for progress lines and errors."""
+        keys = {k for pg in pgs for b in pg.bundle_specs for k in b}
+        asked = {k: sum(b.get(k, 0) for pg in pending for b in pg.bundle_specs) for k in keys}
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        totals = {k: sum(n.get(k, 0) for n in nodes) for k in keys}
+        available = ray.available_resources()
+        state = (
+            f"{len(pending)} of {len(pgs)} placement group(s) pending ({_fmt(asked)}); the Ray "
+            f"cluster has {_fmt(totals)} over {len(nodes)} node(s), available now: "
+            f"{_fmt({k: available.get(k, 0) for k in keys})}"
         )
+        launching = autoscaler_state().launching if autoscaling else {}
+        return state + (f"; the autoscaler is launching {_fmt(launching)}" if launching else "")
+
+    def _wait_ready(self, pgs: list[PlacementGroup], waiting_for: str | None) -> None:
+        """Wait for the placement groups until ``ready_timeout_s``, saying what is pending every
+        `PROGRESS_INTERVAL_S`; on timeout remove them and say what was asked and what is there."""
+        start = time.perf_counter()
+        deadline = start + self.ready_timeout_s
+        pg_of = {pg.ready(): pg for pg in pgs}
+        pending = list(pg_of)
+        while pending:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
+            _, pending = ray.wait(
+                pending, num_returns=len(pending), timeout=min(PROGRESS_INTERVAL_S, left)
+            )
+            left = deadline - time.perf_counter()
+            if pending and left > 0:
+                state = self._placement_state(
+                    pgs, [pg_of[r] for r in pending], waiting_for is not None
+                )
+                logger.warning(
+                    "virtual cluster %s: %s; %.0fs left",
+                    self._bundle_ct_per_node_list,
+                    state,
+                    left,
+                )
         if pending:
+            state = self._placement_state(pgs, [pg_of[r] for r in pending], waiting_for is not None)
             for pg in pgs:
                 remove_placement_group(pg)
-            keys = {k for pg in pgs for b in pg.bundle_specs for k in b}
+            advice = (
+                f"Waited for nodes to join ({waiting_for}) but none that fits came: check that "
+                "a node type has these resources and can still be launched (`ray status`, and "
+                "the autoscaler's log: monitor.* in the head's session logs), or raise "
+                "ready_timeout_s (a GPU node can take minutes to start)."
+                if waiting_for
+                else "Other jobs or placement groups hold the resources: free them or ask for "
+                "fewer bundles."
+            )
             raise PlacementGroupTimeoutError(
                 f"placement groups for virtual cluster {self._bundle_ct_per_node_list} "
                 f"({_fmt(self.bundle_resources())} per bundle) were not ready after "
-                f"{self.ready_timeout_s:g}s: {len(pending)} of {len(pgs)} still pending; "
-                f"available now: {_fmt({k: ray.available_resources().get(k, 0) for k in keys})}. "
-                "Other jobs or placement groups hold the resources: free them or ask for fewer "
-                "bundles."
+                f"{self.ready_timeout_s:g}s: {state}. {advice}"
             )
-        ray.get(ready)
+        ray.get(list(pg_of))
         logger.info(
             "virtual cluster %s: %d placement group(s) ready in %.2fs",
             self._bundle_ct_per_node_list,

@@ -1,10 +1,12 @@
 """`RayWorkerGroup`: workers on a `RayVirtualCluster`'s bundles, with rank env vars, tied groups
 and the dispatch helpers an RL loop calls every step.
 
-Environment of each worker: the builder's ``uv_project`` (the venv the plugin builds per node), the
-group's ``env_vars``, and ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (the bundle's index on its node),
-``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` (a free port, distinct per group). The driver's own
-environment is not copied: it would carry the driver's ``VIRTUAL_ENV`` and ``PATH`` into venvs.
+Environment of each worker, as NeMo RL's: the builder's ``uv_project`` (the venv the plugin builds
+per node); env vars, lowest to highest, the class's ``@ray.remote`` ``env_vars``, the driver's
+environment (`driver_env_vars`), the group's ``env_vars`` with ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK`` (the bundle's index on its node), ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` (a
+free port, distinct per group), then ``configure_worker``'s. A worker that should run in a venv and
+does not (its node's raylet lacks the plugin) fails the group (`PluginNotLoadedError`).
 
 GPUs: each worker asks for ``1 / max_colocated_worker_groups`` GPU of its bundle, and Ray sets
 ``CUDA_VISIBLE_DEVICES`` to that one GPU, so inside a worker the device is ``cuda:0`` (not
@@ -17,13 +19,16 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import ray
 from ray.actor import ActorHandle
 
 from worker_groups._helper_tasks import helper_runtime_env
+from worker_groups._initializer import PLUGIN_FIX, worker_venv_report
 from worker_groups.builder import (
     RayWorkerBuilder,
     check_runtime_env_config,
@@ -49,6 +54,40 @@ logger = logging.getLogger(__name__)
 # 3 times), short enough that a worker that can never be scheduled does not hang the job.
 DEFAULT_STARTUP_TIMEOUT_S = 1800.0
 
+# The driver's variables that workers do not get. NeMo RL drops these Ray ones too: they describe
+# the driver's process, not the worker's.
+DRIVER_RAY_VARS = frozenset(
+    {
+        "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES",
+        "RAY_CLIENT_MODE",
+        "RAY_JOB_ID",
+        "RAY_LD_PRELOAD",
+        "RAY_RAYLET_PID",
+        "RAY_USAGE_STATS_ENABLED",
+    }
+)
+# The driver's own venv (NeMo RL sets the first two to the worker's venv; the plugin empties them),
+# and the plugin's mark of a worker it started in a venv, which a copy would fake.
+DRIVER_VENV_VARS = frozenset({"VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", "RAY_UV_PLUGIN_VENV"})
+
+
+def driver_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The driver's environment as every worker of a group gets it, over the worker class's
+    ``@ray.remote`` ``env_vars`` and under the group's (NeMo RL's order). Left out: the
+    variables above, and uv's own (``UV``, ``UV_*``): here a runtime_env's ``env_vars`` also
+    configure the venv's build on every node, and so its key, which NeMo RL's driver environment
+    never did (it builds venvs in a task per node); a worker that needs one gets it through the
+    group's ``env_vars``."""
+    environ = os.environ if environ is None else environ
+    return {
+        k: v
+        for k, v in environ.items()
+        if k not in DRIVER_RAY_VARS
+        and k not in DRIVER_VENV_VARS
+        and k != "UV"
+        and not k.startswith("UV_")
+    }
+
 
 def job_default_uv_project(runtime_env: dict[str, Any]) -> dict[str, Any] | None:
     """The job's default `uv_project` (our `uv run` driver hook's), which workers with
@@ -70,6 +109,39 @@ class WorkerStartupTimeoutError(TimeoutError):
 
 class UnknownWorkerMethodError(AttributeError, ValueError):
     """A dispatch names a method the worker class does not have."""
+
+
+class PluginNotLoadedError(RuntimeError):
+    """Workers that should run in a ``uv_project`` venv run in their node's own Python: the
+    node's raylet does not load the plugin. The group was shut down."""
+
+
+def initializer_outside_venv(error: BaseException) -> str | None:
+    """The message of an initializer that `check_in_its_venv` stopped, found in the error of
+    the worker it could not create (Ray wraps it in an `ActorDiedError`, with tracebacks)."""
+    text = str(error) if isinstance(error, ray.exceptions.RayError) else ""
+    start = text.find("uv_project: node ")
+    end = text.find(PLUGIN_FIX, start)
+    return text[start : end + len(PLUGIN_FIX)] if 0 <= start < end else None
+
+
+def runs_outside_its_venv(report: dict[str, Any]) -> bool:
+    """Whether a worker (its `worker_venv_report`) has a ``uv_project`` that applies to it, the
+    plugin's own reading, and yet no venv. A job default that yields to the worker's own
+    interpreter (`yields_to`) applies to none; a value the plugin would refuse means that no
+    plugin saw it."""
+    from ray_uv_plugin.spec import parse_spec, yields_to
+
+    if report["venv"]:
+        return False
+    runtime_env = report["runtime_env"]
+    value = runtime_env.get("uv_project")
+    if value is None:
+        return False
+    try:
+        return yields_to(parse_spec(value), runtime_env) is None
+    except (TypeError, ValueError):
+        return True
 
 
 class RayWorkerGroup:
@@ -135,7 +207,7 @@ class RayWorkerGroup:
     ) -> None:
         """Create every worker at once (one initializer per node), then wait for all of them."""
         pgs = self.cluster.get_placement_groups()
-        group_env = {"env_vars": dict(env_vars or {})}
+        group_env = {"env_vars": {**driver_env_vars(), **(env_vars or {})}}
         if self.runtime_env_config is not None:
             group_env["config"] = dict(self.runtime_env_config)
         base = remote_worker_builder.worker_options({"runtime_env": group_env})  # may refuse
@@ -205,8 +277,11 @@ class RayWorkerGroup:
             for worker in self._workers:
                 restore_method_signatures(worker, specs)
             self._wait_ready(start)
-        except BaseException:
+        except BaseException as error:
             self.shutdown(force=True)
+            problem = initializer_outside_venv(error)
+            if problem is not None:
+                raise PluginNotLoadedError(f"{problem} The group has been shut down.") from error
             raise
         logger.info(
             "%s: %d workers of %s ready in %.2fs",
@@ -272,6 +347,20 @@ class RayWorkerGroup:
             "The group has been shut down."
         )
 
+    def _outside_venvs(self, outside: dict[int, dict[str, Any]]) -> PluginNotLoadedError:
+        by_node: dict[tuple[str, str, str], list[int]] = {}
+        for rank, report in sorted(outside.items()):
+            node = (report["node_ip"], report["node_id"], report["python"])
+            by_node.setdefault(node, []).append(rank)
+        nodes = "; ".join(
+            f"node {ip} (id {node_id[:12]}) ran ranks {ranks} in its own Python ({python})"
+            for (ip, node_id, python), ranks in by_node.items()
+        )
+        return PluginNotLoadedError(
+            f"uv_project: workers of {self.ray_actor_class_fqn} are not in their venv: {nodes}: "
+            f"{PLUGIN_FIX} The group has been shut down."
+        )
+
     def _get_before_deadline(self, refs: list, start: float, stage: str) -> list:
         done, pending = ray.wait(refs, num_returns=len(refs), timeout=self._remaining(start))
         if pending:
@@ -279,7 +368,11 @@ class RayWorkerGroup:
         return ray.get(refs)
 
     def _wait_ready(self, start: float) -> None:
-        refs = [w.__ray_ready__.remote() for w in self._workers]
+        """Wait for every worker's `worker_venv_report` (its readiness call), failing at the
+        first startup error or worker outside its venv."""
+        # `fn` by name: a handle whose class the driver cannot import takes keywords only.
+        refs = [w.__ray_call__.remote(fn=worker_venv_report) for w in self._workers]
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
         pending = refs
         total = len(pending)
         while pending:
@@ -288,7 +381,15 @@ class RayWorkerGroup:
                 raise self._timed_out([refs.index(r) for r in pending], "ready")
             wait = 30.0 if remaining is None else min(30.0, remaining)
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=wait)
-            ray.get(done)  # raises the first startup error (runtime env, import, __init__)
+            # Raises the first startup error (runtime env, import, __init__).
+            reports = ray.get(done)
+            outside = {
+                rank_of[ref]: report
+                for ref, report in zip(done, reports, strict=True)
+                if runs_outside_its_venv(report)
+            }
+            if outside:
+                raise self._outside_venvs(outside)
             if pending:
                 logger.info(
                     "%d/%d workers of %s ready after %.0fs",

@@ -1,6 +1,5 @@
 """A worker class's own `@ray.remote(...)` options under the group's: env-var precedence
-(node < decorator < group env_vars < configure_worker), runtime_env `config`, and what a worker
-does not inherit from the driver."""
+(node < decorator < driver < group env_vars < configure_worker), and runtime_env `config`."""
 
 from __future__ import annotations
 
@@ -50,9 +49,10 @@ def test_env_var_precedence_and_config(
     assert env["WG_LAYER_1"] == "configure_worker"  # configure_worker over everything
     assert env["WG_LAYER_2"] == "group"  # the group over the decorator
     assert env["WG_LAYER_3"] == "decorator"  # the decorator's env_vars survive the group's
-    assert env["WG_SYSTEM_A"] == "decorator"  # the decorator over the node's environment
+    # The driver's environment (here the node's too) over the decorator: test_wg_env_checks.
+    assert env["WG_SYSTEM_A"] == "system"
     assert env["WG_SYSTEM_B"] == "system"  # the node's environment reaches the worker
-    assert "WG_DRIVER_ONLY" not in env  # the driver's own environment is not copied
+    assert env["WG_DRIVER_ONLY"] == "driver"  # the driver's environment is copied, as NeMo RL's
     assert env["config"]["setup_timeout_seconds"] == 1234  # the group's config over the class's
 
 

@@ -1,0 +1,198 @@
+"""Keeping the nodes that join a running cluster prepared: `ray-uv prepare --watch`.
+
+On an autoscaling cluster nodes join after `prepare` ran, and the first job that lands on one
+builds every env there from the package index. The watch prepares the alive nodes once, as
+`prepare` does, then asks the GCS for the alive nodes every `interval` seconds (never more
+often than every `MIN_INTERVAL`) and prepares each node it has not seen yet: the venv is
+shipped to it from a node that has the env (`prepare.ship_and_probe`), and a node that cannot
+take it (another build target, Python, uv or uv settings) builds its own, as with `prepare`.
+
+It is a foreground process on purpose: its per-node lines go to the operator's terminal or
+log, and it ends as any service does (Ctrl-C, SIGTERM, SIGHUP unless ignored as under
+`nohup`: `stop_on_signals`), which also ends every actor and task it started. Nodes that join
+during a round are prepared in the next one; a node that failed is reported and not tried
+again (the next job there builds, as without the watch); a node that left the cluster before
+its turn was over is reported as having left.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import replace
+from pathlib import Path
+from time import sleep
+from typing import Any, NoReturn
+
+from ray_uv_plugin import prepare
+from ray_uv_plugin.prepare import NodeResult
+
+DEFAULT_INTERVAL = 10.0
+MIN_INTERVAL = 2.0  # each poll is one GCS call listing every node: not a busy loop
+
+
+def check_interval(interval: float) -> None:
+    if not MIN_INTERVAL <= interval < math.inf:  # also NaN
+        raise prepare.PrepareError(
+            f"--interval {interval:g}: the watch asks the GCS for the node list every interval; "
+            f"give a number of seconds, at least {MIN_INTERVAL:g} (default {DEFAULT_INTERVAL:g})."
+        )
+
+
+def pick_source(
+    results: Mapping[str, NodeResult], alive: set[str], here: str | None
+) -> NodeResult | None:
+    """The node to ship from: one whose env is ready (built, shipped or reused there) and that
+    is still alive (an autoscaler removes idle nodes), the driver's own if it is one of them;
+    None if there is none, and the joining nodes then build."""
+    ready = [r for r in results.values() if r.ok and r.key and r.node_id in alive]
+    return next((r for r in ready if r.node_id == here), ready[0] if ready else None)
+
+
+def _alive_ids() -> set[str]:
+    return {node_id for node_id, _ in prepare.alive_nodes()}
+
+
+def watch_nodes(
+    value: Mapping[str, Any],
+    seen: Sequence[NodeResult],
+    *,
+    interval: float = DEFAULT_INTERVAL,
+    timeout: float = 3600.0,
+    ship: bool | None = None,
+    on_round: Callable[[list[tuple[str, str]], NodeResult | None], None] = lambda n, s: None,
+    on_result: Callable[[NodeResult], None] = lambda r: None,
+    on_progress: Callable[[Any], None] = lambda p: None,
+) -> NoReturn:
+    """Prepare each node that joins (connected already), reporting each to `on_result`, until
+    a KeyboardInterrupt ends it. `seen`: the results of the nodes prepared before (the
+    sources to ship from). `on_round(nodes, source)` before each round: the nodes that
+    joined, and the node they are shipped from (None: they build). `timeout` bounds each
+    round."""
+    import ray
+
+    from ray_uv_plugin import ship as shipping
+
+    ship = shipping.shipping_enabled() if ship is None else ship
+    here = ray.get_runtime_context().get_node_id()
+    results = {r.node_id: r for r in seen}
+
+    def report(result: NodeResult) -> None:
+        if not result.ok and result.node_id not in _alive_ids():
+            result = replace(result, error=f"the node left the cluster ({result.error})")
+        results[result.node_id] = result
+        on_result(result)
+
+    while True:
+        sleep(interval)
+        nodes = prepare.alive_nodes()
+        new = [n for n in nodes if n[0] not in results]
+        if not new:
+            continue
+        source = pick_source(results, {n for n, _ in nodes}, here) if ship else None
+        on_round(new, source)
+        try:
+            if source is None:
+                prepare.prepare_nodes(
+                    value, new, timeout, report, ship=ship, on_progress=on_progress
+                )
+            else:
+                prepare.ship_and_probe(
+                    value,
+                    source,
+                    new,
+                    timeout,
+                    report,
+                    on_progress=on_progress,
+                )
+        except Exception as e:  # noqa: BLE001 - the round's nodes failed, not the watch
+            error = f"{type(e).__name__}: {prepare.clean_error(e)}"
+            for node_id, address in new:
+                if node_id not in results:
+                    report(NodeResult(node_id, address, False, 0.0, error=error))
+
+
+def watch_env(
+    project: str | Path = ".",
+    *,
+    extras: Sequence[str] = (),
+    groups: Sequence[str] = (),
+    address: str | None = None,
+    shared: bool = False,
+    ship: bool | None = None,
+    timeout: float = 3600.0,
+    interval: float = DEFAULT_INTERVAL,
+    on_start: Callable[[dict[str, Any], int], None] = lambda value, nodes: None,
+    on_watching: Callable[[], None] = lambda: None,
+    on_round: Callable[[list[tuple[str, str]], NodeResult | None], None] = lambda n, s: None,
+    on_result: Callable[[NodeResult], None] = lambda r: None,
+    on_progress: Callable[[Any], None] = lambda p: None,
+    stop_signals: bool = False,
+    **flags: bool,
+) -> list[NodeResult]:
+    """`prepare_env`, then keep every node that joins prepared (`watch_nodes`) until a
+    KeyboardInterrupt (Ctrl-C; with `stop_signals`, SIGTERM and SIGHUP too: `stop_on_signals`,
+    main thread only) ends it: stopping is its normal end. Returns the results of every node,
+    those prepared first included; a ship under way is abandoned (nothing half-received is
+    ever used). Disconnects after."""
+    import ray
+
+    check_interval(interval)
+    project = Path(project).expanduser().resolve()
+    value = prepare.uv_project_value(project, shared, list(extras), list(groups), flags)
+    prepare.check_locally(project, value, shared)
+    prepare.connect(address, prepare.job_runtime_env(project, shared))
+    results: list[NodeResult] = []
+
+    def collect(result: NodeResult) -> None:
+        results.append(result)
+        on_result(result)
+
+    try:
+        # After `ray.init`: Ray's core worker installs a SIGTERM handler of its own that ends
+        # the process at once, and ours must replace it.
+        with stop_on_signals() if stop_signals else nullcontext():
+            nodes = prepare.alive_nodes()
+            on_start(value, len(nodes))
+            first = prepare.prepare_nodes(
+                value, nodes, timeout, collect, ship=ship, on_progress=on_progress
+            )
+            on_watching()
+            watch_nodes(
+                value,
+                first,
+                interval=interval,
+                timeout=timeout,
+                ship=ship,
+                on_round=on_round,
+                on_result=collect,
+                on_progress=on_progress,
+            )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ray.shutdown()
+    return results
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGTERM (systemd, `kill`, a pod's end) and SIGHUP (the terminal closed) stop the watch as
+    Ctrl-C does, so that it disconnects and its actors end; a SIGHUP ignored already (`nohup`)
+    stays ignored. The previous handlers are back after (the default, for one installed
+    outside Python, as Ray's)."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    for s, handler in saved.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(s, _interrupt)
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)

@@ -1,0 +1,535 @@
+"""The user docs stay true: the messages docs/troubleshooting.md quotes are the ones the code
+raises, the runtime_envs of docs/migration.md pass the plugin's validation, the KubeRay example
+sets what `ray-uv plugin-config --shell` prints, and the commands of the README's install
+section and of the Dockerfile install the plugin into a fresh Python."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+SOURCES = (REPO / "ray_uv_plugin", REPO / "worker_groups")
+# A message the page quotes from Ray itself, not from this package.
+RAYS_OWN = ("Failed to install runtime_env within the timeout of <N> seconds",)
+
+# --- docs/troubleshooting.md: every message it quotes is one the code can produce -----------
+
+PLACEHOLDER = re.compile(r"<[^<>]+>")
+HOLE = "\x00"  # where a source string interpolates a value
+
+
+def _constants(trees: list[ast.Module]) -> dict[str, str]:
+    """Module-level `NAME = "text"` of the sources, by name (names bound to two texts dropped),
+    so that an f-string's `{VENV_DIR_ENV}` reads as the variable's name, as users see it."""
+    found: dict[str, set[str]] = {}
+    for tree in trees:
+        for node in tree.body:
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+            ):
+                found.setdefault(node.targets[0].id, set()).add(node.value.value)
+    return {name: texts.pop() for name, texts in found.items() if len(texts) == 1}
+
+
+def _render(node: ast.AST, constants: dict[str, str]) -> str | None:
+    """A string literal or f-string as text, with HOLE for each value it interpolates."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if not isinstance(node, ast.JoinedStr):
+        return None
+    parts = []
+    for part in node.values:
+        if isinstance(part, ast.Constant):
+            parts.append(str(part.value))
+        elif (
+            isinstance(part, ast.FormattedValue)
+            and isinstance(part.value, ast.Name)
+            and part.value.id in constants
+            and part.conversion == -1
+            and part.format_spec is None
+        ):
+            parts.append(constants[part.value.id])
+        else:
+            parts.append(HOLE)
+    return "".join(parts)
+
+
+def source_strings(roots: tuple[Path, ...]) -> list[str]:
+    """Every string literal and f-string of the Python files under `roots`, rendered."""
+    trees = [
+        ast.parse(path.read_text(), str(path)) for root in roots for path in root.rglob("*.py")
+    ]
+    constants = _constants(trees)
+    rendered = (_render(node, constants) for tree in trees for node in ast.walk(tree))
+    return [text for text in rendered if text]
+
+
+@functools.cache
+def _package_strings() -> tuple[str, ...]:
+    return tuple(source_strings(SOURCES))
+
+
+@functools.cache
+def _ray_strings() -> tuple[str, ...]:
+    import ray
+
+    return tuple(
+        source_strings((Path(ray.__file__).parent / "_private" / "runtime_env" / "agent",))
+    )
+
+
+def quoted_messages(page: str) -> list[str]:
+    """What the page quotes as messages: each `###` heading in backticks, and each `> ` line."""
+    quotes = []
+    for line in page.splitlines():
+        if line.startswith("### "):
+            text = line[4:].strip()
+            if text.startswith("`"):
+                quotes.append(text.strip("`").strip())
+        elif line.startswith("> "):
+            quotes.append(line[2:].strip())
+    return quotes
+
+
+def message_pattern(quote: str) -> re.Pattern[str]:
+    """The quote's own text must appear as written, and each `<...>` where the source puts a
+    value (so `<path> has no uv.lock` is not found in `(<path>) has no uv.lock`)."""
+    pieces = PLACEHOLDER.split(quote)
+    return re.compile(HOLE.join(re.escape(p) for p in pieces))
+
+
+def occurs(quote: str, strings: tuple[str, ...]) -> bool:
+    pattern = message_pattern(quote)
+    longest = max(PLACEHOLDER.split(quote), key=len)  # a plain search first: fast
+    return any(pattern.search(text) for text in strings if longest in text)
+
+
+def test_the_matcher_tells_a_message_from_a_changed_one() -> None:
+    strings = tuple(source_strings(SOURCES))
+    assert occurs("uv_project: <path> has no uv.lock", strings)
+    assert occurs("uv_project: RAY_UV_PLUGIN_VENV_DIR=<dir> is relative", strings)
+    assert not occurs("uv_project: <path> lacks a uv.lock", strings)
+    # A placeholder stands for one value the code fills in, not for any text.
+    assert not occurs(
+        "uv_project: <path> has no pyproject.toml", ("uv_project: (\x00) has no pyproject.toml",)
+    )
+    assert not occurs("uv_project: RAY_UV_PLUGIN_VENV_DIRS=<dir> is relative", strings)
+
+
+def test_every_message_the_troubleshooting_page_quotes_is_in_the_source() -> None:
+    quotes = quoted_messages((DOCS / "troubleshooting.md").read_text())
+    assert len(quotes) >= 60, quotes
+    for quote in quotes:
+        # Enough of the message's own text that the check means something.
+        assert max(len(p.strip()) for p in PLACEHOLDER.split(quote)) >= 12, quote
+    missing = [
+        q for q in quotes if not occurs(q, _ray_strings() if q in RAYS_OWN else _package_strings())
+    ]
+    assert not missing, (
+        "docs/troubleshooting.md quotes messages the code no longer produces; update the page:\n"
+        + "\n".join(missing)
+    )
+
+
+# --- docs/migration.md: its runtime_envs are real, its `uv run` table maps as it says -------
+
+
+def _code_blocks(page: str, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", page, re.S | re.M)
+
+
+def runtime_envs(page: str) -> list[dict]:
+    """Each runtime_env the page shows: `runtime_env=` arguments and `runtime_env = ...` in its
+    Python blocks, `--runtime-env-json '...'` in its shell blocks."""
+    found = []
+    for block in _code_blocks(page, "python"):
+        for node in ast.walk(ast.parse(block)):
+            if isinstance(node, ast.keyword) and node.arg == "runtime_env":
+                found.append(ast.literal_eval(node.value))
+            elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "runtime_env" for t in node.targets
+            ):
+                found.append(ast.literal_eval(node.value))
+    for block in _code_blocks(page, "bash"):
+        for words in (shlex.split(line, comments=True) for line in block.splitlines()):
+            found += [
+                json.loads(words[i + 1])
+                for i, w in enumerate(words[:-1])
+                if w == "--runtime-env-json"
+            ]
+    return found
+
+
+def test_migration_runtime_envs_pass_ray_and_the_plugin() -> None:
+    from ray.runtime_env import RuntimeEnv
+
+    from ray_uv_plugin.plugin import UvProjectPlugin
+
+    envs = runtime_envs((DOCS / "migration.md").read_text())
+    before = [env for env in envs if "uv_project" not in env]
+    after = [env for env in envs if "uv_project" in env]
+    assert len(before) >= 5 and len(after) >= 7, envs
+    for env in envs:
+        RuntimeEnv(**env)  # Ray's own checks of its fields
+    for env in before:
+        assert {"pip", "uv", "py_executable"} & set(env), env
+    for env in after:
+        UvProjectPlugin.validate(env)  # what the node checks first: the value, and its siblings
+
+
+def uv_run_table(page: str) -> list[tuple[str, dict]]:
+    rows = re.findall(r"^\| `(uv run [^`]*)` \| `(\{.*\})` \|$", page, re.M)
+    return [(command, json.loads(value)) for command, value in rows]
+
+
+def test_migration_uv_run_table_is_what_the_driver_hook_maps(tmp_path: Path) -> None:
+    from ray_uv_plugin.spec import parse_spec
+    from ray_uv_plugin.uv_run import read_uv_run
+
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "job"\nversion = "0"\n')
+    rows = uv_run_table((DOCS / "migration.md").read_text())
+    assert len(rows) >= 10, rows
+    for command, value in rows:
+        driver = read_uv_run(shlex.split(command), tmp_path, {}, "3.11.7")
+        assert driver.value is not None, (command, driver.unmappable)
+        mapped = {k: v for k, v in driver.value.items() if k != "project"}
+        assert parse_spec(mapped) == parse_spec(value), command
+
+
+# --- examples/kuberay and examples/docker ------------------------------------------------------
+
+KUBERAY = REPO / "examples" / "kuberay" / "raycluster.yaml"
+DOCKERFILE = REPO / "examples" / "docker" / "Dockerfile"
+INSTALL_SCRIPT = REPO / "examples" / "docker" / "install-plugin.sh"
+# Node settings of the example beyond the plugin's own registration: both in the one volume.
+STORAGE_VARS = ("RAY_UV_PLUGIN_VENV_DIR", "UV_CACHE_DIR")
+# What `ray-uv plugin-config --shell` reads from the environment it runs in.
+SET_UP_VARS = (
+    "RAY_RUNTIME_ENV_PLUGINS",
+    "RAY_RUNTIME_ENV_PLUGIN_SCHEMAS",
+    "RAY_RUNTIME_ENV_HOOK",
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV",
+    "RAY_UV_PLUGIN_PREVIOUS_HOOK",
+    "PYTHONPATH",
+)
+
+
+def dockerfile_arg(name: str) -> str:
+    match = re.search(rf"^ARG {name}=(\S+)$", DOCKERFILE.read_text(), re.M)
+    assert match, f"no ARG {name}= in {DOCKERFILE}"
+    return match.group(1)
+
+
+def pod_specs() -> Iterator[tuple[str, dict]]:
+    import yaml
+
+    cluster = yaml.safe_load(KUBERAY.read_text())
+    assert cluster["apiVersion"] == "ray.io/v1" and cluster["kind"] == "RayCluster"
+    yield "head", cluster["spec"]["headGroupSpec"]["template"]["spec"]
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        yield group["groupName"], group["template"]["spec"]
+
+
+def plugin_config_shell() -> dict[str, str]:
+    """`ray-uv plugin-config --shell` in a clean environment, as `{name: value}`."""
+    env = {k: v for k, v in os.environ.items() if k not in SET_UP_VARS}
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "ray-uv"), "plugin-config", "--shell"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    exports = [shlex.split(line) for line in out.splitlines() if line.strip()]
+    assert all(words[0] == "export" and len(words) == 2 for words in exports), out
+    return dict(words[1].split("=", 1) for words in exports)
+
+
+def test_kuberay_example_sets_what_plugin_config_prints() -> None:
+    """Every Ray container gets exactly the plugin's set-up, with the paths it has in the image
+    (the Dockerfile's PLUGIN_DIR for this checkout's package dir), and the venv dir and the uv
+    cache in one mounted volume."""
+    import ray
+
+    import ray_uv_plugin
+
+    here = str(Path(ray_uv_plugin.__file__).resolve().parent)
+    in_image = dockerfile_arg("PLUGIN_DIR")
+    expected = {k: v.replace(here, in_image) for k, v in plugin_config_shell().items()}
+    assert "RAY_RUNTIME_ENV_PLUGINS" in expected
+    specs = list(pod_specs())
+    assert [name for name, _ in specs] == ["head", "gpu"]
+    for name, spec in specs:
+        volumes = {v["name"] for v in spec["volumes"]}
+        for container in spec["containers"]:
+            env = {e["name"]: e["value"] for e in container["env"]}
+            assert {k: env[k] for k in env if k not in STORAGE_VARS} == expected, name
+            mounts = [m["mountPath"] for m in container["volumeMounts"] if m["name"] in volumes]
+            for var in STORAGE_VARS:
+                holding = [m for m in mounts if env[var].startswith(m.rstrip("/") + "/")]
+                assert len(holding) == 1, (name, var, env[var], mounts)
+            assert {m for m in mounts if env["UV_CACHE_DIR"].startswith(m + "/")} == {
+                m for m in mounts if env["RAY_UV_PLUGIN_VENV_DIR"].startswith(m + "/")
+            }, f"{name}: the uv cache and the venv dir must be on one volume (hardlinks)"
+    # One Ray version throughout: the image's, the cluster's and the one the tests run.
+    import yaml
+
+    ray_version = yaml.safe_load(KUBERAY.read_text())["spec"]["rayVersion"]
+    assert ray_version == ray.__version__
+    assert dockerfile_arg("RAY_IMAGE").startswith(f"rayproject/ray:{ray_version}-")
+    assert "python3.11" in in_image and dockerfile_arg("RAY_IMAGE").split("-")[1] == "py311"
+
+
+def _as_user(uid: int, gid: int, action) -> int:
+    """Run `action()` in a forked child with this uid and gid; its exit status: 0 done,
+    3 refused as untrusted, 4 another error."""
+    from ray_uv_plugin.trust import UntrustedPathError
+
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        status = 4
+        try:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            action()
+            status = 0
+        except UntrustedPathError:
+            status = 3
+        except BaseException:  # noqa: BLE001 - reported as a status
+            status = 4
+        finally:
+            os._exit(status)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _use_volume(venv_dir: Path, uv_cache: Path) -> None:
+    """What the plugin and uv do first in the volume: make the venv dir, and uv's cache."""
+    from ray_uv_plugin import trust
+
+    trust.make_root(venv_dir)
+    uv_cache.mkdir(parents=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changes owners and switches users: needs root")
+def test_kuberay_init_container_makes_the_volume_one_the_plugin_trusts(tmp_path: Path) -> None:
+    """An emptyDir is mode 0777: the plugin refuses a venv dir in it. The example's init
+    container (its command, run here on such a dir) makes it one the pod's user may use."""
+    import tempfile
+
+    for name, spec in pod_specs():
+        uid, gid = spec["securityContext"]["runAsUser"], spec["securityContext"]["runAsGroup"]
+        assert uid != 0 and "fsGroup" not in spec["securityContext"], name
+        (init,) = spec["initContainers"]
+        assert init["securityContext"]["runAsUser"] == 0
+        (mount,) = init["volumeMounts"]
+        env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+        # A parent the pod's user can enter, as `/` is in the pod.
+        base = Path(tempfile.mkdtemp(prefix="ray-uv-kuberay-", dir="/tmp"))
+        try:
+            os.chmod(base, 0o755)
+            volume = base / mount["mountPath"].strip("/")
+            volume.mkdir()
+            os.chmod(volume, 0o777)  # as the kubelet makes an emptyDir
+            venv_dir = Path(env["RAY_UV_PLUGIN_VENV_DIR"].replace(mount["mountPath"], str(volume)))
+            uv_cache = Path(env["UV_CACHE_DIR"].replace(mount["mountPath"], str(volume)))
+            use_volume = functools.partial(_use_volume, venv_dir, uv_cache)
+            assert _as_user(uid, gid, use_volume) == 3, f"{name}: a 0777 volume was trusted"
+            command = [word.replace(mount["mountPath"], str(volume)) for word in init["command"]]
+            subprocess.run(command, check=True)
+            assert _as_user(uid, gid, use_volume) == 0, name
+            st = venv_dir.stat()
+            assert (st.st_uid, st.st_mode & 0o777) == (uid, 0o700), name
+            assert uv_cache.stat().st_uid == uid
+        finally:
+            shutil.rmtree(base)
+
+
+# --- installing: the README's commands and the Dockerfile's script, into a fresh Python -------
+
+
+def _fresh_ray_python(where: Path) -> Path:
+    """A new venv of this Python with pip and the Ray these tests run (from uv's cache), as a
+    node's Ray Python is: nothing of this project in it."""
+    import ray
+
+    venv = where / "node-python"
+    subprocess.run([sys._base_executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [
+            "uv",
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            str(python),
+            f"ray[default]=={ray.__version__}",
+        ],
+        check=True,
+        timeout=600,
+    )
+    return python
+
+
+def _checkout_copy(where: Path) -> Path:
+    """The repository's files as a clone has them (tracked and new, not ignored)."""
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
+    copy = where / "ray-uv-plugin"
+    for name in filter(None, files):
+        source = REPO / name
+        if source.is_file() and not name.startswith(("benchmarks/results/", "benchmarks/sets/")):
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy / name)
+    return copy
+
+
+def readme_install_commands() -> list[str]:
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = _code_blocks(section, "bash")[:1]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def _check_installed(python: Path) -> None:
+    """The CLI runs, and the plugin imports from site-packages (from `/`: not this checkout)."""
+    import ray
+
+    out = subprocess.run(
+        [str(python.parent / "ray-uv"), "plugin-config"],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout) == [{"class": "ray_uv_plugin.UvProjectPlugin"}]
+    check = (
+        "import ray, ray_uv_plugin.plugin, worker_groups, sysconfig; "
+        "assert ray_uv_plugin.__file__.startswith(sysconfig.get_paths()['purelib']); "
+        "print(ray.__version__)"
+    )
+    out = subprocess.run(
+        [str(python), "-c", check], cwd="/", capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == ray.__version__  # pip kept the node's Ray
+
+
+def test_readme_install_commands_install_the_plugin(tmp_path: Path) -> None:
+    commands = readme_install_commands()
+    assert any("uv build" in c for c in commands) and any("pip install" in c for c in commands)
+    python = _fresh_ray_python(tmp_path)
+    checkout = _checkout_copy(tmp_path)
+    env = {**os.environ, "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("VIRTUAL_ENV", None)
+    for command in commands:
+        subprocess.run(["bash", "-c", command], cwd=checkout, env=env, check=True, timeout=600)
+    _check_installed(python)
+
+
+def test_dockerfile_install_script_installs_the_plugin(tmp_path: Path) -> None:
+    """What the Dockerfile runs after its FROM, on a fresh Ray Python instead of the image's."""
+    dockerfile = DOCKERFILE.read_text()
+    assert "install-plugin.sh /tmp/ray-uv-dist" in dockerfile
+    python = _fresh_ray_python(tmp_path)
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [
+            "uv",
+            "build",
+            "--wheel",
+            "--quiet",
+            "--out-dir",
+            str(dist),
+            str(_checkout_copy(tmp_path)),
+        ],
+        check=True,
+        timeout=600,
+    )
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    env = {**os.environ, "PYTHON": str(python), "EXPECT_PLUGIN_DIR": f"{site}/ray_uv_plugin"}
+    subprocess.run(["sh", str(INSTALL_SCRIPT), str(dist)], env=env, check=True, timeout=600)
+    _check_installed(python)
+    # The directory check is real: a wrong PLUGIN_DIR fails the image's build.
+    env["EXPECT_PLUGIN_DIR"] = "/home/ray/anaconda3/lib/python3.11/site-packages/ray_uv_plugin"
+    wrong = subprocess.run(["sh", str(INSTALL_SCRIPT), str(dist)], env=env, capture_output=True)
+    assert wrong.returncode == 1 and b"update PLUGIN_DIR" in wrong.stderr
+
+
+# --- the README and the docs: the quickstart's commands, links between pages -----------------
+
+PAGES = (
+    REPO / "README.md",
+    *sorted(DOCS.glob("*.md")),
+    REPO / "benchmarks" / "RESULTS.md",
+    REPO / "examples" / "kuberay" / "README.md",
+)
+
+
+def test_readme_quickstart_keeps_its_two_commands() -> None:
+    """The main job and the test command, first in the quickstart (`.ci/run` runs the latter)."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("\n## Quickstart\n", 1)[1].split("\n## ", 1)[0]
+    block = _code_blocks(section, "bash")[0]
+    commands = [line.split("#")[0].strip() for line in block.splitlines()]
+    assert commands == ["uv run ray-uv demo", "uv run pytest"]
+    assert re.search(r"^uv run pytest$", (REPO / ".ci" / "run").read_text(), re.M)
+
+
+def anchors(page: Path) -> set[str]:
+    """The `#fragment`s GitHub gives the page's headings."""
+    seen: dict[str, int] = {}
+    out = set()
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_links_between_pages_resolve(page: Path) -> None:
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue  # a web address
+        path, _, fragment = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        if not resolved.exists():
+            broken.append(f"{target}: no such file")
+        elif fragment and resolved.suffix == ".md" and fragment not in anchors(resolved):
+            broken.append(f"{target}: no such heading")
+    assert not broken, broken
