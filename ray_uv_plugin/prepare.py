@@ -398,6 +398,24 @@ def probe_nodes(
     return results
 
 
+def connect_for(
+    project: str | Path,
+    shared: bool,
+    extras: Sequence[str],
+    groups: Sequence[str],
+    flags: dict[str, bool],
+    address: str | None,
+) -> dict[str, Any]:
+    """The uv_project value these options make for `project`, checked here first, with this
+    driver connected to the cluster at `address` (the project as the job's working_dir, as
+    `prepare` ships it): how `prepare_env` and `watch_env` start."""
+    project = Path(project).expanduser().resolve()
+    value = uv_project_value(project, shared, list(extras), list(groups), flags)
+    check_locally(project, value, shared)
+    connect(address, job_runtime_env(project, shared))
+    return value
+
+
 def prepare_env(
     project: str | Path = ".",
     *,
@@ -424,10 +442,7 @@ def prepare_env(
     """
     import ray
 
-    project = Path(project).expanduser().resolve()
-    value = uv_project_value(project, shared, list(extras), list(groups), flags)
-    check_locally(project, value, shared)
-    connect(address, job_runtime_env(project, shared))
+    value = connect_for(project, shared, extras, groups, flags, address)
     try:
         nodes = alive_nodes()
         on_start(value, len(nodes))

@@ -140,10 +140,7 @@ def watch_env(
     import ray
 
     check_interval(interval)
-    project = Path(project).expanduser().resolve()
-    value = prepare.uv_project_value(project, shared, list(extras), list(groups), flags)
-    prepare.check_locally(project, value, shared)
-    prepare.connect(address, prepare.job_runtime_env(project, shared))
+    value = prepare.connect_for(project, shared, extras, groups, flags, address)
     results: list[NodeResult] = []
 
     def collect(result: NodeResult) -> None:

@@ -122,7 +122,7 @@ class Cluster:
         return self.run(RAY, "job", command, "--address", self.dashboard, *args, timeout=timeout)
 
 
-def _stop(proc: subprocess.Popen, temp_dir: Path) -> None:
+def stop_own_cluster(proc: subprocess.Popen, temp_dir: Path) -> None:
     """Stop only our own cluster: its process group, then anything naming our temp dir."""
     for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
         try:
@@ -183,7 +183,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 time.sleep(0.5)
         yield Cluster(f"127.0.0.1:{gcs}", dashboard, venvs, temp_dir, env)
     finally:
-        _stop(proc, temp_dir)
+        stop_own_cluster(proc, temp_dir)
         log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
 

@@ -24,6 +24,7 @@ from ray.cluster_utils import Cluster
 
 from ray_uv_plugin.prepare import NodeResult, alive_nodes
 from ray_uv_plugin.venv_cache import check_ready, read_marker
+from tests.test_ship import run_on
 from tests.uvproject import CountingUv, write_project
 
 RAY_UV = str(Path(sys.executable).parent / "ray-uv")
@@ -194,21 +195,6 @@ def leave(cluster: Cluster, node) -> None:
         time.sleep(0.5)
 
 
-def run_on(node_id: str, project: Path) -> dict:
-    """What a job's task pinned to the node sees: the venv it runs in."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    @ray.remote(num_cpus=0)
-    def where() -> dict:
-        return {"venv": os.environ.get("RAY_UV_PLUGIN_VENV"), "python": sys.executable}
-
-    strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    env = {"uv_project": {"project": str(project)}}
-    return ray.get(
-        where.options(scheduling_strategy=strategy, runtime_env=env).remote(), timeout=600
-    )
-
-
 def new_project(tmp_path: Path) -> Path:
     return write_project(tmp_path / "proj", ["six"], name=f"watch{time.monotonic_ns()}")
 
@@ -220,11 +206,11 @@ def test_a_node_that_joins_without_the_watch_builds_the_env(
     lands on a node that joined later builds it there from the index."""
     project = new_project(tmp_path)
     head = ray.get_runtime_context().get_node_id()
-    assert run_on(head, project)["venv"]  # the head has it
+    assert run_on(head, project, timeout=600)["venv"]  # the head has it
     late = Raylet(tmp_path / "late")
     node = join(cluster, late)
     try:
-        venv = Path(run_on(node.node_id, project)["venv"])
+        venv = Path(run_on(node.node_id, project, timeout=600)["venv"])
         assert venv.parent == late.venvs and late.uv.syncs() == 1
         assert "shipped_from" not in read_marker(venv)
     finally:
@@ -308,7 +294,7 @@ def test_nodes_that_join_receive_the_env_while_the_watch_runs(
         key = on_b.split("uv_project ")[1].split(":")[0]
         assert b.uv.syncs() == 0 and check_ready(b.venvs, key) is None
         assert read_marker(b.venvs / key)["shipped_from"]
-        assert run_on(node_b.node_id, project)["venv"] == str(b.venvs / key)
+        assert run_on(node_b.node_id, project, timeout=600)["venv"] == str(b.venvs / key)
         assert b.uv.syncs() == 0  # the job's task on B ran in the received venv
         on_c = watch.wait_for(rf"\({node_c.node_id[:8]}\): uv_project \w+: ")
         assert "built in" in on_c and "not shipped: another set of uv settings here" in on_c

@@ -250,7 +250,8 @@ def new_project(tmp_path: Path) -> Path:
     return write_project(tmp_path / "proj", ["six"], name=f"ship{time.monotonic_ns()}")
 
 
-def run_on(node_id: str, project: Path) -> dict:
+def run_on(node_id: str, project: Path, timeout: float = 300) -> dict:
+    """What a job's task pinned to the node sees: the venv it runs in."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     @ray.remote(num_cpus=0)
@@ -260,7 +261,7 @@ def run_on(node_id: str, project: Path) -> dict:
     strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
     env = {"uv_project": {"project": str(project)}}
     return ray.get(
-        where.options(scheduling_strategy=strategy, runtime_env=env).remote(), timeout=300
+        where.options(scheduling_strategy=strategy, runtime_env=env).remote(), timeout=timeout
     )
 
 

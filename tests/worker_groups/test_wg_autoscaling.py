@@ -22,8 +22,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +34,7 @@ from types import SimpleNamespace
 import pytest
 
 import worker_groups.cluster
+from tests.test_jobs import free_ports, stop_own_cluster
 from tests.worker_groups.conftest import WORKER_ENV
 from worker_groups import RayVirtualCluster
 from worker_groups.cluster import (
@@ -238,27 +237,6 @@ ADDED_NODE_DRIVER = textwrap.dedent(
 )
 
 
-def kill_everything_of(proc: subprocess.Popen, temp_dir: Path) -> None:
-    """Stop what one test started: its process group, then any process naming its temp dir
-    (raylets and workers that left the group); never anyone else's Ray."""
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if str(temp_dir).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(int(pid), signal.SIGKILL)
-        except OSError:
-            pass
-
-
 @pytest.fixture
 def temp_dir() -> Iterator[Path]:
     """A Ray temp dir of the test's own (short: socket paths), removed afterwards."""
@@ -286,7 +264,7 @@ def run_driver(script: str, tmp_path: Path, temp_dir: Path, *args: str) -> tuple
     try:
         stdout, stderr = proc.communicate(timeout=400)
     finally:
-        kill_everything_of(proc, temp_dir)
+        stop_own_cluster(proc, temp_dir)
     assert proc.returncode == 0, stdout[-3000:] + stderr[-5000:]
     line = next(x for x in stdout.splitlines() if x.startswith("RESULT "))
     return json.loads(line[len("RESULT ") :]), stderr
@@ -371,16 +349,6 @@ AUTOSCALED_DRIVER = textwrap.dedent(
     ray.shutdown()
     """
 )
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def fake_cluster_config(gcs_address: str) -> dict:
@@ -468,7 +436,7 @@ def autoscaling_head(temp_dir: Path) -> Iterator[str]:
             time.sleep(0.5)
         yield gcs_address
     finally:
-        kill_everything_of(proc, temp_dir)
+        stop_own_cluster(proc, temp_dir)
 
 
 @pytest.mark.timeout(600)
