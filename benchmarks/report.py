@@ -20,7 +20,7 @@ from benchmarks.scenarios import BY_ID, HAND_SYNC
 
 SCENARIO_INFO = {**BY_ID, HAND_SYNC.id: HAND_SYNC}
 ORDER = {sid: i for i, sid in enumerate(SCENARIO_INFO)}
-# The targets of issue 11: warm at most 1.05x the floor; a new venv at most the floor plus 1.1x
+# The startup targets: warm at most 1.05x the floor; a new venv at most the floor plus 1.1x
 # a hand-run `uv sync` of the same venv; ours above the floor at most 10% of `uv run`'s.
 WARM_RATIO = 1.05
 COLD_FACTOR = 1.1

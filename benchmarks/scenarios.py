@@ -53,7 +53,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("ray-pip", "6", "Ray pip field", "Ray `pip` field", multi=False),
     Scenario("uv-run", "7", "uv run", 'py_executable = "uv run --locked --extra X"', multi=True),
 )
-# The plugin's build settings against each other (issue 11): not in a default run.
+# The plugin's build settings against each other: not in a default run.
 NO_BYTECODE = (("UV_COMPILE_BYTECODE", "0"),)
 SETTINGS_SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
@@ -104,7 +104,7 @@ SETTINGS_SCENARIOS: tuple[Scenario, ...] = (
 )
 DEFAULT_SCENARIOS = tuple(s.id for s in SCENARIOS)
 BY_ID = {s.id: s for s in (*SCENARIOS, *SETTINGS_SCENARIOS)}
-# Not a Ray scenario: `uv sync --locked` into a fresh venv, by hand, warm cache (issue 2's bound),
+# Not a Ray scenario: `uv sync --locked` into a fresh venv, by hand, warm cache (a sync's bound),
 # with the plugin's defaults (bytecode compiled, hardlinks): the venv the plugin builds.
 HAND_SYNC = Scenario(
     "hand-sync", "-", "uv sync by hand", "uv sync --locked by hand (no Ray)", multi=False, hand=True

@@ -141,8 +141,8 @@ def lacks_plugin(address: str, python: str) -> str:
     return (
         f"uv_project: node {address} ran the worker in its own Python ({python}), not in a "
         "venv: its raylet does not load the uv_project plugin, so Ray ignored the field. "
-        "Restart that node with the plugin registered: `export RAY_RUNTIME_ENV_PLUGINS="
-        "$(ray-uv plugin-config)` before `ray start` (and ray-uv-plugin installed in its Python)."
+        "Restart that node with the plugin registered: `eval \"$(ray-uv plugin-config --shell)\"` "
+        "before `ray start` (and ray-uv-plugin installed in its Python)."
     )
 
 
@@ -176,7 +176,7 @@ def init_unhooked(**kwargs: Any) -> None:
 def connect(address: str | None, runtime_env: dict[str, Any] | None) -> None:
     target = address or os.environ.get("RAY_ADDRESS") or "auto"
     hint = (
-        "start one with `RAY_RUNTIME_ENV_PLUGINS=$(ray-uv plugin-config) ray start --head`, "
+        "start one with `eval \"$(ray-uv plugin-config --shell)\"; ray start --head`, "
         "or pass --address (the GCS address `host:6379`, or set RAY_ADDRESS)."
     )
     reachable_or_die(target, hint)

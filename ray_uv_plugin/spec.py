@@ -69,7 +69,7 @@ class UvProjectSpec:
     def selection(self) -> dict[str, Any]:
         """What selects the packages, normalised (`Fig` and `fig` are one extra): for the key.
 
-        The fields added for `uv run` drivers (issue 18) appear only when set, so the venvs of
+        The fields added for `uv run` drivers appear only when set, so the venvs of
         values without them keep their keys.
         """
         selection: dict[str, Any] = {

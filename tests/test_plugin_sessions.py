@@ -136,7 +136,7 @@ def test_a_node_that_lacks_the_plugin_is_named(tmp_path, node_env, monkeypatch):
     bad = [r for r in results if not r.ok]
     assert len(ok) == 1 and ok[0].built and len(bad) == 1
     assert f"node {bad[0].address} ran the worker in its own Python" in bad[0].error
-    assert "RAY_RUNTIME_ENV_PLUGINS=$(ray-uv plugin-config)" in bad[0].error
+    assert 'eval "$(ray-uv plugin-config --shell)"' in bad[0].error
 
 
 DRIVER = textwrap.dedent(
