@@ -107,11 +107,14 @@ def run_driver(
     """`uv run <args>` in the project, from a shell after `setup`."""
     command = [str(counter.uv), "run", *args]
     env = {k: v for k, v in env.items() if k != "VIRTUAL_ENV"}  # this test's own, from uv run
-    # The driver's venv on the interpreter Ray runs on here (uv would pick the first `python3` on
-    # PATH, which need not be the one this suite runs on: Ray refuses a driver of another version),
-    # found first on PATH, as a user's own interpreter is (not `--python`, which is a flag).
+    # The driver's venv on the interpreter Ray runs on here: uv would pick the first `python3` on
+    # PATH, which need not be the one this suite runs on (Ray refuses a driver of another
+    # version), and a pyenv shim of uv puts its own version's bin dir first. So the user's pin:
+    # UV_PYTHON=<the suite's X.Y> (the hook accepts a request for the driver's own version),
+    # found through PATH.
     base_bin = str(Path(sys._base_executable).parent)
     env["PATH"] = base_bin + os.pathsep + env.get("PATH", "")
+    env["UV_PYTHON"] = "{}.{}".format(*sys.version_info[:2])
     proc = subprocess.run(
         ["bash", "-c", f'{setup} && exec "$@"', "-", *command],
         cwd=project,
@@ -135,8 +138,11 @@ def assert_in_job_venv(seen: dict, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Cluster, Counter]]:
-    """Two raylets, each with a venv dir of its own; uv counted."""
+    """Two raylets, each with a venv dir of its own; uv counted. The suite's interpreter first
+    on the raylets' PATH, as a node's own Python is (workers' `uv run` looks there)."""
     counter = Counter(tmp_path / "uvbin")
+    base_bin = str(Path(sys._base_executable).parent)
+    monkeypatch.setenv("PATH", base_bin + os.pathsep + os.environ.get("PATH", ""))
     monkeypatch.setenv(UV_ENV_VAR, str(counter.plugin_uv.path))
     monkeypatch.setenv(VENV_DIR_ENV, str(tmp_path / "venvs-1"))
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
