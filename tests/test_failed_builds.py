@@ -19,12 +19,13 @@ import pytest
 import ray
 from ray.exceptions import RuntimeEnvSetupError
 
-from ray_uv_plugin import failed_builds
-from ray_uv_plugin.failed_builds import MEMO_ENV, RAY_CACHE_ENV
-from ray_uv_plugin.project import load_project
-from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.uv import UV_ENV_VAR, UvResult, UvSyncError, find_uv, run_uv, sync_failure
-from ray_uv_plugin.venv_cache import VENV_DIR_ENV, ensure_venv
+from ray_uv_plugin.agent import failed_builds
+from ray_uv_plugin.agent.builder import ensure_venv
+from ray_uv_plugin.agent.failed_builds import MEMO_ENV, RAY_CACHE_ENV
+from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.agent.uv import UV_ENV_VAR, UvResult, UvSyncError, find_uv, run_uv, sync_failure
+from ray_uv_plugin.store.layout import VENV_DIR_ENV
 from tests.uvproject import CountingUv, tamper_hashes, write_project
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,7 +150,7 @@ def test_uv_dies_with_the_process_that_started_it(tmp_path):
     ]
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "UV_HTTP_TIMEOUT": "300"}
     code = (
-        "import json, sys; from ray_uv_plugin.uv import run_uv\n"
+        "import json, sys; from ray_uv_plugin.agent.uv import run_uv\n"
         "run_uv(json.loads(sys.argv[1]), env=json.loads(sys.argv[2]))\n"
     )
     parent = subprocess.Popen(

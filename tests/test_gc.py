@@ -20,11 +20,13 @@ from pathlib import Path
 import packaging
 import pytest
 
-from ray_uv_plugin import gc, inventory, lockfile, trust
-from ray_uv_plugin.inventory import BUILDING, INCOMPLETE, READY, UNTRUSTED, VenvEntry
-from ray_uv_plugin.project import load_project
-from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.venv_cache import MARKER, VenvDirError, ensure_venv, lock_path
+from ray_uv_plugin.agent.builder import ensure_venv
+from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.ops import gc, inventory
+from ray_uv_plugin.ops.inventory import BUILDING, INCOMPLETE, READY, UNTRUSTED, VenvEntry
+from ray_uv_plugin.store import build_lock, trust
+from ray_uv_plugin.store.layout import MARKER, VenvDirError, lock_path
 from tests.uvproject import write_project
 
 DAY = 86400.0
@@ -222,8 +224,8 @@ def held_lock() -> Iterator[Callable[[Path], None]]:
 
     def hold(path: Path) -> None:
         code = (
-            "import sys, time; from pathlib import Path; from ray_uv_plugin.lockfile import "
-            "BuildLock\n"
+            "import sys, time; from pathlib import Path\n"
+            "from ray_uv_plugin.store.build_lock import BuildLock\n"
             "lock = BuildLock(Path(sys.argv[1])); assert lock.try_acquire()\n"
             "print('held', flush=True); time.sleep(120)\n"
         )
@@ -297,7 +299,7 @@ def test_a_build_that_ends_while_scanned_is_ready_not_dead(
         (venv / MARKER).write_text(json.dumps({"format": 1, "key": key, "project": "/p"}))
         return False
 
-    monkeypatch.setattr(lockfile, "is_held", build_ends)
+    monkeypatch.setattr(build_lock, "is_held", build_ends)
     assert [(e.key, e.state) for e in inventory.scan(tmp_path, users={}).venvs] == [(key, READY)]
 
 
@@ -636,9 +638,9 @@ def test_gc_does_not_touch_a_build_in_progress(project: Path, tmp_path: Path) ->
     root = tmp_path / "venvs"
     code = (
         "import sys; from pathlib import Path\n"
-        "from ray_uv_plugin.project import load_project\n"
-        "from ray_uv_plugin.spec import parse_spec\n"
-        "from ray_uv_plugin.venv_cache import ensure_venv\n"
+        "from ray_uv_plugin.agent.project import load_project\n"
+        "from ray_uv_plugin.agent.spec import parse_spec\n"
+        "from ray_uv_plugin.agent.builder import ensure_venv\n"
         "o = ensure_venv(parse_spec({'extras': ['six', 'ini']}), load_project(Path(sys.argv[1])),"
         " root=Path(sys.argv[2]))\n"
         "print(o.path, o.built)\n"
@@ -804,7 +806,7 @@ def user_dir() -> Iterator[Path]:
         shutil.rmtree(base)
 
 
-CLI = "import sys; from ray_uv_plugin.cli import main; sys.exit(main(sys.argv[1:]))"
+CLI = "import sys; from ray_uv_plugin.ops.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def as_user(
@@ -946,7 +948,7 @@ def test_a_members_reuse_of_roots_venv_is_a_use_that_gc_sees(
     venv = member_venv(root, "a" * 16, (0, gid), days_idle=30)
     env = {"RAY_UV_PLUGIN_VENV_DIR": str(root), "RAY_UV_PLUGIN_TRUSTED_GROUP": str(gid)}
     reuse = (
-        "import sys; from pathlib import Path; from ray_uv_plugin.venv_cache import check_ready\n"
+        "import sys; from pathlib import Path; from ray_uv_plugin.store.layout import check_ready\n"
         "print(check_ready(Path(sys.argv[1]), sys.argv[2]))"
     )
     out = as_user(other_user, user_dir, env, str(root), venv.name, code=reuse)

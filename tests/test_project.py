@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from ray_uv_plugin.project import (
+from ray_uv_plugin.agent.project import (
     ProjectError,
     check_ray_pin,
     check_request,
@@ -13,7 +13,7 @@ from ray_uv_plugin.project import (
     refers_to_project_path,
     resolve_project_dir,
 )
-from ray_uv_plugin.spec import parse_spec
+from ray_uv_plugin.agent.spec import parse_spec
 from tests.uvproject import write_project
 
 
@@ -89,7 +89,7 @@ def test_project_path_matters_only_when_the_venv_points_into_it(project, tmp_pat
         f.write(f'\n[tool.uv.sources]\nlib = {{ path = "{lib}", editable = true }}\n')
     import subprocess
 
-    from ray_uv_plugin.uv import find_uv
+    from ray_uv_plugin.agent.uv import find_uv
 
     subprocess.run([find_uv(), "lock", "--project", str(app), "-q"], check=True)
     assert refers_to_project_path(load_project(app), parse_spec({}))

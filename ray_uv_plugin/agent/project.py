@@ -13,7 +13,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
-from ray_uv_plugin.spec import UvProjectSpec
+from ray_uv_plugin.agent.spec import UvProjectSpec
 
 
 class ProjectError(ValueError):

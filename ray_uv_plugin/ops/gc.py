@@ -46,9 +46,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ray_uv_plugin import inventory, trust
-from ray_uv_plugin.inventory import BROKEN, BUILDING, INCOMPLETE, UNTRUSTED, Other, VenvEntry
-from ray_uv_plugin.venv_cache import MARKER, lock_path
+from ray_uv_plugin.ops import inventory
+from ray_uv_plugin.ops.inventory import BROKEN, BUILDING, INCOMPLETE, UNTRUSTED, Other, VenvEntry
+from ray_uv_plugin.store import trust
+from ray_uv_plugin.store.layout import MARKER, lock_path
 
 MIN_IDLE_SECONDS = 120.0
 # A build without marker is removed only once neither its dir nor its lock (whose holder writes
@@ -318,7 +319,7 @@ def _take_lock(path: Path, create: bool) -> tuple[int | None, str | None]:
     """(an fd holding an exclusive flock on the key's lock file, None) or (None, why not).
     Without `create`, a missing lock file is (None, None).
 
-    Unlike `lockfile.BuildLock`, this writes nothing: in a trusted-group venv dir the lock's
+    Unlike `build_lock.BuildLock`, this writes nothing: in a trusted-group venv dir the lock's
     mtime is part of the venv's last-use record, and a file that is not the plugin's lock is
     neither truncated nor removed. A lock held shared is a ship sender packing the venv."""
     mode = 0o660 if trust.trusted_gid() is not None else 0o600

@@ -28,10 +28,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ray_uv_plugin import lockfile, trust
-from ray_uv_plugin.request import KEY_LENGTH
-from ray_uv_plugin.venv_archive import SHIP_INFIX
-from ray_uv_plugin.venv_cache import MARKER, VenvDirError, lock_path, read_marker
+from ray_uv_plugin.store import build_lock, trust
+from ray_uv_plugin.store.layout import (
+    KEY_LENGTH,
+    MARKER,
+    SHIP_INFIX,
+    VenvDirError,
+    lock_path,
+    read_marker,
+)
 
 KEY = rf"[0-9a-f]{{{KEY_LENGTH}}}"
 KEY_PATTERN = re.compile(rf"^{KEY}$")
@@ -43,7 +48,7 @@ TRASH_PATTERN = re.compile(rf"^({KEY})\.gc-(\d+)$")
 # A venv being received from another node (`ship`) is unpacked into `<key>.ship-XXXX` under
 # the key's lock: a leftover of a receiver that died is garbage once nobody holds that lock.
 SHIP_PATTERN = re.compile(rf"^({KEY}){re.escape(SHIP_INFIX)}[A-Za-z0-9_]+$")
-# What `lockfile.BuildLock` writes into a lock it takes: `pid host`; a lock file may also be
+# What `build_lock.BuildLock` writes into a lock it takes: `pid host`; a lock file may also be
 # empty (its maker died before writing). Anything else is somebody else's file.
 LOCK_CONTENT = re.compile(rb"\A(\d+ \S+\n)?\Z")
 MAX_LOCK_BYTES = 512
@@ -374,12 +379,12 @@ def _made_by_uv(venv: Path) -> bool:
 
 
 def _held(lock: Path) -> bool | None:
-    """`lockfile.is_held`, asked only of a regular file (opening a FIFO would block): a lock
+    """`build_lock.is_held`, asked only of a regular file (opening a FIFO would block): a lock
     that is anything else is no build lock of the plugin, which never makes one."""
     st = _lstat(lock)
     if st is None or not stat.S_ISREG(st.st_mode):
         return False
-    return lockfile.is_held(lock)
+    return build_lock.is_held(lock)
 
 
 def lock_form_problem(fd: int) -> str | None:

@@ -20,11 +20,11 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ray_uv_plugin import project as project_files
-from ray_uv_plugin.project import ProjectFiles
-from ray_uv_plugin.spec import UvProjectSpec
-from ray_uv_plugin.uv import uv_version
-from ray_uv_plugin.uv_env import keyed_settings, sync_environment
+from ray_uv_plugin.agent import project as project_files
+from ray_uv_plugin.agent.project import ProjectFiles
+from ray_uv_plugin.agent.spec import UvProjectSpec
+from ray_uv_plugin.agent.uv import uv_version
+from ray_uv_plugin.agent.uv_env import keyed_settings, sync_environment
 
 KEY_LENGTH = 16
 

@@ -3,7 +3,7 @@
 The driver starts a `VenvSender` actor on the source node and a `VenvReceiver` on each target
 node, both on the node's own Ray Python (never the driver's interpreter, nor a job's
 `py_executable` or job-default `uv_project`: see `ship`). It pulls the venv's chunks
-(`venv_archive`) from the sender one at a time and passes each on through a tree of the
+(`archive`) from the sender one at a time and passes each on through a tree of the
 receivers still taking it (`relay_parents`): the sender's copy goes to the first receiver
 alone, and each receiver hands its own copy to at most `RELAY_FANOUT` others. Ray moves the
 bytes; left to itself, it would not spread them: receivers that pull one object at once all
@@ -17,7 +17,7 @@ a node that passes them on), never the venv.
 What is checked, and what may go where:
 - The sender holds the key's build lock shared for its whole life, so that neither `gc` nor a
   rebuild touches the venv while it is read; the stream itself is checked chunk by chunk and
-  whole (`venv_archive`), and a venv changed under the sender fails the receive.
+  whole (`archive`), and a venv changed under the sender fails the receive.
 - A receiver takes a venv only where the node's own plugin would use it: the same Ray, Python
   interpreter, platform, uv version and uv settings, and no ready venv of the key there yet.
 - A venv holding wheels that uv built on the source node for its platform (`build_target`)
@@ -30,7 +30,7 @@ What is checked, and what may go where:
   rather than building the same venv. It gives up by itself (a watchdog thread: the driver may
   be stalled or gone) once it has held the lock for RAY_UV_PLUGIN_BUILD_TIMEOUT_S, as long as
   a build may hold it, well within what a waiting request waits (that plus
-  `venv_cache.LOCK_MARGIN`). A receiver that dies (the node, the driver, a SIGKILL) leaves
+  `build_lock.LOCK_MARGIN`). A receiver that dies (the node, the driver, a SIGKILL) leaves
   only a `<key>.ship-XXXX` dir that is never used and is removed by the next receive or build
   of the key.
 """
@@ -50,19 +50,19 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ray_uv_plugin import trust, venv_archive
-from ray_uv_plugin.build_target import build_target, local_builds, target_differs
-from ray_uv_plugin.lockfile import BuildLock, hold_shared
-from ray_uv_plugin.request import interpreter_tag
-from ray_uv_plugin.uv import uv_version
-from ray_uv_plugin.uv_env import keyed_settings, sync_environment
-from ray_uv_plugin.venv_cache import (
-    BUILD_TIMEOUT_ENV,
-    build_timeout,
+from ray_uv_plugin.agent.request import interpreter_tag
+from ray_uv_plugin.agent.uv import uv_version
+from ray_uv_plugin.agent.uv_env import keyed_settings, sync_environment
+from ray_uv_plugin.ship import archive
+from ray_uv_plugin.ship.build_target import build_target, local_builds, target_differs
+from ray_uv_plugin.ship.install import install_received
+from ray_uv_plugin.store import trust
+from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, BuildLock, build_timeout, hold_shared
+from ray_uv_plugin.store.layout import (
     check_ready,
-    install_received,
     lock_path,
     read_marker,
+    remove_leftovers,
     venv_root,
 )
 
@@ -143,10 +143,10 @@ class VenvSender:
             raise ShipError(f"{_where()}: the venv {key} to send is not ready: {why}")
         self.venv = root / key
         self.marker = read_marker(self.venv)
-        self.packer = venv_archive.Packer(self.venv, chunk_bytes)
+        self.packer = archive.Packer(self.venv, chunk_bytes)
 
     def describe(self) -> dict[str, Any]:
-        size, on_disk = venv_archive.disk_usage(self.venv)
+        size, on_disk = archive.disk_usage(self.venv)
         built_here = local_builds(self.venv)
         return {
             "key": self.key,
@@ -185,7 +185,7 @@ class VenvReceiver:
     def __init__(self) -> None:
         self.root = venv_root()
         self.lock: BuildLock | None = None
-        self.unpacker: venv_archive.Unpacker | None = None
+        self.unpacker: archive.Unpacker | None = None
         self.source: dict[str, Any] = {}
         self.start = time.monotonic()
         self.gave_up: str | None = None
@@ -239,10 +239,8 @@ class VenvReceiver:
         if check_ready(self.root, key) is None:  # built while we looked
             self.abort()
             return {"decision": "reused"}
-        venv_archive.remove_leftovers(self.root, key)
-        self.unpacker = venv_archive.Unpacker(
-            self.root, key, source["host"], sender_venv=source["venv"]
-        )
+        remove_leftovers(self.root, key)
+        self.unpacker = archive.Unpacker(self.root, key, source["host"], sender_venv=source["venv"])
         self.start = time.monotonic()
         limit = build_timeout()
         threading.Thread(
@@ -266,7 +264,7 @@ class VenvReceiver:
             )
             self.abort()
 
-    def _receiving(self, step: str) -> venv_archive.Unpacker:
+    def _receiving(self, step: str) -> archive.Unpacker:
         if self.unpacker is None:
             why = self.gave_up or "not receiving (failed before)"
             raise ShipError(f"node {_where()}: {step}: {why}")
@@ -424,7 +422,7 @@ def ship(
     targets: list[str],
     settings: dict[str, Any] | None = None,
     runtime_env: dict[str, Any] | None = None,
-    chunk_bytes: int = venv_archive.CHUNK_BYTES,
+    chunk_bytes: int = archive.CHUNK_BYTES,
     timeout: float = 1800.0,
     on_progress: Callable[[Progress], None] = lambda p: None,
     stall_timeout: float = STALL_TIMEOUT,

@@ -29,8 +29,8 @@ import threading
 import time
 from pathlib import Path
 
-from ray_uv_plugin.request import VenvRequest
-from ray_uv_plugin.uv import find_uv
+from ray_uv_plugin.agent.request import VenvRequest
+from ray_uv_plugin.agent.uv import find_uv
 
 REMEMBER_SECONDS = 60.0  # the default of `MEMO_ENV`
 MEMO_ENV = "RAY_UV_PLUGIN_FAILED_BUILD_MEMO_S"

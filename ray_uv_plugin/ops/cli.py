@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ray_uv_plugin import PLUGINS_ENV, plugins_setting
-from ray_uv_plugin.uv import format_duration
+from ray_uv_plugin.agent.uv import format_duration
 
 if TYPE_CHECKING:
-    from ray_uv_plugin.check import FoundEnv
-    from ray_uv_plugin.inventory import VenvEntry
-    from ray_uv_plugin.prepare import NodeResult
+    from ray_uv_plugin.ops.check import FoundEnv
+    from ray_uv_plugin.ops.inventory import VenvEntry
+    from ray_uv_plugin.ops.prepare import NodeResult
 
 EPILOG = "Docs: docs/operations.md. Every command has --help."
 
@@ -47,7 +47,7 @@ def versions() -> str:
     the environment of its `ray start`) and the uv that the plugin runs (`uv.find_uv`)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from ray_uv_plugin.uv import find_uv, uv_version
+    from ray_uv_plugin.agent.uv import find_uv, uv_version
 
     def installed(name: str) -> str:
         try:
@@ -164,8 +164,9 @@ def _json_row(e: VenvEntry, size: int) -> dict[str, Any]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from ray_uv_plugin import inventory, trust
-    from ray_uv_plugin.venv_cache import VenvDirError, venv_root
+    from ray_uv_plugin.ops import inventory
+    from ray_uv_plugin.store import trust
+    from ray_uv_plugin.store.layout import VenvDirError, venv_root
 
     try:
         root = venv_root()
@@ -242,8 +243,9 @@ def _label(e: VenvEntry) -> str:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from ray_uv_plugin import gc, inventory, trust
-    from ray_uv_plugin.venv_cache import VenvDirError, venv_root
+    from ray_uv_plugin.ops import gc, inventory
+    from ray_uv_plugin.store import trust
+    from ray_uv_plugin.store.layout import VenvDirError, venv_root
 
     try:
         root = venv_root()
@@ -302,9 +304,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from ray_uv_plugin import prepare
-    from ray_uv_plugin.project import ProjectError
-    from ray_uv_plugin.spec import UvProjectSpecError
+    from ray_uv_plugin.agent.project import ProjectError
+    from ray_uv_plugin.agent.spec import UvProjectSpecError
+    from ray_uv_plugin.ops import prepare
 
     console = Console(stderr=True, soft_wrap=True)  # log-friendly: no hard wraps in pipes
     project = Path(args.project).expanduser().resolve()
@@ -314,7 +316,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if args.watch and args.json:
         raise CliError("--json does not go with --watch: the watch prints a line per node")
     if args.watch:
-        from ray_uv_plugin import watch
+        from ray_uv_plugin.ops import watch
 
         interval = watch.DEFAULT_INTERVAL if args.interval is None else args.interval
         try:
@@ -429,7 +431,7 @@ LIBRARY_HINT = "hint: pass --library NAME to exit 1 when a library the job uses 
 def _report_found(found: FoundEnv) -> int:
     """`check --dry-run`: what is there; exit 1 if a `--library` is missing or, with no
     ready venv to look into, cannot be checked."""
-    from ray_uv_plugin import check
+    from ray_uv_plugin.ops import check
 
     state = f"{found.state}: {found.note}" if found.note else found.state
     print(f"uv_project {found.key}: {state} -> {found.venv}")
@@ -453,11 +455,12 @@ def _report_found(found: FoundEnv) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from ray_uv_plugin import check, trust
-    from ray_uv_plugin.project import ProjectError
-    from ray_uv_plugin.spec import UvProjectSpecError
-    from ray_uv_plugin.uv import UvSyncError
-    from ray_uv_plugin.venv_cache import VenvDirError
+    from ray_uv_plugin.agent.project import ProjectError
+    from ray_uv_plugin.agent.spec import UvProjectSpecError
+    from ray_uv_plugin.agent.uv import UvSyncError
+    from ray_uv_plugin.ops import check
+    from ray_uv_plugin.store import trust
+    from ray_uv_plugin.store.layout import VenvDirError
 
     project = Path(args.project).expanduser().resolve()
     flags = _selection_flags(args)
@@ -500,21 +503,32 @@ def cmd_check(args: argparse.Namespace) -> int:
 # --- bench -----------------------------------------------------------------------------------
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    import importlib
+def find_checkout(start: Path) -> Path | None:
+    """The source checkout that holds `start` (the cwd): the nearest dir with the benchmarks
+    and the package side by side. The wheel has no benchmarks, and the package never looks for
+    them beside itself: only where the operator stands."""
+    for path in (start, *start.parents):
+        if (path / "benchmarks" / "startup.py").is_file() and (path / "ray_uv_plugin").is_dir():
+            return path
+    return None
 
-    try:  # by its module name, so that sys.modules decides (as it does for any import)
-        startup = importlib.import_module("benchmarks.startup")
-    except ImportError as e:
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import subprocess
+
+    checkout = find_checkout(Path.cwd())
+    if checkout is None:
         raise CliError(
-            f"`ray-uv bench` needs the benchmarks package ({e}), which is in the source "
-            "checkout only, not in the wheel: clone the repository and run `uv run ray-uv "
-            "bench` from its root."
-        ) from e
-    try:
-        return int(startup.main(list(args.args)) or 0)
-    except SystemExit as e:  # argparse's --help and usage errors
-        return e.code if isinstance(e.code, int) else 0
+            f"`ray-uv bench` runs the benchmarks of the source checkout, and {Path.cwd()} is in "
+            "none (they are in the source checkout only, not in the wheel): clone the "
+            "repository and run `uv run ray-uv bench` from its root."
+        )
+    # A process of its own, run from the checkout by module name, with the cwd kept (paths
+    # in the arguments mean what they say) and the checkout first on the path.
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), *([path] if path else [])])}
+    command = [sys.executable, "-m", "benchmarks.startup", *args.args]
+    return subprocess.run(command, env=env, check=False).returncode
 
 
 # --- demo ------------------------------------------------------------------------------------
@@ -523,8 +537,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ray_uv_plugin import demo
-    from ray_uv_plugin.venv_cache import venv_root
+    from ray_uv_plugin.ops import demo
+    from ray_uv_plugin.store.layout import venv_root
 
     console = Console(soft_wrap=True)
     try:
@@ -558,7 +572,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     except Exception as e:
         if type(e).__name__ == "RuntimeEnvSetupError":
-            from ray_uv_plugin.prepare import clean_error
+            from ray_uv_plugin.ops.prepare import clean_error
 
             raise CliError(clean_error(e)) from e
         raise
