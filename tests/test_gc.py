@@ -25,7 +25,7 @@ from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.ops import gc, inventory
 from ray_uv_plugin.ops.inventory import BUILDING, INCOMPLETE, READY, UNTRUSTED, VenvEntry
-from ray_uv_plugin.store import build_lock, trust
+from ray_uv_plugin.store import build_lock, disk, trust
 from ray_uv_plugin.store.layout import MARKER, VenvDirError, lock_path
 from tests.uvproject import write_project
 
@@ -51,9 +51,9 @@ def entry(key: str, days_idle: float, state: str = READY, users: tuple[int, ...]
     return VenvEntry(key, Path(f"/v/{key}"), state, meta, NOW - days_idle * DAY, users)
 
 
-def usage(sizes: dict[str, dict[int, int]]) -> inventory.DiskUsage:
+def usage(sizes: dict[str, dict[int, int]]) -> disk.DiskUsage:
     """Fake du data: venv key -> {inode: bytes}; the same inode in two venvs is a hardlink."""
-    return inventory.DiskUsage(
+    return disk.DiskUsage(
         {Path(f"/v/{k}"): {(1, i): b for i, b in v.items()} for k, v in sizes.items()}
     )
 
@@ -184,7 +184,7 @@ def test_measure_matches_real_du_with_hardlinks_and_symlinks(tmp_path: Path) -> 
     os.link(a / "big", b / "big-in-b")  # hardlink shared by a and b
     (b / "own").write_bytes(os.urandom(50_000))
     (b / "link").symlink_to(a / "big")
-    u = inventory.measure([a, b])
+    u = disk.measure([a, b])
     assert u.size(a) == du_bytes(a)
     assert u.size(b) == du_bytes(b)
     assert u.size(a, b) == du_bytes(a, b)

@@ -163,3 +163,38 @@ def test_the_climb_check_sees_what_it_looks_for() -> None:
     path = ROOT / "tests" / "test_layout.py"
     assert ("tests.test_layout" == dotted(path)) and layer_of("ray_uv_plugin.ops.cli") == "ops"
     assert layer_of("ray_uv_plugin.driver_hook") == "top" and layer_of("ray") is None
+
+
+@pytest.mark.parametrize(
+    ("literal", "name"),
+    [('"RAY_UV_PLUGIN_VENV"', "VENV_ENV"), ('".ray-uv-ready"', "MARKER"), ("16", "KEY_LENGTH")],
+)
+def test_store_constants_are_defined_once(literal: str, name: str) -> None:
+    """The venv variable, the marker's name and the key's length live in `store.layout`;
+    other modules import them (the probe takes them as arguments)."""
+    where = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in modules(*PRODUCT)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+    ]
+    assert [w.rsplit(":", 1)[0] for w in where] == ["ray_uv_plugin/store/layout.py"], where
+    text = (PACKAGE / "store" / "layout.py").read_text()
+    assert f"{name} = {literal}" in text
+    if literal.startswith('"'):
+        copies = [
+            str(p.relative_to(ROOT))
+            for p in modules(*PRODUCT)
+            if literal in p.read_text() and p.name not in ("layout.py", "_initializer.py")
+        ]
+        assert not copies
+
+
+def test_the_initializers_copy_of_the_venv_variable_agrees() -> None:
+    """worker_groups' initializer runs where ray_uv_plugin may not be installed, so it writes
+    the name out; it must be the plugin's."""
+    from ray_uv_plugin.store.layout import VENV_ENV
+    from worker_groups._initializer import PLUGIN_VENV_ENV
+
+    assert PLUGIN_VENV_ENV == VENV_ENV

@@ -27,6 +27,7 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
+from ray_uv_plugin.store.layout import VENV_ENV
 from worker_groups._helper_tasks import helper_runtime_env
 from worker_groups._initializer import PLUGIN_FIX, worker_venv_report
 from worker_groups.builder import (
@@ -68,7 +69,7 @@ DRIVER_RAY_VARS = frozenset(
 )
 # The driver's own venv (NeMo RL sets the first two to the worker's venv; the plugin empties them),
 # and the plugin's mark of a worker it started in a venv, which a copy would fake.
-DRIVER_VENV_VARS = frozenset({"VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", "RAY_UV_PLUGIN_VENV"})
+DRIVER_VENV_VARS = frozenset({"VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", VENV_ENV})
 
 
 def driver_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -299,7 +300,7 @@ class RayWorkerGroup:
         default env (`job_default_uv_project`): that one is prepared then."""
         from ray.util import placement_group_table
 
-        from ray_uv_plugin.ops.prepare import prepare_nodes
+        from ray_uv_plugin.ops.prepare import outcome_counts, prepare_nodes
         from ray_uv_plugin.ship.transfer import shipping_enabled
 
         value = runtime_env.get("uv_project") or job_default_uv_project(runtime_env)
@@ -322,14 +323,13 @@ class RayWorkerGroup:
             runtime_env=helper_runtime_env(),
             probe_env={**runtime_env, "uv_project": value},
         )
-        counts = {o: sum(r.outcome == o for r in results) for o in ("built", "shipped", "reused")}
         logger.info(
             "%s: uv_project env ready on %d of %d nodes in %.2fs (%s)",
             what,
             sum(r.ok for r in results),
             len(results),
             time.perf_counter() - start,
-            ", ".join(f"{n} {o}" for o, n in counts.items()),
+            outcome_counts(results),
         )
 
     def _remaining(self, start: float) -> float | None:

@@ -222,7 +222,7 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
         trust.remove_tree(venv)
     remove_leftovers(venv.parent, venv.name)  # of a receive that died
     project_fd = os.open(files.path, os.O_RDONLY | os.O_DIRECTORY)  # to tell if it is replaced
-    scratch = _scratch_project(request, venv.parent) if not (spec.locked or spec.frozen) else None
+    scratch = _scratch_project(request, venv.parent) if spec.resolves else None
     project_dir = scratch or files.path
     args = ["sync", "--project", str(project_dir), *spec.sync_args(), "--python", sys.executable]
     for name in project_files.copied_source_names(files):  # uv caches their builds by mtime

@@ -23,13 +23,10 @@ from ray_uv_plugin.agent.spec import (
     yields_to,
 )
 from ray_uv_plugin.agent.uv import format_duration
-from ray_uv_plugin.store.layout import venv_root
+from ray_uv_plugin.store.layout import VENV_ENV, venv_root
 
 default_logger = logging.getLogger(__name__)
 
-# Set in every worker: the venv it runs in (for `ray-uv gc`, which must not remove it, and for
-# the worker's own code).
-VENV_ENV = "RAY_UV_PLUGIN_VENV"
 # Emptied (uv reads an empty value as unset): pointing at the shared venv they would invite a
 # worker's `uv pip install` or `uv run` to change it for every later job, and inherited from the
 # raylet they would point at the node's own environment.

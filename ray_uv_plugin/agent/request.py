@@ -25,8 +25,7 @@ from ray_uv_plugin.agent.project import ProjectFiles
 from ray_uv_plugin.agent.spec import UvProjectSpec
 from ray_uv_plugin.agent.uv import uv_version
 from ray_uv_plugin.agent.uv_env import keyed_settings, sync_environment
-
-KEY_LENGTH = 16
+from ray_uv_plugin.store.layout import KEY_LENGTH
 
 
 def interpreter_tag() -> str:
@@ -66,7 +65,7 @@ def make_request(
         "copied_sources": project_files.copied_sources(files),
         "interpreter": interpreter_tag(),
         "uv": uv_version(),
-        "env": keyed_settings(uv_env, resolves=not (spec.locked or spec.frozen)),
+        "env": keyed_settings(uv_env, resolves=spec.resolves),
         "project_path": str(files.path.resolve()) if refers else None,
     }
     blob = json.dumps(inputs, sort_keys=True).encode()

@@ -165,7 +165,7 @@ def _json_row(e: VenvEntry, size: int) -> dict[str, Any]:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from ray_uv_plugin.ops import inventory
-    from ray_uv_plugin.store import trust
+    from ray_uv_plugin.store import disk, trust
     from ray_uv_plugin.store.layout import VenvDirError, venv_root
 
     try:
@@ -175,7 +175,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     inv = inventory.scan(root) if exists else inventory.Inventory()
     entries = inv.venvs
-    usage = inventory.measure([e.path for e in entries])
+    usage = disk.measure([e.path for e in entries])
     now = time.time()
     total = usage.size(*usage.inodes)
     if args.json:
@@ -416,9 +416,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             markup=False,
         )
         return 1
-    counts = {o: sum(r.outcome == o for r in results) for o in ("built", "shipped", "reused")}
-    done = ", ".join(f"{n} {o}" for o, n in counts.items())
-    console.print(f"Prepared {_nodes(len(results))} ({done})")
+    console.print(f"Prepared {_nodes(len(results))} ({prepare.outcome_counts(results)})")
     return 0
 
 
@@ -589,14 +587,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # --- parser ----------------------------------------------------------------------------------
 
 
+def _switch(p: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """An on/off flag (`store_true`): most of the commands' options."""
+    p.add_argument(flag, action="store_true", help=help)
+
+
 def _add_selection(p: argparse.ArgumentParser) -> None:
     """The flags that select an environment, as the `uv_project` fields do (prepare, check)."""
     p.add_argument("--extra", action="append", metavar="X", help="an extra (repeatable)")
     p.add_argument("--group", action="append", metavar="G", help="a dependency group (repeatable)")
-    p.add_argument("--all-extras", action="store_true", help="every extra")
-    p.add_argument("--no-default-groups", action="store_true", help="skip uv's default groups")
-    p.add_argument("--frozen", action="store_true", help="use uv.lock as it is (no --locked)")
-    p.add_argument("--install-project", action="store_true", help="install the project too")
+    _switch(p, "--all-extras", "every extra")
+    _switch(p, "--no-default-groups", "skip uv's default groups")
+    _switch(p, "--frozen", "use uv.lock as it is (no --locked)")
+    _switch(p, "--install-project", "install the project too")
 
 
 def _amount(text: str) -> float:
@@ -641,10 +644,10 @@ def build_parser() -> argparse.ArgumentParser:
         "field: `export RAY_RUNTIME_ENV_PLUGINS=$(ray-uv plugin-config)` before `ray start` "
         "on every node.",
     )
-    p.add_argument(
+    _switch(
+        p,
         "--shell",
-        action="store_true",
-        help="print `export` lines for `eval`, also setting RAY_RUNTIME_ENV_PLUGIN_SCHEMAS to "
+        "print `export` lines for `eval`, also setting RAY_RUNTIME_ENV_PLUGIN_SCHEMAS to "
         "the package's JSON schema (driver-side checks of the field) and RAY_RUNTIME_ENV_HOOK "
         "to the plugin's hook, with Ray's own `uv run` hook off (RAY_ENABLE_UV_RUN_RUNTIME_ENV"
         "=0): a driver started with `uv run` gives its job the node's cached venv of its "
@@ -668,11 +671,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: .)",
     )
     _add_selection(p)
-    p.add_argument(
+    _switch(
+        p,
         "--shared",
-        action="store_true",
-        help="DIR is at the same path on every node (e.g. NFS): use it there instead of "
-        "shipping it",
+        "DIR is at the same path on every node (e.g. NFS): use it there instead of shipping it",
     )
     p.add_argument(
         "--address",
@@ -682,19 +684,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout", type=float, default=3600.0, metavar="S", help="give up after S seconds"
     )
-    p.add_argument(
+    _switch(
+        p,
         "--no-ship",
-        action="store_true",
-        help="let every node build the env itself (as RAY_UV_PLUGIN_SHIP=0 does), instead of "
+        "let every node build the env itself (as RAY_UV_PLUGIN_SHIP=0 does), instead of "
         "building it on one node and shipping that venv to the others",
     )
-    p.add_argument(
-        "--json", action="store_true", help="print the per-node results as JSON on stdout"
-    )
-    p.add_argument(
+    _switch(p, "--json", "print the per-node results as JSON on stdout")
+    _switch(
+        p,
         "--watch",
-        action="store_true",
-        help="then keep running: every --interval, prepare the nodes that joined since "
+        "then keep running: every --interval, prepare the nodes that joined since "
         "(autoscaling), shipping the venv from a node that has it; stop with Ctrl-C or SIGTERM",
     )
     p.add_argument(
@@ -712,15 +712,11 @@ def build_parser() -> argparse.ArgumentParser:
         "~/.cache/ray-uv-plugin/venvs) on this host: key, project, extras, size (as du "
         "counts it), last use, state.",
     )
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help="machine-readable output: full paths, null for what is unknown, times in UTC",
+    _switch(
+        p, "--json", "machine-readable output: full paths, null for what is unknown, times in UTC"
     )
-    p.add_argument(
-        "--wide",
-        action="store_true",
-        help="show each project's full path, also where Ray unpacked it (a working_dir)",
+    _switch(
+        p, "--wide", "show each project's full path, also where Ray unpacked it (a working_dir)"
     )
     p.set_defaults(func=cmd_list)
 
@@ -744,22 +740,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="GB",
         help="then remove least recently used venvs until the dir holds at most GB GiB",
     )
-    p.add_argument(
+    _switch(
+        p,
         "--all",
-        action="store_true",
-        help="remove every venv of ours that no process uses and no build holds, whatever "
+        "remove every venv of ours that no process uses and no build holds, whatever "
         "its age (one used in the last 2 minutes stays), dead builds and what is left of a "
         "venv removed by hand included, then lock files and leftovers",
     )
-    p.add_argument(
+    _switch(
+        p,
         "--assume-unused",
-        action="store_true",
-        help="remove venvs even where gc cannot see every process that may use them "
+        "remove venvs even where gc cannot see every process that may use them "
         "(another user's, in a venv dir shared by a trusted group; the host's and other "
         "containers', when gc runs in a container; all, without /proc): only when you know "
         "that none does",
     )
-    p.add_argument("--dry-run", action="store_true", help="only print what would go")
+    _switch(p, "--dry-run", "only print what would go")
     p.set_defaults(func=cmd_gc)
 
     p = sub.add_parser(
@@ -785,10 +781,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="a Ray library the job uses (data, serve, tune, train, client; repeatable): exit "
         "1 if the env lacks it",
     )
-    p.add_argument(
+    _switch(
+        p,
         "--dry-run",
-        action="store_true",
-        help="build nothing: print the env's key, whether its venv is here and ready, and, "
+        "build nothing: print the env's key, whether its venv is here and ready, and, "
         "if it is, the libraries it lacks (a --library it cannot check exits 1)",
     )
     p.set_defaults(func=cmd_check)

@@ -17,6 +17,7 @@ from typing import Any
 from ray_uv_plugin import PLUGINS_ENV, plugins_setting
 from ray_uv_plugin.ops.prepare import EXCLUDES, init_unhooked
 from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
+from ray_uv_plugin.store.layout import MARKER, VENV_ENV
 
 DEMO_EXTRAS = ("banner", "toml")
 DEMO_PACKAGES = ("pyfiglet", "tomli-w", "ray")
@@ -92,7 +93,7 @@ def run(
             actor = probe_cls.options(
                 runtime_env={"uv_project": UvProject(extras=[extra])}
             ).remote()
-            pending[actor.report.remote(DEMO_PACKAGES)] = (extra, actor)
+            pending[actor.report.remote(DEMO_PACKAGES, VENV_ENV, MARKER)] = (extra, actor)
         results = []
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=timeout)

@@ -49,6 +49,7 @@ from pathlib import Path
 from ray_uv_plugin.ops import inventory
 from ray_uv_plugin.ops.inventory import BROKEN, BUILDING, INCOMPLETE, UNTRUSTED, Other, VenvEntry
 from ray_uv_plugin.store import trust
+from ray_uv_plugin.store.disk import DiskUsage, measure
 from ray_uv_plugin.store.layout import MARKER, lock_path
 
 MIN_IDLE_SECONDS = 120.0
@@ -123,7 +124,7 @@ def _unfinished(e: VenvEntry, idle: float, min_age: float) -> tuple[bool, str]:
 
 def plan(
     entries: Sequence[VenvEntry],
-    usage: inventory.DiskUsage,
+    usage: DiskUsage,
     now: float,
     older_than_days: float | None = None,
     max_size_bytes: int | None = None,
@@ -152,7 +153,7 @@ def plan(
         elif e.state == BUILDING:
             keep.append(Decision(e, e.note or "being built"))
         elif e.owner is not None and e.owner != me and me != 0:
-            user = inventory.user_name(e.owner)
+            user = trust.user_name(e.owner)
             keep.append(Decision(e, f"owned by {user}: run gc as that user"))
         elif e.state in (INCOMPLETE, BROKEN):
             go, why = _unfinished(e, idle, 0.0 if everything else UNFINISHED_MIN_AGE)
@@ -260,7 +261,7 @@ def _tree_blocker(tree: Path) -> str | None:
             continue
         if st.st_uid != me and me != 0:
             return (
-                f"{directory} belongs to {inventory.user_name(st.st_uid)}, whose directories "
+                f"{directory} belongs to {trust.user_name(st.st_uid)}, whose directories "
                 "only they or root may make writable to empty them: run gc as root"
             )
         if _flags(directory) & _IMMUTABLE_OR_APPEND:
@@ -301,7 +302,7 @@ def removal_blocker(root: Path, path: Path, lock: Path | None = None) -> str | N
             continue
         if sticky and st.st_uid != me:
             return (
-                f"{entry.name} belongs to {inventory.user_name(st.st_uid)} and the venv dir is "
+                f"{entry.name} belongs to {trust.user_name(st.st_uid)} and the venv dir is "
                 "sticky (only an entry's owner may remove it): run gc as that user or as root"
             )
         opens_safely = stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)  # no device, FIFO
@@ -509,7 +510,7 @@ def collect(
     # What stays but is named like ours (e.g. a venv uv made without the plugin) may share
     # hardlinks with what goes; other things are not walked: they can be anything, and large.
     near = [o.path for o in inv.leftovers + inv.others if inventory.KEY_PREFIX.match(o.path.name)]
-    usage = inventory.measure([*locks, *locks.values(), *inv.garbage, *near])
+    usage = measure([*locks, *locks.values(), *inv.garbage, *near])
     max_bytes = None if max_size_gb is None else int(max_size_gb * 1024**3)
     why_unseen, hint = unseen or (None, ASSUME_UNUSED_HINT)
     remove, keep = plan(

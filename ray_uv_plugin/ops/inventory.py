@@ -24,7 +24,7 @@ import pwd
 import re
 import stat
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +33,7 @@ from ray_uv_plugin.store.layout import (
     KEY_LENGTH,
     MARKER,
     SHIP_INFIX,
+    VENV_ENV,
     VenvDirError,
     lock_path,
     read_marker,
@@ -52,9 +53,8 @@ SHIP_PATTERN = re.compile(rf"^({KEY}){re.escape(SHIP_INFIX)}[A-Za-z0-9_]+$")
 # empty (its maker died before writing). Anything else is somebody else's file.
 LOCK_CONTENT = re.compile(rb"\A(\d+ \S+\n)?\Z")
 MAX_LOCK_BYTES = 512
-# The plugin's `VENV_ENV`, set in every worker (not imported: importing the plugin imports Ray).
-VENV_ENV = b"RAY_UV_PLUGIN_VENV="
-OLD_VENV_ENV = b"VIRTUAL_ENV="  # what versions before it set
+VENV_SETTING = f"{VENV_ENV}=".encode()  # in a worker's /proc/<pid>/environ
+OLD_VENV_SETTING = b"VIRTUAL_ENV="  # what versions before it set
 
 READY = "ready"  # marker written and naming its key: usable
 BUILDING = "building"  # no marker, its lock is held (or cannot be checked): a build runs
@@ -158,27 +158,14 @@ def check_venv_dir(root: Path, command: str) -> bool:
         ) from None
     gid = trust.trusted_gid()
     if st.st_uid != os.geteuid() and (gid is None or st.st_gid != gid):
-        sudo = user_name(st.st_uid, f"#{st.st_uid}")
+        sudo = trust.user_name(st.st_uid, f"#{st.st_uid}")
         raise VenvDirError(
-            f"the venv dir {root} belongs to {_who(st.st_uid)}, not to you, "
-            f"{_who(os.geteuid())}: its venvs are that user's to list and remove: run "
+            f"the venv dir {root} belongs to {trust.who(st.st_uid)}, not to you, "
+            f"{trust.who(os.geteuid())}: its venvs are that user's to list and remove: run "
             f"`ray-uv {command}` as that user, e.g. `sudo -u {sudo} ray-uv {command}`."
         )
     trust.check_root(root)
     return True
-
-
-def user_name(uid: int, unknown: str | None = None) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return unknown or f"uid {uid}"
-
-
-def _who(uid: int) -> str:
-    """`alice (uid 1001)`, or `uid 1001` for a uid without a name."""
-    name = user_name(uid)
-    return name if name == f"uid {uid}" else f"{name} (uid {uid})"
 
 
 def _homes() -> set[Path]:
@@ -251,7 +238,7 @@ class Processes:
         ]
         if not hidden:
             return None
-        names = ", ".join(sorted({user_name(uid) for uid in hidden}))
+        names = ", ".join(sorted({trust.user_name(uid) for uid in hidden}))
         return f"{len(hidden)} process{'' if len(hidden) == 1 else 'es'} of {names}"
 
 
@@ -285,7 +272,7 @@ def processes(proc: Path = Path("/proc")) -> Processes:
         venvs: set[str] = set()
         try:
             for item in (pdir / "environ").read_bytes().split(b"\0"):
-                for prefix in (VENV_ENV, OLD_VENV_ENV):
+                for prefix in (VENV_SETTING, OLD_VENV_SETTING):
                     if item.startswith(prefix):
                         venvs.add(os.fsdecode(item[len(prefix) :]))
         except PermissionError:
@@ -562,7 +549,9 @@ def _trash(root: Path, name: str, inv: Inventory) -> None:
     elif _held(lock_path(root, match.group(1))) is not False:
         inv.leftovers.append(Other(path, "its key's build lock is held"))
     elif st.st_uid != os.geteuid() and os.geteuid() != 0:
-        inv.leftovers.append(Other(path, f"owned by {user_name(st.st_uid)}: run gc as that user"))
+        inv.leftovers.append(
+            Other(path, f"owned by {trust.user_name(st.st_uid)}: run gc as that user")
+        )
     else:
         inv.garbage.append(path)
 
@@ -626,65 +615,6 @@ def _classify(root: Path, name: str, users: Mapping[str, set[int]], inv: Invento
         _lock(root, name, match.group(1), inv)
     else:
         inv.others.append(Other(root / name, "not named like a venv (16 hex digits)"))
-
-
-@dataclass
-class DiskUsage:
-    """Bytes per inode under each measured dir, so that hardlinks count once, as `du` does.
-
-    uv hardlinks installed files from its cache, and venvs of the same project share most of
-    them. `du -s DIR...` counts each inode once per invocation, at `st_blocks * 512` bytes,
-    directories and symlinks included; so do these sums.
-    """
-
-    inodes: dict[Path, dict[tuple[int, int], int]] = field(default_factory=dict)
-
-    def size(self, *paths: Path) -> int:
-        """What `du -s -B1 PATHS...` would print as the total."""
-        seen: dict[tuple[int, int], int] = {}
-        for path in paths:
-            seen.update(self.inodes.get(path, {}))
-        return sum(seen.values())
-
-    def freed(self, removed: Iterable[Path], kept: Iterable[Path]) -> int:
-        """How much `du -s` of the whole venv dir drops when `removed` go and `kept` stay:
-        inodes that a kept venv also links are still counted there."""
-        still = set()
-        for path in kept:
-            still.update(self.inodes.get(path, {}))
-        gone: dict[tuple[int, int], int] = {}
-        for path in removed:
-            gone.update(self.inodes.get(path, {}))
-        return sum(size for inode, size in gone.items() if inode not in still)
-
-
-def _walk(path: Path, into: dict[tuple[int, int], int]) -> None:
-    st = _lstat(path)
-    if st is None:
-        return
-    into[(st.st_dev, st.st_ino)] = st.st_blocks * 512
-    stack = [str(path)] if stat.S_ISDIR(st.st_mode) else []
-    while stack:
-        try:
-            with os.scandir(stack.pop()) as it:
-                for entry in it:
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    into[(st.st_dev, st.st_ino)] = st.st_blocks * 512
-                    if stat.S_ISDIR(st.st_mode):
-                        stack.append(entry.path)
-        except OSError:  # gone, or unreadable to us: counted as far as we can see
-            continue
-
-
-def measure(paths: Iterable[Path]) -> DiskUsage:
-    usage = DiskUsage()
-    for path in paths:
-        usage.inodes[path] = {}
-        _walk(path, usage.inodes[path])
-    return usage
 
 
 def format_bytes(n: float) -> str:

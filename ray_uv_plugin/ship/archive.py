@@ -79,21 +79,6 @@ class Chunk:
     last: bool
 
 
-def disk_usage(venv: Path) -> tuple[int, int]:
-    """(bytes the venv's files hold, counting each inode once; bytes on disk, as `du` says)."""
-    seen: set[tuple[int, int]] = set()
-    size = blocks = 0
-    for dirpath, dirnames, filenames in os.walk(venv):
-        for name in dirnames + filenames:
-            st = os.lstat(os.path.join(dirpath, name))
-            if (st.st_dev, st.st_ino) in seen:
-                continue
-            seen.add((st.st_dev, st.st_ino))
-            size += st.st_size if stat.S_ISREG(st.st_mode) else 0
-            blocks += st.st_blocks * 512
-    return size, blocks
-
-
 def check_key(key: str) -> str:
     """A venv's key, as the receiver gets it from the sender: it names paths under the venv
     dir, so it is checked before anything is made."""

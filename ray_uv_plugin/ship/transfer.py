@@ -58,6 +58,7 @@ from ray_uv_plugin.ship.build_target import build_target, local_builds, target_d
 from ray_uv_plugin.ship.install import install_received
 from ray_uv_plugin.store import trust
 from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, BuildLock, build_timeout, hold_shared
+from ray_uv_plugin.store.disk import venv_size
 from ray_uv_plugin.store.layout import (
     check_ready,
     lock_path,
@@ -146,7 +147,7 @@ class VenvSender:
         self.packer = archive.Packer(self.venv, chunk_bytes)
 
     def describe(self) -> dict[str, Any]:
-        size, on_disk = archive.disk_usage(self.venv)
+        size, on_disk = venv_size(self.venv)
         built_here = local_builds(self.venv)
         return {
             "key": self.key,

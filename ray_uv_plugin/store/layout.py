@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,8 @@ from ray_uv_plugin.store import trust
 
 VENV_DIR_ENV = "RAY_UV_PLUGIN_VENV_DIR"
 DEFAULT_VENV_DIR = Path("~/.cache/ray-uv-plugin/venvs")
-# Set by the plugin in every worker it starts in a venv: the venv's path. `list` finds the
-# processes that use a venv by it, worker groups and the in-venv probe read it.
+# Set by the plugin in every worker it starts in a venv: the venv's path (for `ray-uv gc`, which
+# must not remove it, and for the worker's own code: worker groups, the in-venv probe).
 VENV_ENV = "RAY_UV_PLUGIN_VENV"
 KEY_LENGTH = 16  # hex digits of a venv's key: its dir's name
 MARKER = ".ray-uv-ready"
@@ -58,6 +58,24 @@ def venv_root() -> Path:
         return trust.resolve_root(root, must_exist=False)
     except OSError:
         return root  # as given: `trust.check_root`, which every use of it passes, says why
+
+
+def seconds_setting(
+    name: str, default: float, valid: Callable[[float], bool], requirement: str
+) -> float:
+    """A node setting in seconds, from the environment of `ray start`: `default` where it is
+    unset or empty, a `VenvDirError` that says what it must be where it is no number `valid`
+    accepts."""
+    value = os.environ.get(name)
+    if not value:
+        return default
+    try:
+        seconds: float | None = float(value)
+    except ValueError:
+        seconds = None
+    if seconds is None or not valid(seconds):
+        raise VenvDirError(f"uv_project: {name}={value!r} must be {requirement}")
+    return seconds
 
 
 def lock_path(root: Path, key: str) -> Path:
