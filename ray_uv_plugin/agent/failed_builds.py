@@ -44,13 +44,13 @@ _guard = threading.Lock()  # builds fail in threads of their own
 
 def remember_seconds() -> float:
     """How long a failure is remembered: `RAY_UV_PLUGIN_FAILED_BUILD_MEMO_S`, else 60 s."""
-    return seconds_setting(
-        MEMO_ENV,
-        REMEMBER_SECONDS,
-        lambda s: 0 <= s < float("inf"),
-        "a number of seconds >= 0 (0: Ray's retries of a failed setup run uv again) in the "
-        "environment of `ray start`.",
-    )
+    seconds = seconds_setting(MEMO_ENV, REMEMBER_SECONDS, lambda s: 0 <= s < float("inf"))
+    if seconds is None:
+        raise ValueError(
+            f"uv_project: {MEMO_ENV}={os.environ[MEMO_ENV]!r} must be a number of seconds >= 0 "
+            "(0: Ray's retries of a failed setup run uv again) in the environment of `ray start`."
+        )
+    return seconds
 
 
 def ray_failure_cache_seconds() -> int | None:

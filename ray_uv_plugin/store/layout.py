@@ -60,22 +60,18 @@ def venv_root() -> Path:
         return root  # as given: `trust.check_root`, which every use of it passes, says why
 
 
-def seconds_setting(
-    name: str, default: float, valid: Callable[[float], bool], requirement: str
-) -> float:
+def seconds_setting(name: str, default: float, valid: Callable[[float], bool]) -> float | None:
     """A node setting in seconds, from the environment of `ray start`: `default` where it is
-    unset or empty, a `VenvDirError` that says what it must be where it is no number `valid`
-    accepts."""
+    unset or empty, None where it is no number `valid` accepts (the caller says what it must
+    be)."""
     value = os.environ.get(name)
     if not value:
         return default
     try:
-        seconds: float | None = float(value)
+        seconds = float(value)
     except ValueError:
-        seconds = None
-    if seconds is None or not valid(seconds):
-        raise VenvDirError(f"uv_project: {name}={value!r} must be {requirement}")
-    return seconds
+        return None
+    return seconds if valid(seconds) else None
 
 
 def lock_path(root: Path, key: str) -> Path:
