@@ -26,7 +26,7 @@ from ray_uv_plugin.agent.builder import cache_split_note, ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv_env import sync_environment
-from ray_uv_plugin.ops import gc, inventory
+from ray_uv_plugin.ops import gc, inventory, processes
 from ray_uv_plugin.store import trust
 from ray_uv_plugin.store.layout import MARKER, check_ready, lock_path, read_marker
 from tests.uvproject import write_project
@@ -81,7 +81,7 @@ def wait_for_user(venv_name: str, timeout: float = 60) -> int:
     """The pid of the process that names `venv_name` (a path) as its venv, once it runs."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pids = inventory.processes().users.get(os.path.realpath(venv_name))
+        pids = processes.processes().users.get(os.path.realpath(venv_name))
         if pids:
             return min(pids)
         time.sleep(0.1)
@@ -94,7 +94,7 @@ def wait_for_user(venv_name: str, timeout: float = 60) -> int:
 def test_gc_without_a_readable_pid_namespace_counts_itself_blind(tmp_path: Path) -> None:
     """What cannot be told (no /proc/self/ns/pid: a kernel or sandbox without it) is unseen."""
     assert "cannot tell which PID namespace" in (gc.pid_namespace_blind_spot(tmp_path) or "")
-    assert gc.blind_spot(inventory.Processes(proc=None), tmp_path) == (
+    assert gc.blind_spot(processes.Processes(proc=None), tmp_path) == (
         "/proc cannot be listed",
         gc.NO_PROC_HINT,
     )

@@ -23,7 +23,7 @@ import pytest
 from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.ops import gc, inventory
+from ray_uv_plugin.ops import gc, inventory, processes, units
 from ray_uv_plugin.ops.inventory import BUILDING, INCOMPLETE, READY, UNTRUSTED, VenvEntry
 from ray_uv_plugin.store import build_lock, disk, trust
 from ray_uv_plugin.store.layout import MARKER, VenvDirError, lock_path
@@ -158,16 +158,16 @@ def test_plan_keeps_what_a_worker_may_use_where_this_user_cannot_see_every_proce
         "remains": "a built venv without its marker, but may be in use by processes this user "
         "cannot see (3 processes of root): run gc as root, or pass --assume-unused",
     }
-    no_proc = inventory.processes(Path("/nonexistent/proc"))
+    no_proc = processes.processes(Path("/nonexistent/proc"))
     assert no_proc.blind_spot(Path("/")) == "/proc cannot be listed"
-    assert inventory.processes().blind_spot(Path("/")) is None  # root sees what can be seen
+    assert processes.processes().blind_spot(Path("/")) is None  # root sees what can be seen
 
 
 def test_formats() -> None:
-    assert inventory.format_bytes(512) == "512B"
-    assert inventory.format_bytes(3 * 1024**2 + 1024**2 // 2) == "3.5MiB"
-    assert inventory.format_age(59) == "59s ago"
-    assert inventory.format_age(3 * 86400 + 5) == "3d ago"
+    assert units.format_bytes(512) == "512B"
+    assert units.format_bytes(3 * 1024**2 + 1024**2 // 2) == "3.5MiB"
+    assert units.format_age(59) == "59s ago"
+    assert units.format_age(3 * 86400 + 5) == "3d ago"
 
 
 # --- file system and /proc, without uv ---------------------------------------------------------
@@ -208,13 +208,13 @@ def test_venv_users_sees_the_plugins_variable_virtual_env_and_argv0(tmp_path: Pa
     procs = [by_plugin, by_env, by_argv]
     try:
         time.sleep(0.3)
-        users = inventory.venv_users()
+        users = processes.venv_users()
         assert {p.pid for p in procs} <= users[os.path.realpath(venv)]
     finally:
         for p in procs:
             p.kill()
             p.wait()
-    assert os.path.realpath(venv) not in inventory.venv_users()
+    assert os.path.realpath(venv) not in processes.venv_users()
 
 
 @pytest.fixture
@@ -960,7 +960,7 @@ def test_a_members_reuse_of_roots_venv_is_a_use_that_gc_sees(
     report = gc.collect(root, older_than_days=1)
     assert report.removed == [] and venv.exists()
     assert [d.reason for d in report.kept] == [
-        f"used {inventory.format_age(time.time() - ready.last_used)}"
+        f"used {units.format_age(time.time() - ready.last_used)}"
     ]
 
 

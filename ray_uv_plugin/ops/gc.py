@@ -48,6 +48,8 @@ from pathlib import Path
 
 from ray_uv_plugin.ops import inventory
 from ray_uv_plugin.ops.inventory import BROKEN, BUILDING, INCOMPLETE, UNTRUSTED, Other, VenvEntry
+from ray_uv_plugin.ops.processes import Processes, processes
+from ray_uv_plugin.ops.units import format_age, format_bytes
 from ray_uv_plugin.store import trust
 from ray_uv_plugin.store.disk import DiskUsage, measure
 from ray_uv_plugin.store.layout import MARKER, lock_path
@@ -118,7 +120,7 @@ def _unfinished(e: VenvEntry, idle: float, min_age: float) -> tuple[bool, str]:
     if e.not_ours:
         return False, f"{what}; not ours, left alone: {e.not_ours}"
     if idle < min_age:
-        return False, f"{what}, changed {inventory.format_age(idle)}: may still be in use"
+        return False, f"{what}, changed {format_age(idle)}: may still be in use"
     return True, what
 
 
@@ -159,7 +161,7 @@ def plan(
             go, why = _unfinished(e, idle, 0.0 if everything else UNFINISHED_MIN_AGE)
             (remove if go else keep).append(Decision(e, why))
         elif idle < MIN_IDLE_SECONDS:
-            keep.append(Decision(e, f"used {inventory.format_age(idle)}"))
+            keep.append(Decision(e, f"used {format_age(idle)}"))
         elif older_than_days is not None and idle >= older_than_days * DAY:
             remove.append(Decision(e, f"unused for {idle / DAY:.1f} days"))
         else:
@@ -172,12 +174,10 @@ def plan(
             if total <= max_size_bytes:
                 break
             kept.remove(e.path)
-            remove.append(
-                Decision(e, f"least recently used while over {inventory.format_bytes(total)}")
-            )
+            remove.append(Decision(e, f"least recently used while over {format_bytes(total)}"))
         candidates = [e for e in candidates if e.path in kept]
     for e in candidates:
-        keep.append(Decision(e, f"used {inventory.format_age(now - e.last_used)}"))
+        keep.append(Decision(e, f"used {format_age(now - e.last_used)}"))
     if blind_spot is not None:
         unsure = [d for d in remove if d.entry.may_have_users]
         remove = [d for d in remove if not d.entry.may_have_users]
@@ -209,7 +209,7 @@ def pid_namespace_blind_spot(proc: Path = Path("/proc")) -> str | None:
     )
 
 
-def blind_spot(procs: inventory.Processes, root: Path) -> tuple[str, str] | None:
+def blind_spot(procs: Processes, root: Path) -> tuple[str, str] | None:
     """(why gc cannot see every process that may use a venv of `root`, what to do), or None."""
     if procs.proc is None:
         return "/proc cannot be listed", NO_PROC_HINT
@@ -406,7 +406,7 @@ def _remove_locked(root: Path, entry: VenvEntry, fd: int, lock_mtime: float) -> 
     if why:
         return why
     real = os.path.realpath(entry.path)
-    if real in inventory.processes().users_under(root):
+    if real in processes().users_under(root):
         return "in use"
     trash = root / f"{entry.key}.gc-{os.getpid()}"
     try:
@@ -416,7 +416,7 @@ def _remove_locked(root: Path, entry: VenvEntry, fd: int, lock_mtime: float) -> 
     except OSError as e:
         return f"cannot move it aside: {e}"
     why = _used_since_scan(entry, trash, lock, lock_mtime)
-    if why or real in inventory.processes().users_under(root):
+    if why or real in processes().users_under(root):
         os.rename(trash, entry.path)  # nobody can have rebuilt it: we hold its lock
         return why or "in use"
     try:
@@ -503,7 +503,7 @@ def collect(
     if not inventory.check_venv_dir(root, "gc"):
         return report
     now = time.time() if now is None else now
-    procs = inventory.processes()
+    procs = processes()
     inv = inventory.scan(root, procs.users_under(root))
     unseen = None if assume_unused else blind_spot(procs, root)
     locks = {e.path: lock_path(root, e.key) for e in inv.venvs}
