@@ -272,3 +272,30 @@ def test_an_identical_request_is_built_again_after_both_windows(ray_with_short_m
     time.sleep(max(0.0, failed_at + WINDOW + 2 - time.monotonic()))
     fails(env)
     assert uv.syncs() == 3
+
+
+# --- the memo itself, without uv or Ray -------------------------------------------------------
+
+
+def test_the_memo_holds_one_failure_per_venv_and_inputs_for_its_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(failed_builds, "ray_failure_cache_seconds", lambda: 600)
+    monkeypatch.setenv(MEMO_ENV, "60")
+    venv = tmp_path / "0123456789abcdef"
+    failed_builds.remember(venv, "inputs-a", "uv_project: it failed")
+    said = failed_builds.recent(venv, "inputs-a")
+    assert said is not None and said.startswith("uv_project: it failed\n")
+    assert "failed 0s ago" in said and "as failed for 60s" in said
+    assert "keeps this failed runtime_env for 600s" in said
+    assert failed_builds.recent(venv, "inputs-b") is None  # other settings: built again
+    assert failed_builds.recent(tmp_path / "fedcba9876543210", "inputs-a") is None
+    monkeypatch.setenv(MEMO_ENV, "0.05")
+    time.sleep(0.1)
+    assert failed_builds.recent(venv, "inputs-a") is None  # the window is over
+
+
+def test_a_zero_memo_remembers_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MEMO_ENV, "0")
+    failed_builds.remember(tmp_path / "v", "inputs", "uv_project: it failed")
+    assert failed_builds.recent(tmp_path / "v", "inputs") is None
