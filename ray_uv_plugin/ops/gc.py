@@ -48,6 +48,7 @@ from pathlib import Path
 
 from ray_uv_plugin.ops import inventory
 from ray_uv_plugin.ops.inventory import BROKEN, BUILDING, INCOMPLETE, UNTRUSTED, Other, VenvEntry
+from ray_uv_plugin.ops.ownership import lock_form_problem, lstat
 from ray_uv_plugin.ops.processes import Processes, processes
 from ray_uv_plugin.ops.units import format_age, format_bytes
 from ray_uv_plugin.store import trust
@@ -220,15 +221,8 @@ def blind_spot(procs: Processes, root: Path) -> tuple[str, str] | None:
     return None if why is None else (why, ASSUME_UNUSED_HINT)
 
 
-def _lstat(path: Path) -> os.stat_result | None:
-    try:
-        return os.lstat(path)
-    except FileNotFoundError:
-        return None
-
-
 def _mtime(path: Path) -> float | None:
-    st = _lstat(path)
+    st = lstat(path)
     return None if st is None else st.st_mtime
 
 
@@ -256,7 +250,7 @@ def _tree_blocker(tree: Path) -> str | None:
     stack = [tree]
     while stack:
         directory = stack.pop()
-        st = _lstat(directory)
+        st = lstat(directory)
         if st is None:
             continue
         if st.st_uid != me and me != 0:
@@ -297,7 +291,7 @@ def removal_blocker(root: Path, path: Path, lock: Path | None = None) -> str | N
         return f"this user may not rename or delete entries of the venv dir {root}"
     sticky = root_st.st_mode & stat.S_ISVTX and me not in (0, root_st.st_uid)
     for entry in (path, lock):
-        st = None if entry is None else _lstat(entry)
+        st = None if entry is None else lstat(entry)
         if entry is None or st is None:
             continue
         if sticky and st.st_uid != me:
@@ -308,7 +302,7 @@ def removal_blocker(root: Path, path: Path, lock: Path | None = None) -> str | N
         opens_safely = stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)  # no device, FIFO
         if opens_safely and _flags(entry) & _IMMUTABLE_OR_APPEND:
             return f"{entry.name} is immutable or append-only: clear it with `chattr -i -a {entry}`"
-    st = _lstat(path)
+    st = lstat(path)
     if st is None or not stat.S_ISDIR(st.st_mode):
         return None
     if me != 0 or not trust.can_change_immutable():
@@ -349,7 +343,7 @@ def _lock_open_file(path: Path, fd: int, mode: int) -> str | None:
         st = trust.check_fd(path, fd, "the build lock")
         if st.st_uid == os.geteuid():
             os.fchmod(fd, mode)  # one we made: the trusted group must open it too
-        problem = inventory.lock_form_problem(fd)
+        problem = lock_form_problem(fd)
         if problem:
             return f"{path.name} is not the plugin's build lock ({problem}): left alone"
         try:

@@ -6,14 +6,8 @@ never follows a symlink, never creates a file, and never raises on an odd entry:
 may have been set to a directory that holds other things, so each entry is classified as a
 venv of ours, a leftover of ours, or something that is not ours (which `gc` never touches).
 
-What proves that a key-named directory without a (valid) marker is ours, in a venv dir that
-the trust rules already make private to this user (or the trusted group): uv's `pyvenv.cfg`
-in it and the plugin's `<key>.lock` beside it, or, once those are gone (`rm -rf` by root
-deletes them and stops at the directories `trust.freeze` made immutable), the state that only
-`trust.freeze` leaves: a `lib/` and no directory below the top one with a write bit, all of
-one owner. Nothing else writes there, and nobody makes a whole tree read-only by accident.
-
-Which live processes use a venv comes from `processes` (its `/proc` scan).
+What proves that an entry is the plugin's is `ownership`; which live processes use a venv,
+`processes` (its `/proc` scan).
 """
 
 from __future__ import annotations
@@ -27,8 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ray_uv_plugin.ops.ownership import build_record, kind, lock_form, lock_held, lstat
 from ray_uv_plugin.ops.processes import processes
-from ray_uv_plugin.store import build_lock, trust
+from ray_uv_plugin.store import trust
 from ray_uv_plugin.store.layout import (
     KEY_LENGTH,
     MARKER,
@@ -48,10 +43,6 @@ TRASH_PATTERN = re.compile(rf"^({KEY})\.gc-(\d+)$")
 # A venv being received from another node (`ship`) is unpacked into `<key>.ship-XXXX` under
 # the key's lock: a leftover of a receiver that died is garbage once nobody holds that lock.
 SHIP_PATTERN = re.compile(rf"^({KEY}){re.escape(SHIP_INFIX)}[A-Za-z0-9_]+$")
-# What `build_lock.BuildLock` writes into a lock it takes: `pid host`; a lock file may also be
-# empty (its maker died before writing). Anything else is somebody else's file.
-LOCK_CONTENT = re.compile(rb"\A(\d+ \S+\n)?\Z")
-MAX_LOCK_BYTES = 512
 READY = "ready"  # marker written and naming its key: usable
 BUILDING = "building"  # no marker, its lock is held (or cannot be checked): a build runs
 INCOMPLETE = "incomplete"  # no marker, lock free, made by uv and the plugin: a dead build
@@ -173,26 +164,13 @@ def _homes() -> set[Path]:
     return {Path(os.path.realpath(h)) for h in homes if h}
 
 
-def _lstat(path: Path) -> os.stat_result | None:
-    try:
-        return os.lstat(path)
-    except OSError:
-        return None
-
-
-def _kind(st: os.stat_result) -> str:
-    if stat.S_ISLNK(st.st_mode):
-        return "a symlink (never followed)"
-    return "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-
-
 def _marker(venv: Path, key: str) -> tuple[dict | None, str | None, float | None]:
     """(metadata, what is wrong with the marker, its mtime); all None when there is none."""
-    st = _lstat(venv / MARKER)
+    st = lstat(venv / MARKER)
     if st is None:
         return None, None, None
     if not stat.S_ISREG(st.st_mode):
-        return None, f"its marker is {_kind(st)}", st.st_mtime
+        return None, f"its marker is {kind(st)}", st.st_mtime
     why = trust.why_untrusted(st, trust.trusted_gid())
     if why:
         return None, f"its marker is untrusted: {why}", st.st_mtime
@@ -202,127 +180,6 @@ def _marker(venv: Path, key: str) -> tuple[dict | None, str | None, float | None
     if meta.get("key") != key:
         return None, f"its marker names key {meta.get('key')!r}", st.st_mtime
     return meta, None, st.st_mtime
-
-
-def _made_by_uv(venv: Path) -> bool:
-    """Whether `<venv>/pyvenv.cfg` is a regular file with the `uv = ` line uv writes. Its mode
-    is not checked: a dead build was never frozen, so its files have the builder's umask."""
-    st = _lstat(venv / "pyvenv.cfg")
-    if st is None or not stat.S_ISREG(st.st_mode):
-        return False  # and never opened: a FIFO would block
-    try:
-        fd = trust.open_no_follow(venv / "pyvenv.cfg")
-    except OSError:
-        return False
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        text = os.read(fd, 1 << 16).decode("utf-8", errors="replace")
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return any(re.match(r"uv\s*=", line.strip()) for line in text.splitlines())
-
-
-def _held(lock: Path) -> bool | None:
-    """`build_lock.is_held`, asked only of a regular file (opening a FIFO would block): a lock
-    that is anything else is no build lock of the plugin, which never makes one."""
-    st = _lstat(lock)
-    if st is None or not stat.S_ISREG(st.st_mode):
-        return False
-    return build_lock.is_held(lock)
-
-
-def lock_form_problem(fd: int) -> str | None:
-    """Why the open file `fd`, named like a build lock, is no lock the plugin made, or None.
-
-    `BuildLock` writes `pid host` into a lock it takes; a lock the user keeps under that name
-    (or a hard link to one of its files) must not be truncated or removed as if it were ours.
-    """
-    st = os.fstat(fd)
-    if st.st_nlink != 1:
-        return f"it has {st.st_nlink} hard links"
-    if st.st_size > MAX_LOCK_BYTES:
-        return f"it holds {st.st_size} bytes"
-    if not LOCK_CONTENT.match(os.pread(fd, MAX_LOCK_BYTES + 1, 0)):
-        return "it holds something else than the `pid host` a build writes"
-    return None
-
-
-def _lock_form(lock: Path) -> tuple[bool, str | None]:
-    """(whether this user could read `lock`, and if so why it is no lock of the plugin's or
-    None). Opened only if it is a regular file: opening a FIFO would block."""
-    st = _lstat(lock)
-    if st is None or not stat.S_ISREG(st.st_mode):
-        return True, None  # gone, or refused by the caller's own checks
-    try:
-        fd = trust.open_no_follow(lock)
-    except OSError:
-        return False, None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return True, "it is not a regular file"
-        return True, lock_form_problem(fd)
-    except OSError:
-        return False, None
-    finally:
-        os.close(fd)
-
-
-def _frozen(venv: Path) -> bool:
-    """Whether `venv` is as `trust.freeze` leaves a built venv (see the module docstring): a
-    `lib/`, and no directory below the top one with a write bit, all of one owner."""
-    try:
-        owner = os.lstat(venv).st_uid
-        lib = os.lstat(venv / "lib")
-    except OSError:
-        return False
-    if not stat.S_ISDIR(lib.st_mode):
-        return False
-    stack = [str(venv)]
-    while stack:
-        try:
-            with os.scandir(stack.pop()) as it:
-                for entry in it:
-                    if not entry.is_dir(follow_symlinks=False):
-                        continue
-                    st = entry.stat(follow_symlinks=False)
-                    if st.st_mode & 0o222 or st.st_uid != owner:
-                        return False
-                    stack.append(entry.path)
-        except OSError:
-            return False  # what we cannot read proves nothing
-    return True
-
-
-def _build_record(root: Path, key: str) -> tuple[str | None, float, bool]:
-    """(why `<key>` is not provably the plugin's, or None; mtime of its lock file, or 0;
-    whether it is frozen as a finished build).
-
-    Proof is uv's `pyvenv.cfg` in it and our `<key>.lock` beside it (the plugin creates the
-    lock before uv runs), or a tree frozen as only a finished build is (`_frozen`): a
-    directory merely named like a key is somebody else's.
-    """
-    lock = lock_path(root, key)
-    st = _lstat(lock)
-    if st is None:
-        if _frozen(root / key):
-            return None, 0.0, True
-        return f"no build lock {lock.name} of the plugin beside it", 0.0, False
-    if not stat.S_ISREG(st.st_mode):
-        return f"{lock.name} is {_kind(st)}", 0.0, False
-    why = trust.why_untrusted(st, trust.trusted_gid())
-    if why:
-        return f"{lock.name} is untrusted: {why}", 0.0, False
-    _readable, problem = _lock_form(lock)  # what this user cannot read, `_held` reports
-    if problem:
-        return f"{lock.name} is not the plugin's: {problem}", 0.0, False
-    if _frozen(root / key):
-        return None, st.st_mtime, True
-    if not _made_by_uv(root / key):
-        return "it has no pyvenv.cfg written by uv", st.st_mtime, False
-    return None, st.st_mtime, False
 
 
 def _last_use(marker_mtime: float, lock: os.stat_result | None) -> float:
@@ -340,35 +197,35 @@ def _last_use(marker_mtime: float, lock: os.stat_result | None) -> float:
 
 def _venv(root: Path, key: str, users: Mapping[str, set[int]]) -> VenvEntry | Other | None:
     path = root / key
-    st = _lstat(path)
+    st = lstat(path)
     if st is None:
         return None  # removed while we looked
     if not stat.S_ISDIR(st.st_mode):
-        return Other(path, f"named like a venv but {_kind(st)}")
+        return Other(path, f"named like a venv but {kind(st)}")
     pids = tuple(sorted(users.get(os.path.realpath(path), ())))
     why = trust.why_untrusted(st, trust.trusted_gid())
     if why:
         note = f"{why} ({trust.describe(st)})"
         return VenvEntry(key, path, UNTRUSTED, None, st.st_mtime, pids, note, owner=st.st_uid)
-    lock_st = _lstat(lock_path(root, key))
+    lock_st = lstat(lock_path(root, key))
     meta, problem, marker_mtime = _marker(path, key)
     stamps = (marker_mtime, None if lock_st is None else lock_st.st_mtime)
     if meta is not None and marker_mtime is not None:
         last = _last_use(marker_mtime, lock_st)
         return VenvEntry(key, path, READY, meta, last, pids, owner=st.st_uid, stamps=stamps)
-    not_ours, lock_mtime, frozen = _build_record(root, key)
+    not_ours, lock_mtime, frozen = build_record(root, key)
     changed = max(st.st_mtime, lock_mtime)
     if problem is not None:
         return VenvEntry(
             key, path, BROKEN, None, changed, pids, problem, not_ours, st.st_uid, frozen, stamps
         )
-    held = _held(lock_path(root, key))
+    held = lock_held(lock_path(root, key))
     if held is None:
         note = "its build lock cannot be checked: maybe being built"
         return VenvEntry(key, path, BUILDING, None, changed, pids, note, owner=st.st_uid)
     if held:
         return VenvEntry(key, path, BUILDING, None, changed, pids, owner=st.st_uid)
-    if _lstat(path / MARKER) is not None:  # a build wrote it, then let go of the lock
+    if lstat(path / MARKER) is not None:  # a build wrote it, then let go of the lock
         return _venv(root, key, users)
     if not_ours:
         return Other(path, f"named like a venv, no marker, and {not_ours}")
@@ -396,17 +253,17 @@ def _trash(root: Path, name: str, inv: Inventory) -> None:
     match = TRASH_PATTERN.match(name) or SHIP_PATTERN.match(name)
     assert match is not None
     gc_pid = int(match.group(2)) if match.re is TRASH_PATTERN else None
-    st = _lstat(path)
+    st = lstat(path)
     if st is None:
         return
     what = "a gc's trash" if gc_pid is not None else "a venv being received"
     if not stat.S_ISDIR(st.st_mode):
-        inv.others.append(Other(path, f"named like {what} but {_kind(st)}"))
+        inv.others.append(Other(path, f"named like {what} but {kind(st)}"))
     elif why := trust.why_untrusted(st, trust.trusted_gid()):
         inv.others.append(Other(path, f"untrusted: {why} ({trust.describe(st)})"))
     elif gc_pid is not None and _pid_alive(gc_pid):
         inv.leftovers.append(Other(path, f"trash of gc pid {match.group(2)}, still running"))
-    elif _held(lock_path(root, match.group(1))) is not False:
+    elif lock_held(lock_path(root, match.group(1))) is not False:
         inv.leftovers.append(Other(path, "its key's build lock is held"))
     elif st.st_uid != os.geteuid() and os.geteuid() != 0:
         inv.leftovers.append(
@@ -420,22 +277,22 @@ def _lock(root: Path, name: str, key: str, inv: Inventory) -> None:
     """`<key>.lock` is garbage when it is a trusted regular file of the plugin's form, its venv
     is gone and nobody holds it; while its venv exists it is part of it."""
     path = root / name
-    st = _lstat(path)
+    st = lstat(path)
     if st is None:
         return
     if not stat.S_ISREG(st.st_mode):
-        inv.others.append(Other(path, f"named like a build lock but {_kind(st)}"))
+        inv.others.append(Other(path, f"named like a build lock but {kind(st)}"))
     elif why := trust.why_untrusted(st, trust.trusted_gid()):
         inv.others.append(Other(path, f"untrusted: {why} ({trust.describe(st)})"))
     elif not os.path.lexists(root / key):  # else it is part of its venv
-        readable, problem = _lock_form(path)
+        readable, problem = lock_form(path)
         if not readable:
             inv.leftovers.append(Other(path, "a build lock this user cannot read"))
         elif problem:
             inv.others.append(
                 Other(path, f"named like a build lock but not the plugin's: {problem}")
             )
-        elif _held(path) is False:  # else a build is about to make the venv
+        elif lock_held(path) is False:  # else a build is about to make the venv
             inv.garbage.append(path)
 
 
