@@ -26,7 +26,7 @@ from ray_uv_plugin.agent.builder import cache_split_note, ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv_env import sync_environment
-from ray_uv_plugin.ops import gc, inventory, processes
+from ray_uv_plugin.ops import gc, inventory, processes, removal
 from ray_uv_plugin.store import trust
 from ray_uv_plugin.store.layout import MARKER, check_ready, lock_path, read_marker
 from tests.uvproject import write_project
@@ -277,7 +277,7 @@ def test_without_cap_linux_immutable_builds_reuse_ship_check_and_gc_work(
     for venv in (root / result["key"], receiver / result["key"]):
         assert check_ready(venv.parent, venv.name) is None
         assert read_marker(venv)["immutable"] is False  # type: ignore[index]
-        assert not gc._flags(venv / "lib") & IMMUTABLE_FLAG  # nothing half-frozen
+        assert not removal.chattr_flags(venv / "lib") & IMMUTABLE_FLAG  # nothing half-frozen
         assert not os.stat(venv / "lib").st_mode & 0o222  # read-only still
         ran = run(str(venv / "bin" / "python"), "-c", "import six; print(six.__name__)")
         assert ran.stdout.strip() == "six", ran.stderr

@@ -648,7 +648,7 @@ def test_a_receiver_lets_go_of_the_lock_by_itself(two_nodes, tmp_path: Path) -> 
 def test_a_venv_moved_while_it_is_sent_is_taken_by_no_node(two_nodes, tmp_path: Path) -> None:
     """The sender holds the key's lock shared (gc leaves the venv alone meanwhile); an operator
     who moves the venv away mid-ship anyway makes the receive fail, and B keeps nothing."""
-    from ray_uv_plugin.ops import gc, inventory
+    from ray_uv_plugin.ops import inventory, removal
     from ray_uv_plugin.ship.transfer import ship
 
     _, a, b = two_nodes
@@ -661,7 +661,7 @@ def test_a_venv_moved_while_it_is_sent_is_taken_by_no_node(two_nodes, tmp_path: 
         if p.chunk == 1:
             seen["held"] = is_held(a.venvs / f"{key}.lock")
             (entry,) = inventory.scan_one(a.venvs, key).venvs
-            seen["gc"] = gc.remove_venv(a.venvs, entry)  # the reason it kept it, or None
+            seen["gc"] = removal.remove_venv(a.venvs, entry)  # the reason it kept it, or None
             os.rename(venv, moved)
 
     try:
