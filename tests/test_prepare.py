@@ -4,6 +4,7 @@ asks for, and how shipping folds into a node's result."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,9 +18,15 @@ from ray_uv_plugin.ops.prepare import (
     outcome_counts,
     uv_project_value,
 )
-from ray_uv_plugin.ship.transfer import ShipResult
 
 NODE = "77aa00ff11223344"
+
+
+def ship_result(node_id: str, outcome: str, **fields: object) -> SimpleNamespace:
+    """`ship.transfer.ShipResult`'s fields, without importing Ray (this module runs without)."""
+    return SimpleNamespace(
+        node_id=node_id, outcome=outcome, **{"bytes": None, "seconds": 0.0, "why": None, **fields}
+    )
 
 
 def result(**fields: object) -> NodeResult:
@@ -66,10 +73,10 @@ def test_a_missing_project_fails_here_unless_only_the_nodes_have_it(tmp_path: Pa
 
 
 def test_shipping_folds_into_the_nodes_result() -> None:
-    shipped = ShipResult(NODE, "shipped", bytes=1024, seconds=1.5)
+    shipped = ship_result(NODE, "shipped", bytes=1024, seconds=1.5)
     taken = _with_shipping(result(seconds=1.0), shipped)
     assert (taken.outcome, taken.shipped_bytes, taken.seconds) == ("shipped", 1024, 2.5)
-    refused = ShipResult(NODE, "refused", why="another CPU")
+    refused = ship_result(NODE, "refused", why="another CPU")
     assert _with_shipping(result(built=True), refused).note == "not shipped: another CPU"
     assert _with_shipping(result(), refused) == result()  # reused anyway: nothing to say
     assert _with_shipping(result(), None) == result()
