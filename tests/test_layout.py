@@ -193,8 +193,15 @@ def test_store_constants_are_defined_once(literal: str, name: str) -> None:
 
 def test_the_initializers_copy_of_the_venv_variable_agrees() -> None:
     """worker_groups' initializer runs where ray_uv_plugin may not be installed, so it writes
-    the name out; it must be the plugin's."""
+    the name out; it must be the plugin's. Read from the source: importing it imports Ray."""
     from ray_uv_plugin.store.layout import VENV_ENV
-    from worker_groups._initializer import PLUGIN_VENV_ENV
 
-    assert PLUGIN_VENV_ENV == VENV_ENV
+    tree = ast.parse((ROOT / "worker_groups" / "_initializer.py").read_text())
+    (value,) = [
+        node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["PLUGIN_VENV_ENV"]
+        and isinstance(node.value, ast.Constant)
+    ]
+    assert value == VENV_ENV
