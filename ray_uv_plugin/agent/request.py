@@ -60,7 +60,7 @@ def make_request(
     inputs = {
         "selection": spec.selection(),
         "pyproject": hashlib.sha256(files.pyproject).hexdigest(),
-        "lock": hashlib.sha256(files.lock).hexdigest(),
+        "lock": files.lock_digest,
         "config": project_files.config_files(files),
         "copied_sources": project_files.copied_sources(files),
         "interpreter": interpreter_tag(),
