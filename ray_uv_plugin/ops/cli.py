@@ -13,7 +13,7 @@ import math
 import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
 # --- parser ----------------------------------------------------------------------------------
 
 
+def _command(
+    sub: Any, func: Callable[[argparse.Namespace], int], name: str, **kwargs: Any
+) -> argparse.ArgumentParser:
+    """A subcommand that `main` runs as `func`."""
+    p = sub.add_parser(name, **kwargs)
+    p.set_defaults(func=func)
+    return p
+
+
 def _switch(p: argparse.ArgumentParser, flag: str, help: str) -> None:
     """An on/off flag (`store_true`): most of the commands' options."""
     p.add_argument(flag, action="store_true", help=help)
@@ -165,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
+        cmd_plugin_config,
         "plugin-config",
         help="print the RAY_RUNTIME_ENV_PLUGINS value",
         description="Print the RAY_RUNTIME_ENV_PLUGINS value that registers the uv_project "
@@ -181,9 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
         "=0): a driver started with `uv run` gives its job the node's cached venv of its "
         "project (a hook set before is kept: RAY_UV_PLUGIN_PREVIOUS_HOOK)",
     )
-    p.set_defaults(func=cmd_plugin_config)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
+        cmd_prepare,
         "prepare",
         help="build an env on every alive node of a running cluster",
         description="Make the uv environment ready on every alive node of a running cluster: "
@@ -231,9 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="with --watch: look for new nodes every S seconds (default 10, at least 2)",
     )
-    p.set_defaults(func=cmd_prepare)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
+        cmd_list,
         "list",
         help="list venvs under RAY_UV_PLUGIN_VENV_DIR",
         description="List the venvs under RAY_UV_PLUGIN_VENV_DIR (default "
@@ -246,9 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     _switch(
         p, "--wide", "show each project's full path, also where Ray unpacked it (a working_dir)"
     )
-    p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
+        cmd_gc,
         "gc",
         help="remove unused venvs",
         description="Remove venvs under RAY_UV_PLUGIN_VENV_DIR that no live process on this "
@@ -284,9 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
         "that none does",
     )
     _switch(p, "--dry-run", "only print what would go")
-    p.set_defaults(func=cmd_gc)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
+        cmd_check,
         "check",
         help="build a project's env here and list the Ray libraries it would miss",
         description="Build (or reuse) the uv_project env of a project on this machine, as the "
@@ -315,9 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
         "build nothing: print the env's key, whether its venv is here and ready, and, "
         "if it is, the libraries it lacks (a --library it cannot check exits 1)",
     )
-    p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
+        cmd_bench,
         "bench",
         help="venv and actor startup benchmarks (args go to benchmarks.startup)",
         description="Run benchmarks.startup with the remaining arguments "
@@ -325,9 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     p.add_argument("args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
+        cmd_demo,
         "demo",
         help="run the demo: a local Ray, one actor per extra of examples/demo_project",
         description="Start a local Ray with the plugin, run one actor in each of two uv "
@@ -335,7 +352,6 @@ def build_parser() -> argparse.ArgumentParser:
         "took, and shut Ray down. Run it twice: the second run reuses the venvs.",
     )
     p.add_argument("--project", metavar="DIR", help="another project with the same extras")
-    p.set_defaults(func=cmd_demo)
     return parser
 
 
