@@ -9,7 +9,8 @@ class CliError(Exception):
     """A bad input or state; printed as `error: ...` with exit status 2."""
 
 
-def nodes(count: int) -> str:
+def node_count(count: int) -> str:
+    """`1 node`, `3 nodes`."""
     return f"{count} node" if count == 1 else f"{count} nodes"
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ray_uv_plugin.agent.uv import format_duration
-from ray_uv_plugin.ops.cli_common import CliError, nodes, selection_flags
+from ray_uv_plugin.ops.cli_common import CliError, node_count, selection_flags
 
 if TYPE_CHECKING:
     from ray_uv_plugin.ops.check import FoundEnv
@@ -75,12 +75,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         def on_progress(p: Any) -> None:
             nonlocal sending
             if sending is None:
-                what = f"Shipping to {nodes(p.receivers)}"
+                what = f"Shipping to {node_count(p.receivers)}"
                 sending = progress.add_task(what, total=p.size)
             progress.update(sending, completed=min(p.sent, p.size))
 
         def on_start(value: dict[str, Any], nodes: int) -> None:
-            line = f"Preparing uv_project {json.dumps(value)} of {project} on {nodes(nodes)}"
+            line = f"Preparing uv_project {json.dumps(value)} of {project} on {node_count(nodes)}"
             progress.console.print(line, markup=False)
 
         run, watching = prepare.prepare_env, {}
@@ -100,7 +100,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             def on_round(nodes: list[tuple[str, str]], source: Any) -> None:
                 names = ", ".join(f"{a} ({n[:8]})" for n, a in nodes)
                 how = f"shipping from {source.label}" if source else "building there"
-                say(f"{nodes(len(nodes))} joined: {names}: {how}")
+                say(f"{node_count(len(nodes))} joined: {names}: {how}")
 
             run = watch.watch_env
             watching = {
@@ -147,12 +147,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     failed = [r for r in results if not r.ok]
     if failed:
         console.print(
-            f"error: {len(failed)} of {nodes(len(results))} failed: "
+            f"error: {len(failed)} of {node_count(len(results))} failed: "
             + ", ".join(r.label for r in failed),
             markup=False,
         )
         return 1
-    console.print(f"Prepared {nodes(len(results))} ({prepare.outcome_counts(results)})")
+    console.print(f"Prepared {node_count(len(results))} ({prepare.outcome_counts(results)})")
     return 0
 
 
