@@ -26,7 +26,7 @@ from pathlib import Path
 
 import ray
 
-from ray_uv_plugin.uv import find_uv
+from ray_uv_plugin.agent.uv import find_uv
 
 SETS_DIR = Path(__file__).parent / "sets"
 # Sets whose pyproject.toml and uv.lock are committed under SETS_DIR.
@@ -228,7 +228,7 @@ def sync_by_hand(
 def remove_tree(path: Path) -> None:
     """Remove a dir that may hold the plugin's venvs: they are frozen once built (read-only,
     and immutable dirs where the plugin runs as root), so thaw them first."""
-    from ray_uv_plugin.trust import remove_tree as remove_frozen
+    from ray_uv_plugin.store.trust import remove_tree as remove_frozen
 
     remove_frozen(path)
 

@@ -48,8 +48,8 @@ from benchmarks.envs import (
 )
 from benchmarks.report import machine
 from benchmarks.runner import SYNC_LOG_ENV, rounds, run_for_result, write_uv_wrapper
-from ray_uv_plugin.uv import UV_ENV_VAR, find_uv
-from ray_uv_plugin.venv_cache import MARKER, VENV_DIR_ENV
+from ray_uv_plugin.agent.uv import UV_ENV_VAR, find_uv
+from ray_uv_plugin.store.layout import MARKER, VENV_DIR_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY_UV = Path(sys.executable).parent / "ray-uv"

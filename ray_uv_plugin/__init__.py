@@ -28,9 +28,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from ray_uv_plugin.plugin import UvProjectPlugin
-    from ray_uv_plugin.prepare import prepare_env
-    from ray_uv_plugin.spec import UvProject
+    from ray_uv_plugin.agent.plugin import UvProjectPlugin
+    from ray_uv_plugin.agent.spec import UvProject
+    from ray_uv_plugin.ops.prepare import prepare_env
 
 
 def plugin_config() -> str:
@@ -87,15 +87,15 @@ def setup_driver() -> None:
 def __getattr__(name: str) -> Any:
     # Imported lazily: `ray-uv plugin-config` and the spec helpers need no Ray import.
     if name == "UvProjectPlugin":
-        from ray_uv_plugin.plugin import UvProjectPlugin
+        from ray_uv_plugin.agent.plugin import UvProjectPlugin
 
         return UvProjectPlugin
     if name == "prepare_env":
-        from ray_uv_plugin.prepare import prepare_env
+        from ray_uv_plugin.ops.prepare import prepare_env
 
         return prepare_env
     if name == "UvProject":
-        from ray_uv_plugin.spec import UvProject
+        from ray_uv_plugin.agent.spec import UvProject
 
         return UvProject
     raise AttributeError(f"module 'ray_uv_plugin' has no attribute {name!r}")

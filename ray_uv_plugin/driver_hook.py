@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.spec import FIELD
-from ray_uv_plugin.uv_run import keeps_rays_uv_run, read_uv_run
+from ray_uv_plugin.agent.spec import FIELD
+from ray_uv_plugin.agent.uv_run import keeps_rays_uv_run, read_uv_run
 
 logger = logging.getLogger(__name__)
 

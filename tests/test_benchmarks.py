@@ -186,7 +186,7 @@ def test_the_shipping_benchmarks_index_serves_and_counts_real_wheels(tmp_path: P
     import subprocess
 
     from benchmarks.cluster_ship import CountingIndex, make_wheel, write_project
-    from ray_uv_plugin.uv import find_uv
+    from ray_uv_plugin.agent.uv import find_uv
 
     wheels = [make_wheel(tmp_path, i, 100_000) for i in range(2)]
     index = CountingIndex(wheels)

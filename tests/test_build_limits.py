@@ -16,13 +16,14 @@ import pytest
 import ray
 from ray.exceptions import RuntimeEnvSetupError
 
-from ray_uv_plugin import failed_builds
-from ray_uv_plugin.lockfile import LockTimeout
-from ray_uv_plugin.project import load_project
-from ray_uv_plugin.request import make_request
-from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.uv import UV_ENV_VAR, UvSyncError, find_uv
-from ray_uv_plugin.venv_cache import BUILD_TIMEOUT_ENV, VENV_DIR_ENV, ensure_venv, ensure_venv_async
+from ray_uv_plugin.agent import failed_builds
+from ray_uv_plugin.agent.builder import ensure_venv, ensure_venv_async
+from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.request import make_request
+from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.agent.uv import UV_ENV_VAR, UvSyncError, find_uv
+from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, LockTimeout
+from ray_uv_plugin.store.layout import VENV_DIR_ENV
 from tests.uvproject import CountingUv, tamper_hashes, unreachable_index, write_project
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +63,8 @@ def test_a_build_past_its_timeout_is_killed_and_leaves_nothing(projects, tmp_pat
 
 def hold_lock(lock: Path) -> subprocess.Popen:
     code = (
-        "import sys, time; from pathlib import Path; from ray_uv_plugin.lockfile import BuildLock\n"
+        "import sys, time; from pathlib import Path\n"
+        "from ray_uv_plugin.store.build_lock import BuildLock\n"
         "assert BuildLock(Path(sys.argv[1])).try_acquire(); print('held', flush=True)\n"
         "time.sleep(600)\n"
     )

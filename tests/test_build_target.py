@@ -11,7 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from ray_uv_plugin.build_target import (
+from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.ship.build_target import (
     build_target,
     cpu_target,
     cuda_toolkit,
@@ -19,7 +20,6 @@ from ray_uv_plugin.build_target import (
     local_builds,
     target_differs,
 )
-from ray_uv_plugin.uv import find_uv
 from tests.uvproject import write_project
 
 # A wheel for this platform without a compiler: setuptools tags it so when the distribution

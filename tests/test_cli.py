@@ -9,17 +9,18 @@ import re
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import pytest
 
 import ray_uv_plugin
-from ray_uv_plugin import cli
-from ray_uv_plugin.inventory import format_bytes
+from ray_uv_plugin.ops import cli, cli_envs
+from ray_uv_plugin.ops.units import format_bytes
 from ray_uv_plugin.schema import SCHEMAS_ENV, schema_path
-from ray_uv_plugin.venv_cache import MARKER
+from ray_uv_plugin.store.layout import MARKER
 from tests.test_gc import du_bytes, made_by_plugin
+
+REPO = Path(__file__).resolve().parents[1]
 
 RAY_UV = str(Path(sys.executable).parent / "ray-uv")
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +44,7 @@ def test_plugin_config_prints_the_value_alone_without_importing_ray() -> None:
     assert out.stdout == ray_uv_plugin.plugin_config() + "\n"
     assert json.loads(out.stdout) == [{"class": "ray_uv_plugin.UvProjectPlugin"}]
     code = (
-        "import sys; from ray_uv_plugin.cli import main; main(['plugin-config'])\n"
+        "import sys; from ray_uv_plugin.ops.cli import main; main(['plugin-config'])\n"
         "assert 'ray' not in sys.modules, 'plugin-config imported ray'\n"
     )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
@@ -90,19 +91,27 @@ def test_top_level_help_lists_the_commands() -> None:
         assert command in out.stdout
 
 
-def test_bench_forwards_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[list[str]] = []
-    fake = types.ModuleType("benchmarks.startup")
-    fake.main = lambda argv: seen.append(argv) or 3  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "benchmarks.startup", fake)
+def test_bench_forwards_its_arguments(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """From anywhere in the checkout: `python -m benchmarks.startup` in a process of its own,
+    the cwd kept, the checkout on the path."""
+    seen: list[tuple[list[str], str]] = []
+
+    def run(command: list[str], env: dict[str, str], check: bool) -> subprocess.CompletedProcess:
+        seen.append((command, env["PYTHONPATH"]))
+        return subprocess.CompletedProcess(command, 3)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.chdir(REPO / "docs")
     assert cli.main(["bench", "--help", "--repeat", "2"]) == 3
-    assert seen == [["--help", "--repeat", "2"]]
+    command, path = seen[0]
+    assert command == [sys.executable, "-m", "benchmarks.startup", "--help", "--repeat", "2"]
+    assert path.split(os.pathsep)[0] == str(REPO)
 
 
 def test_bench_without_the_benchmarks_says_where_they_are(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    monkeypatch.setitem(sys.modules, "benchmarks.startup", None)  # as if absent
+    monkeypatch.chdir(tmp_path)  # no checkout here or above
     assert cli.main(["bench"]) == 2
     assert "in the source checkout only, not in the wheel" in capsys.readouterr().err
 
@@ -259,14 +268,14 @@ def test_a_failed_nodes_error_keeps_its_brackets() -> None:
     """`ray-uv prepare` prints each node's error through rich: `[default]` must survive."""
     from rich.console import Console
 
-    from ray_uv_plugin.prepare import NodeResult
+    from ray_uv_plugin.ops.prepare import NodeResult
 
     error = "uv_project: ray[default]==2.60.0 is not in [project] dependencies: [bold]x"
     failed = NodeResult("3f2a9c1d00ff", "10.0.0.7", ok=False, seconds=1.5, error=error)
     built = NodeResult("77aa00", "10.0.0.8", ok=True, seconds=2.0, built=True, key="[red]k")
     console = Console(file=io.StringIO(), width=300, color_system=None, soft_wrap=True)
-    console.print(cli.node_line(failed))
-    console.print(cli.node_line(built))
+    console.print(cli_envs.node_line(failed))
+    console.print(cli_envs.node_line(built))
     assert console.file.getvalue().splitlines() == [
         f"10.0.0.7 (3f2a9c1d): failed: {error}",
         "10.0.0.8 (77aa00): uv_project [red]k: built in 2.00s",
@@ -296,7 +305,7 @@ def test_prepare_reports_a_failing_ray_init_as_what_it_is(
     import ray
     from ray._private import ray_constants
 
-    from ray_uv_plugin import prepare
+    from ray_uv_plugin.ops import prepare
 
     seen: dict[str, object] = {}
 

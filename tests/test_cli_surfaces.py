@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin import PLUGIN_CLASS, check, demo, plugins_setting, trust
-from ray_uv_plugin.inventory import format_bytes
-from ray_uv_plugin.venv_cache import MARKER, check_ready, lock_path
+from ray_uv_plugin import PLUGIN_CLASS, plugins_setting
+from ray_uv_plugin.ops import check, demo
+from ray_uv_plugin.ops.units import format_bytes
+from ray_uv_plugin.store import trust
+from ray_uv_plugin.store.layout import MARKER, check_ready, lock_path
 from tests.test_cli import RAY_UV, fake_venv, ray_uv
 from tests.test_gc import du_bytes, made_by_plugin
 
@@ -209,7 +211,7 @@ def test_a_missing_uv_is_a_clear_error() -> None:
 def test_version_names_the_plugin_ray_uv_and_python_without_importing_ray() -> None:
     import ray
 
-    from ray_uv_plugin.uv import find_uv, uv_version
+    from ray_uv_plugin.agent.uv import find_uv, uv_version
 
     out = ray_uv("--version")
     assert out.returncode == 0, out.stderr
@@ -220,7 +222,7 @@ def test_version_names_the_plugin_ray_uv_and_python_without_importing_ray() -> N
         f"python {'.'.join(map(str, sys.version_info[:3]))} at {sys.executable}",
     ]
     code = (
-        "import sys; from ray_uv_plugin.cli import main\n"
+        "import sys; from ray_uv_plugin.ops.cli import main\n"
         "try:\n    main(['--version'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
         "assert 'ray' not in sys.modules, 'ray-uv --version imported ray'\n"
     )

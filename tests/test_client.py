@@ -22,9 +22,9 @@ import ray
 from ray.cluster_utils import Cluster
 
 import ray_uv_plugin
-from ray_uv_plugin.project import load_project
-from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.venv_cache import ensure_venv
+from ray_uv_plugin.agent.builder import ensure_venv
+from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.spec import parse_spec
 from tests.uvproject import write_project
 
 # Ray's libraries (several extras, a Serve app, a Client server): a group of its own that

@@ -214,7 +214,7 @@ def test_a_stalled_relaying_receiver_costs_the_one_it_relays_to_nothing_but_time
     """Three raylets; the first receiver, which passes each chunk on to the second, stops
     (SIGSTOP) after chunk 1: the second takes the sender's copies instead and gets the venv;
     the first is given up on alone."""
-    from ray_uv_plugin.ship import relay_parents, ship
+    from ray_uv_plugin.ship.transfer import relay_parents, ship
 
     cluster, _, _ = two_nodes
     c = Node(tmp_path / "node-c")
@@ -252,7 +252,7 @@ def test_a_stalled_relaying_receiver_costs_the_one_it_relays_to_nothing_but_time
 def test_the_relay_tree_sends_each_chunk_out_of_a_node_at_most_twice() -> None:
     """The sender passes a chunk to one receiver, each receiver to at most two more; every
     receiver's parent comes before it (it holds the chunk first); the depth grows as log2."""
-    from ray_uv_plugin.ship import relay_parents
+    from ray_uv_plugin.ship.transfer import relay_parents
 
     for count in (1, 2, 3, 7, 127):
         receivers = [f"r{i}" for i in range(count)]

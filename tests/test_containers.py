@@ -22,18 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin import gc, inventory, trust
-from ray_uv_plugin.project import load_project
-from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.uv_env import sync_environment
-from ray_uv_plugin.venv_cache import (
-    MARKER,
-    cache_split_note,
-    check_ready,
-    ensure_venv,
-    lock_path,
-    read_marker,
-)
+from ray_uv_plugin.agent.builder import cache_split_note, ensure_venv
+from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.agent.uv_env import sync_environment
+from ray_uv_plugin.ops import gc, inventory, processes, removal
+from ray_uv_plugin.store import trust
+from ray_uv_plugin.store.layout import MARKER, check_ready, lock_path, read_marker
 from tests.uvproject import write_project
 
 RAY_UV = str(Path(sys.executable).parent / "ray-uv")
@@ -86,7 +81,7 @@ def wait_for_user(venv_name: str, timeout: float = 60) -> int:
     """The pid of the process that names `venv_name` (a path) as its venv, once it runs."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pids = inventory.processes().users.get(os.path.realpath(venv_name))
+        pids = processes.processes().users.get(os.path.realpath(venv_name))
         if pids:
             return min(pids)
         time.sleep(0.1)
@@ -99,7 +94,7 @@ def wait_for_user(venv_name: str, timeout: float = 60) -> int:
 def test_gc_without_a_readable_pid_namespace_counts_itself_blind(tmp_path: Path) -> None:
     """What cannot be told (no /proc/self/ns/pid: a kernel or sandbox without it) is unseen."""
     assert "cannot tell which PID namespace" in (gc.pid_namespace_blind_spot(tmp_path) or "")
-    assert gc.blind_spot(inventory.Processes(proc=None), tmp_path) == (
+    assert gc.blind_spot(processes.Processes(proc=None), tmp_path) == (
         "/proc cannot be listed",
         gc.NO_PROC_HINT,
     )
@@ -215,11 +210,14 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 SHIP_WITHOUT_CAP = """
 import io, json, logging, sys
 from pathlib import Path
-from ray_uv_plugin import trust, venv_archive
-from ray_uv_plugin.lockfile import BuildLock
-from ray_uv_plugin.project import load_project
-from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.venv_cache import ensure_venv, install_received, lock_path, read_marker
+from ray_uv_plugin.store import trust
+from ray_uv_plugin.ship import archive
+from ray_uv_plugin.store.build_lock import BuildLock
+from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.agent.builder import ensure_venv
+from ray_uv_plugin.ship.install import install_received
+from ray_uv_plugin.store.layout import lock_path, read_marker
 
 root, project, receiver = map(Path, sys.argv[1:4])
 log = io.StringIO()
@@ -231,14 +229,14 @@ built = ensure_venv(spec, files, root=root, logger=logger)
 reused = ensure_venv(spec, files, root=root, logger=logger)
 
 # What a receiving node does with a venv shipped to it (`ship`), under the key's lock.
-packer = venv_archive.Packer(built.path, 8 * 1024 * 1024)
+packer = archive.Packer(built.path, 8 * 1024 * 1024)
 chunks = [packer.next_chunk()]
 while not chunks[-1].last:
     chunks.append(packer.next_chunk())
 receiver.mkdir(mode=0o700)
 lock = BuildLock(lock_path(receiver, built.key))
 assert lock.try_acquire()
-unpacker = venv_archive.Unpacker(receiver, built.key, "test", sender_venv=str(built.path))
+unpacker = archive.Unpacker(receiver, built.key, "test", sender_venv=str(built.path))
 for c in chunks:
     unpacker.add(c.index, c.sha256, c.data)
 tree = unpacker.finish(len(chunks), packer.total, packer.whole_sha256)
@@ -279,7 +277,7 @@ def test_without_cap_linux_immutable_builds_reuse_ship_check_and_gc_work(
     for venv in (root / result["key"], receiver / result["key"]):
         assert check_ready(venv.parent, venv.name) is None
         assert read_marker(venv)["immutable"] is False  # type: ignore[index]
-        assert not gc._flags(venv / "lib") & IMMUTABLE_FLAG  # nothing half-frozen
+        assert not removal.chattr_flags(venv / "lib") & IMMUTABLE_FLAG  # nothing half-frozen
         assert not os.stat(venv / "lib").st_mode & 0o222  # read-only still
         ran = run(str(venv / "bin" / "python"), "-c", "import six; print(six.__name__)")
         assert ran.stdout.strip() == "six", ran.stderr

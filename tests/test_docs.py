@@ -180,7 +180,7 @@ def runtime_envs(page: str) -> list[dict]:
 def test_migration_runtime_envs_pass_ray_and_the_plugin() -> None:
     from ray.runtime_env import RuntimeEnv
 
-    from ray_uv_plugin.plugin import UvProjectPlugin
+    from ray_uv_plugin.agent.plugin import UvProjectPlugin
 
     envs = runtime_envs((DOCS / "migration.md").read_text())
     before = [env for env in envs if "uv_project" not in env]
@@ -200,8 +200,8 @@ def uv_run_table(page: str) -> list[tuple[str, dict]]:
 
 
 def test_migration_uv_run_table_is_what_the_driver_hook_maps(tmp_path: Path) -> None:
-    from ray_uv_plugin.spec import parse_spec
-    from ray_uv_plugin.uv_run import read_uv_run
+    from ray_uv_plugin.agent.spec import parse_spec
+    from ray_uv_plugin.agent.uv_run import read_uv_run
 
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "job"\nversion = "0"\n')
     rows = uv_run_table((DOCS / "migration.md").read_text())
@@ -300,7 +300,7 @@ def test_kuberay_example_sets_what_plugin_config_prints() -> None:
 def _as_user(uid: int, gid: int, action) -> int:
     """Run `action()` in a forked child with this uid and gid; its exit status: 0 done,
     3 refused as untrusted, 4 another error."""
-    from ray_uv_plugin.trust import UntrustedPathError
+    from ray_uv_plugin.store.trust import UntrustedPathError
 
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
@@ -322,7 +322,7 @@ def _as_user(uid: int, gid: int, action) -> int:
 
 def _use_volume(venv_dir: Path, uv_cache: Path) -> None:
     """What the plugin and uv do first in the volume: make the venv dir, and uv's cache."""
-    from ray_uv_plugin import trust
+    from ray_uv_plugin.store import trust
 
     trust.make_root(venv_dir)
     uv_cache.mkdir(parents=True)
@@ -430,7 +430,7 @@ def _check_installed(python: Path) -> None:
     )
     assert json.loads(out.stdout) == [{"class": "ray_uv_plugin.UvProjectPlugin"}]
     check = (
-        "import ray, ray_uv_plugin.plugin, worker_groups, sysconfig; "
+        "import ray, ray_uv_plugin.agent.plugin, worker_groups, sysconfig; "
         "assert ray_uv_plugin.__file__.startswith(sysconfig.get_paths()['purelib']); "
         "print(ray.__version__)"
     )

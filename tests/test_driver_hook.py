@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from ray.cluster_utils import Cluster
 
-from ray_uv_plugin.uv import UV_ENV_VAR, find_uv
-from ray_uv_plugin.venv_cache import MARKER, VENV_DIR_ENV
+from ray_uv_plugin.agent.uv import UV_ENV_VAR, find_uv
+from ray_uv_plugin.store.layout import MARKER, VENV_DIR_ENV
 from tests.uvproject import CountingUv, write_project
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.project import ProjectError, check_ray_pin, load_project
-from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.trust import UntrustedPathError
-from ray_uv_plugin.uv import UV_ENV_VAR, UvNotFoundError, UvResult, UvSyncError, sync_failure
-from ray_uv_plugin.venv_cache import VENV_DIR_ENV, VenvDirError, ensure_venv, venv_root
+from ray_uv_plugin.agent.builder import ensure_venv
+from ray_uv_plugin.agent.project import ProjectError, check_ray_pin, load_project
+from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.agent.uv import UV_ENV_VAR, UvNotFoundError, UvResult, UvSyncError, sync_failure
+from ray_uv_plugin.store.layout import VENV_DIR_ENV, VenvDirError, venv_root
+from ray_uv_plugin.store.trust import UntrustedPathError
 from tests.uvproject import RAY_PIN, write_project
 
 
@@ -48,7 +49,7 @@ def test_a_venv_dir_or_key_that_is_a_file(project, tmp_path):
         ensure_venv(parse_spec({}), load_project(project), root=root)
     root = tmp_path / "venvs"
     first = ensure_venv(parse_spec({}), load_project(project), root=root)
-    from ray_uv_plugin.trust import remove_tree
+    from ray_uv_plugin.store.trust import remove_tree
 
     remove_tree(first.path)
     first.path.write_text("someone's file\n")
@@ -73,7 +74,7 @@ def test_a_lock_with_crlf_line_endings_works(tmp_path):
 
 
 def test_unknown_extras_are_named_as_the_user_wrote_them(project):
-    from ray_uv_plugin.project import check_request
+    from ray_uv_plugin.agent.project import check_request
 
     with pytest.raises(ProjectError, match=r"unknown extra\(s\) Flash_Attn for"):
         check_request(load_project(project), parse_spec({"extras": ["Flash_Attn"]}))

@@ -19,12 +19,13 @@ import pytest
 import ray
 from ray.exceptions import RuntimeEnvSetupError
 
-from ray_uv_plugin import failed_builds
-from ray_uv_plugin.failed_builds import MEMO_ENV, RAY_CACHE_ENV
-from ray_uv_plugin.project import load_project
-from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.uv import UV_ENV_VAR, UvResult, UvSyncError, find_uv, run_uv, sync_failure
-from ray_uv_plugin.venv_cache import VENV_DIR_ENV, ensure_venv
+from ray_uv_plugin.agent import failed_builds
+from ray_uv_plugin.agent.builder import ensure_venv
+from ray_uv_plugin.agent.failed_builds import MEMO_ENV, RAY_CACHE_ENV
+from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.agent.uv import UV_ENV_VAR, UvResult, UvSyncError, find_uv, run_uv, sync_failure
+from ray_uv_plugin.store.layout import VENV_DIR_ENV
 from tests.uvproject import CountingUv, tamper_hashes, write_project
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,7 +150,7 @@ def test_uv_dies_with_the_process_that_started_it(tmp_path):
     ]
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "UV_HTTP_TIMEOUT": "300"}
     code = (
-        "import json, sys; from ray_uv_plugin.uv import run_uv\n"
+        "import json, sys; from ray_uv_plugin.agent.uv import run_uv\n"
         "run_uv(json.loads(sys.argv[1]), env=json.loads(sys.argv[2]))\n"
     )
     parent = subprocess.Popen(
@@ -271,3 +272,30 @@ def test_an_identical_request_is_built_again_after_both_windows(ray_with_short_m
     time.sleep(max(0.0, failed_at + WINDOW + 2 - time.monotonic()))
     fails(env)
     assert uv.syncs() == 3
+
+
+# --- the memo itself, without uv or Ray -------------------------------------------------------
+
+
+def test_the_memo_holds_one_failure_per_venv_and_inputs_for_its_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(failed_builds, "ray_failure_cache_seconds", lambda: 600)
+    monkeypatch.setenv(MEMO_ENV, "60")
+    venv = tmp_path / "0123456789abcdef"
+    failed_builds.remember(venv, "inputs-a", "uv_project: it failed")
+    said = failed_builds.recent(venv, "inputs-a")
+    assert said is not None and said.startswith("uv_project: it failed\n")
+    assert "failed 0s ago" in said and "as failed for 60s" in said
+    assert "keeps this failed runtime_env for 600s" in said
+    assert failed_builds.recent(venv, "inputs-b") is None  # other settings: built again
+    assert failed_builds.recent(tmp_path / "fedcba9876543210", "inputs-a") is None
+    monkeypatch.setenv(MEMO_ENV, "0.05")
+    time.sleep(0.1)
+    assert failed_builds.recent(venv, "inputs-a") is None  # the window is over
+
+
+def test_a_zero_memo_remembers_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MEMO_ENV, "0")
+    failed_builds.remember(tmp_path / "v", "inputs", "uv_project: it failed")
+    assert failed_builds.recent(tmp_path / "v", "inputs") is None

@@ -20,11 +20,13 @@ from pathlib import Path
 import packaging
 import pytest
 
-from ray_uv_plugin import gc, inventory, lockfile, trust
-from ray_uv_plugin.inventory import BUILDING, INCOMPLETE, READY, UNTRUSTED, VenvEntry
-from ray_uv_plugin.project import load_project
-from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.venv_cache import MARKER, VenvDirError, ensure_venv, lock_path
+from ray_uv_plugin.agent.builder import ensure_venv
+from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.ops import gc, inventory, processes, units
+from ray_uv_plugin.ops.inventory import BUILDING, INCOMPLETE, READY, UNTRUSTED, VenvEntry
+from ray_uv_plugin.store import build_lock, disk, trust
+from ray_uv_plugin.store.layout import MARKER, VenvDirError, lock_path
 from tests.uvproject import write_project
 
 DAY = 86400.0
@@ -49,9 +51,9 @@ def entry(key: str, days_idle: float, state: str = READY, users: tuple[int, ...]
     return VenvEntry(key, Path(f"/v/{key}"), state, meta, NOW - days_idle * DAY, users)
 
 
-def usage(sizes: dict[str, dict[int, int]]) -> inventory.DiskUsage:
+def usage(sizes: dict[str, dict[int, int]]) -> disk.DiskUsage:
     """Fake du data: venv key -> {inode: bytes}; the same inode in two venvs is a hardlink."""
-    return inventory.DiskUsage(
+    return disk.DiskUsage(
         {Path(f"/v/{k}"): {(1, i): b for i, b in v.items()} for k, v in sizes.items()}
     )
 
@@ -156,16 +158,16 @@ def test_plan_keeps_what_a_worker_may_use_where_this_user_cannot_see_every_proce
         "remains": "a built venv without its marker, but may be in use by processes this user "
         "cannot see (3 processes of root): run gc as root, or pass --assume-unused",
     }
-    no_proc = inventory.processes(Path("/nonexistent/proc"))
+    no_proc = processes.processes(Path("/nonexistent/proc"))
     assert no_proc.blind_spot(Path("/")) == "/proc cannot be listed"
-    assert inventory.processes().blind_spot(Path("/")) is None  # root sees what can be seen
+    assert processes.processes().blind_spot(Path("/")) is None  # root sees what can be seen
 
 
 def test_formats() -> None:
-    assert inventory.format_bytes(512) == "512B"
-    assert inventory.format_bytes(3 * 1024**2 + 1024**2 // 2) == "3.5MiB"
-    assert inventory.format_age(59) == "59s ago"
-    assert inventory.format_age(3 * 86400 + 5) == "3d ago"
+    assert units.format_bytes(512) == "512B"
+    assert units.format_bytes(3 * 1024**2 + 1024**2 // 2) == "3.5MiB"
+    assert units.format_age(59) == "59s ago"
+    assert units.format_age(3 * 86400 + 5) == "3d ago"
 
 
 # --- file system and /proc, without uv ---------------------------------------------------------
@@ -182,7 +184,7 @@ def test_measure_matches_real_du_with_hardlinks_and_symlinks(tmp_path: Path) -> 
     os.link(a / "big", b / "big-in-b")  # hardlink shared by a and b
     (b / "own").write_bytes(os.urandom(50_000))
     (b / "link").symlink_to(a / "big")
-    u = inventory.measure([a, b])
+    u = disk.measure([a, b])
     assert u.size(a) == du_bytes(a)
     assert u.size(b) == du_bytes(b)
     assert u.size(a, b) == du_bytes(a, b)
@@ -206,13 +208,13 @@ def test_venv_users_sees_the_plugins_variable_virtual_env_and_argv0(tmp_path: Pa
     procs = [by_plugin, by_env, by_argv]
     try:
         time.sleep(0.3)
-        users = inventory.venv_users()
+        users = processes.venv_users()
         assert {p.pid for p in procs} <= users[os.path.realpath(venv)]
     finally:
         for p in procs:
             p.kill()
             p.wait()
-    assert os.path.realpath(venv) not in inventory.venv_users()
+    assert os.path.realpath(venv) not in processes.venv_users()
 
 
 @pytest.fixture
@@ -222,8 +224,8 @@ def held_lock() -> Iterator[Callable[[Path], None]]:
 
     def hold(path: Path) -> None:
         code = (
-            "import sys, time; from pathlib import Path; from ray_uv_plugin.lockfile import "
-            "BuildLock\n"
+            "import sys, time; from pathlib import Path\n"
+            "from ray_uv_plugin.store.build_lock import BuildLock\n"
             "lock = BuildLock(Path(sys.argv[1])); assert lock.try_acquire()\n"
             "print('held', flush=True); time.sleep(120)\n"
         )
@@ -297,7 +299,7 @@ def test_a_build_that_ends_while_scanned_is_ready_not_dead(
         (venv / MARKER).write_text(json.dumps({"format": 1, "key": key, "project": "/p"}))
         return False
 
-    monkeypatch.setattr(lockfile, "is_held", build_ends)
+    monkeypatch.setattr(build_lock, "is_held", build_ends)
     assert [(e.key, e.state) for e in inventory.scan(tmp_path, users={}).venvs] == [(key, READY)]
 
 
@@ -636,9 +638,9 @@ def test_gc_does_not_touch_a_build_in_progress(project: Path, tmp_path: Path) ->
     root = tmp_path / "venvs"
     code = (
         "import sys; from pathlib import Path\n"
-        "from ray_uv_plugin.project import load_project\n"
-        "from ray_uv_plugin.spec import parse_spec\n"
-        "from ray_uv_plugin.venv_cache import ensure_venv\n"
+        "from ray_uv_plugin.agent.project import load_project\n"
+        "from ray_uv_plugin.agent.spec import parse_spec\n"
+        "from ray_uv_plugin.agent.builder import ensure_venv\n"
         "o = ensure_venv(parse_spec({'extras': ['six', 'ini']}), load_project(Path(sys.argv[1])),"
         " root=Path(sys.argv[2]))\n"
         "print(o.path, o.built)\n"
@@ -804,7 +806,7 @@ def user_dir() -> Iterator[Path]:
         shutil.rmtree(base)
 
 
-CLI = "import sys; from ray_uv_plugin.cli import main; sys.exit(main(sys.argv[1:]))"
+CLI = "import sys; from ray_uv_plugin.ops.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def as_user(
@@ -946,7 +948,7 @@ def test_a_members_reuse_of_roots_venv_is_a_use_that_gc_sees(
     venv = member_venv(root, "a" * 16, (0, gid), days_idle=30)
     env = {"RAY_UV_PLUGIN_VENV_DIR": str(root), "RAY_UV_PLUGIN_TRUSTED_GROUP": str(gid)}
     reuse = (
-        "import sys; from pathlib import Path; from ray_uv_plugin.venv_cache import check_ready\n"
+        "import sys; from pathlib import Path; from ray_uv_plugin.store.layout import check_ready\n"
         "print(check_ready(Path(sys.argv[1]), sys.argv[2]))"
     )
     out = as_user(other_user, user_dir, env, str(root), venv.name, code=reuse)
@@ -958,7 +960,7 @@ def test_a_members_reuse_of_roots_venv_is_a_use_that_gc_sees(
     report = gc.collect(root, older_than_days=1)
     assert report.removed == [] and venv.exists()
     assert [d.reason for d in report.kept] == [
-        f"used {inventory.format_age(time.time() - ready.last_used)}"
+        f"used {units.format_age(time.time() - ready.last_used)}"
     ]
 
 

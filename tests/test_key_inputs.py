@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from packaging.utils import canonicalize_name
 
-from ray_uv_plugin.project import ProjectError, load_project
-from ray_uv_plugin.request import make_request
-from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.uv import UvSyncError, find_uv
-from ray_uv_plugin.venv_cache import ensure_venv
+from ray_uv_plugin.agent.builder import ensure_venv
+from ray_uv_plugin.agent.project import ProjectError, load_project
+from ray_uv_plugin.agent.request import make_request
+from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.agent.uv import UvSyncError, find_uv
 from tests.test_request import write_with_mylib
 from tests.uvproject import write_project
 
@@ -135,9 +135,9 @@ def test_system_uv_config_of_the_node_does_not_reach_the_build(tmp_path):
     (layer / "uv" / "uv.toml").write_text("no-binary = true\n")
     script = (
         "import sys; from pathlib import Path; "
-        "from ray_uv_plugin.project import load_project; "
-        "from ray_uv_plugin.spec import parse_spec; "
-        "from ray_uv_plugin.venv_cache import ensure_venv; "
+        "from ray_uv_plugin.agent.project import load_project; "
+        "from ray_uv_plugin.agent.spec import parse_spec; "
+        "from ray_uv_plugin.agent.builder import ensure_venv; "
         f"out = ensure_venv(parse_spec({{}}), load_project(Path({str(proj)!r})), "
         f"root=Path({str(tmp_path / 'venvs')!r})); print('KEY', out.key)"
     )

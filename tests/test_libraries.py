@@ -1,5 +1,5 @@
 """Ray's libraries (Data, Serve, Tune, Train) run in `uv_project` envs whose lock pins the
-library's Ray extra; `ray_uv_plugin.libraries` says what an env's Ray lacks.
+library's Ray extra; `ray_uv_plugin.agent.ray_libraries` says what an env's Ray lacks.
 
 One local Ray (the node: this repo's venv, with the plugin, and without Ray's library extras,
 as a slim head node) serves every test. Each library's driver is a script run by the job's own
@@ -28,10 +28,10 @@ import pytest
 import ray
 from packaging.version import Version
 
-from ray_uv_plugin import libraries
-from ray_uv_plugin.project import load_project
-from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.venv_cache import ensure_venv
+from ray_uv_plugin.agent import ray_libraries
+from ray_uv_plugin.agent.builder import ensure_venv
+from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.spec import parse_spec
 from tests.uvproject import write_project
 
 # Ray's libraries (several extras, a Serve app, a Client server): a group of its own that
@@ -345,7 +345,7 @@ def test_missing_libraries_of_plain_ray_and_of_extras(project: Path) -> None:
     Data's. The node here (this repo's venv) has `ray[default]`: grpcio, so Client only."""
     plain = venv_python(project, []).parent.parent
     serve = venv_python(project, ["serve"]).parent.parent
-    statuses = {s.library.name: s for s in libraries.library_status(plain)}
+    statuses = {s.library.name: s for s in ray_libraries.library_status(plain)}
     assert set(statuses) == {"data", "serve", "tune", "train", "client"}
     assert not any(s.ok for s in statuses.values())
     assert "pandas" in statuses["data"].missing
@@ -354,8 +354,8 @@ def test_missing_libraries_of_plain_ray_and_of_extras(project: Path) -> None:
     assert statuses["client"].node_has is True
     assert statuses["train"].as_missing().requirement == f"ray[train]=={RAY_VERSION}"
     # Only what the node has counts for the plugin's warning: here Ray Client alone.
-    assert [m.library.name for m in libraries.missing_libraries(plain)] == ["client"]
-    by_name = {s.library.name: s for s in libraries.library_status(serve)}
+    assert [m.library.name for m in ray_libraries.missing_libraries(plain)] == ["client"]
+    by_name = {s.library.name: s for s in ray_libraries.library_status(serve)}
     assert by_name["serve"].ok and by_name["client"].ok
     assert not by_name["data"].ok
 
@@ -369,24 +369,24 @@ def test_check_libraries_warns_and_refuses_a_client_server(
     plain = venv_python(project, []).parent.parent
     logger = logging.getLogger("runtime_env_01000000")
     with caplog.at_level(logging.WARNING, logger=logger.name):
-        missing = libraries.check_libraries("k1", plain, logger)
+        missing = ray_libraries.check_libraries("k1", plain, logger)
     assert [m.library.name for m in missing] == ["client"]
     assert f"ray[client]=={RAY_VERSION}" in caplog.text
     assert "ray-uv check --library client" in caplog.text
     server_logger = logging.getLogger("runtime_env_ray_client_server_23456")
-    with pytest.raises(libraries.MissingLibraryError) as e:
-        libraries.check_libraries("k1", plain, server_logger)
+    with pytest.raises(ray_libraries.MissingLibraryError) as e:
+        ray_libraries.check_libraries("k1", plain, server_logger)
     assert f"ray[client]=={RAY_VERSION}" in str(e.value)
     assert "per task or actor" in str(e.value)
     serve = venv_python(project, ["serve"]).parent.parent  # ray[serve] brings grpcio
-    assert libraries.check_libraries("k2", serve, server_logger) == []
+    assert ray_libraries.check_libraries("k2", serve, server_logger) == []
 
 
 def test_library_status_of_a_dir_without_ray(tmp_path: Path) -> None:
     (tmp_path / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
     with pytest.raises(ValueError, match="no Ray installed"):
-        libraries.library_status(tmp_path)
-    assert libraries.check_libraries("k", tmp_path) == []
+        ray_libraries.library_status(tmp_path)
+    assert ray_libraries.check_libraries("k", tmp_path) == []
     assert sys.executable  # the node's Ray is this interpreter's
 
 
@@ -428,5 +428,5 @@ def test_train_worker_env_without_ray_train_stops_with_a_failure_limit(
     assert value["error"] and value["error"].startswith("ControllerError"), value
     assert "No module named" in value["error"], value["error"]
     plain = venv_python(project, []).parent.parent
-    train = {s.library.name: s for s in libraries.library_status(plain)}["train"]
+    train = {s.library.name: s for s in ray_libraries.library_status(plain)}["train"]
     assert "pydantic" in train.missing or "pandas" in train.missing

@@ -62,8 +62,11 @@ def test_wheel_holds_markers_license_and_run_time_files(wheel: Path) -> None:
         # Read at run time: the JSON schema Ray validates against, uv's config for builds, and
         # the hook `plugin-config --shell` puts on PYTHONPATH.
         "ray_uv_plugin/schemas/uv_project.json",
-        "ray_uv_plugin/uv_config/uv/uv.toml",
+        "ray_uv_plugin/agent/uv_config/uv/uv.toml",
         "ray_uv_plugin/hook_path/ray_uv_plugin_hook.py",
+        # `ray-uv demo` outside a checkout: examples/demo_project, copied in.
+        "ray_uv_plugin/ops/demo_project/pyproject.toml",
+        "ray_uv_plugin/ops/demo_project/uv.lock",
     ):
         assert needed in names, f"{needed} missing from the wheel"
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
@@ -75,4 +78,4 @@ def test_console_script_is_ray_uv(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         (name,) = [n for n in z.namelist() if n.endswith(".dist-info/entry_points.txt")]
         text = z.read(name).decode()
-    assert "ray-uv = ray_uv_plugin.cli:main" in text
+    assert "ray-uv = ray_uv_plugin.ops.cli:main" in text

@@ -11,11 +11,11 @@ import pytest
 import ray
 from ray.exceptions import RuntimeEnvSetupError
 
-from ray_uv_plugin.project import load_project
-from ray_uv_plugin.request import make_request
-from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.uv import UV_ENV_VAR
-from ray_uv_plugin.venv_cache import MARKER, VENV_DIR_ENV
+from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.request import make_request
+from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.agent.uv import UV_ENV_VAR
+from ray_uv_plugin.store.layout import MARKER, VENV_DIR_ENV
 from tests.uvproject import CountingUv, unreachable_index, write_project
 
 

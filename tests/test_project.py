@@ -5,15 +5,19 @@ from pathlib import Path
 import pytest
 import ray
 
-from ray_uv_plugin.project import (
+from ray_uv_plugin.agent.project import (
+    NO_LOCAL_SOURCES,
     ProjectError,
+    ProjectFiles,
     check_ray_pin,
     check_request,
     load_project,
+    local_sources,
+    locked_sources,
     refers_to_project_path,
     resolve_project_dir,
 )
-from ray_uv_plugin.spec import parse_spec
+from ray_uv_plugin.agent.spec import parse_spec
 from tests.uvproject import write_project
 
 
@@ -89,7 +93,72 @@ def test_project_path_matters_only_when_the_venv_points_into_it(project, tmp_pat
         f.write(f'\n[tool.uv.sources]\nlib = {{ path = "{lib}", editable = true }}\n')
     import subprocess
 
-    from ray_uv_plugin.uv import find_uv
+    from ray_uv_plugin.agent.uv import find_uv
 
     subprocess.run([find_uv(), "lock", "--project", str(app), "-q"], check=True)
     assert refers_to_project_path(load_project(app), parse_spec({}))
+
+
+# --- uv.lock, parsed as TOML once per content --------------------------------------------------
+
+LOCK = """version = 1
+revision = 3
+requires-python = ">=3.11"
+
+[[package]]
+version = "2.60.0"
+name = "ray"
+source = { registry = "https://pypi.org/simple" }
+
+[[package]]
+name = "app"
+version = "0.1.0"
+source = { editable = "." }
+
+[[package]]
+name = "vendored"
+version = "1.0"
+source={directory="vendor/vendored"}
+
+[[package]]
+name = "mylib"
+version = "0.2"
+source = { editable = "../mylib" }
+
+[[package]]
+name = "wheelish"
+version = "3.0"
+
+[package.source]
+path = "dist/wheelish-3.0-py3-none-any.whl"
+"""
+
+
+def lock_files(tmp_path: Path, text: str) -> ProjectFiles:
+    return ProjectFiles(tmp_path, b"", text.encode())
+
+
+def test_the_lock_is_read_as_toml_whatever_its_key_order_and_spacing(tmp_path: Path) -> None:
+    """Key order, spacing and table forms are TOML's business, not a regex's."""
+    found = locked_sources(lock_files(tmp_path, LOCK))
+    assert found.ray_versions == ("2.60.0",)
+    assert found.refers_to_paths  # ../mylib; the project's own "." does not count
+    assert found.copied == ("dist/wheelish-3.0-py3-none-any.whl", "vendor/vendored")
+    assert found.copied_names == ("vendored", "wheelish")
+    assert local_sources(lock_files(tmp_path, LOCK)) is found  # remembered by content
+
+
+def test_a_lock_without_local_sources_is_not_parsed_per_request(tmp_path: Path) -> None:
+    registry_only = LOCK.split('[[package]]\nname = "app"')[0]
+    files = lock_files(
+        tmp_path, registry_only + '[[package]]\nname = "app"\nsource = { editable = "." }\n'
+    )
+    assert local_sources(files) is NO_LOCAL_SOURCES
+    assert not refers_to_project_path(files, parse_spec({}))
+    assert locked_sources(files).ray_versions == ("2.60.0",)  # the build's check reads it whole
+
+
+def test_a_lock_that_is_not_toml_says_so(tmp_path: Path) -> None:
+    files = lock_files(tmp_path, '[[package]]\nname = "x"\nsource = { path = "a" \n')
+    with pytest.raises(ProjectError, match=r"uv.lock is not valid TOML .*run `uv lock` again"):
+        locked_sources(files)

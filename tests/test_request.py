@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.project import load_project
-from ray_uv_plugin.request import make_request
-from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.uv import UV_ENV_VAR, find_uv
-from ray_uv_plugin.uv_env import UvEnvError
+from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.request import make_request
+from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.agent.uv import UV_ENV_VAR, find_uv
+from ray_uv_plugin.agent.uv_env import UvEnvError
 from tests.uvproject import write_project
 
 

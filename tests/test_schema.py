@@ -16,9 +16,15 @@ import jsonschema
 import pytest
 
 import ray_uv_plugin
+from ray_uv_plugin.agent.spec import (
+    FIELD,
+    FIELD_NAMES,
+    UvProjectSpec,
+    UvProjectSpecError,
+    parse_spec,
+)
+from ray_uv_plugin.agent.uv import find_uv
 from ray_uv_plugin.schema import SCHEMAS_ENV, load_schema, schema_path, schemas_setting
-from ray_uv_plugin.spec import FIELD, FIELD_NAMES, UvProjectSpec, UvProjectSpecError, parse_spec
-from ray_uv_plugin.uv import find_uv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -182,8 +188,8 @@ def test_the_wheel_ships_the_schema(tmp_path: Path) -> None:
         names = zf.namelist()
         assert "ray_uv_plugin/schemas/uv_project.json" in names
         assert json.loads(zf.read("ray_uv_plugin/schemas/uv_project.json")) == load_schema()
-        assert "ray_uv_plugin/cli.py" in names
+        assert "ray_uv_plugin/ops/cli.py" in names
         # The empty uv config dir that keeps user and system uv.toml files out of builds.
-        assert "ray_uv_plugin/uv_config/uv/uv.toml" in names
+        assert "ray_uv_plugin/agent/uv_config/uv/uv.toml" in names
         # No generic top-level `benchmarks` package in users' site-packages (issue 12).
         assert not [n for n in names if n.startswith("benchmarks/")]

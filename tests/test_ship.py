@@ -1,4 +1,4 @@
-"""Shipping a built venv to other nodes (`ship`, `venv_archive`, `prepare`).
+"""Shipping a built venv to other nodes (`ship.transfer`, `ship.archive`, `ops.prepare`).
 
 The stream tests pack a real venv (real uv, real packages) and unpack it under another venv dir
 without Ray. The cluster tests start two raylets on this host, each with its own venv dir, uv
@@ -26,13 +26,16 @@ import ray
 from packaging.version import Version
 from ray.cluster_utils import Cluster
 
-from ray_uv_plugin import venv_archive
-from ray_uv_plugin.lockfile import is_held
-from ray_uv_plugin.prepare import alive_nodes, prepare_nodes
-from ray_uv_plugin.project import load_project
-from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.venv_archive import ArchiveError, Packer, Unpacker
-from ray_uv_plugin.venv_cache import check_ready, ensure_venv, install_received, read_marker
+from ray_uv_plugin.agent.builder import ensure_venv
+from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.ops.prepare import alive_nodes, prepare_nodes
+from ray_uv_plugin.ship import archive
+from ray_uv_plugin.ship.archive import ArchiveError, Packer, Unpacker
+from ray_uv_plugin.ship.install import install_received
+from ray_uv_plugin.store.build_lock import is_held
+from ray_uv_plugin.store.disk import venv_size
+from ray_uv_plugin.store.layout import check_ready, read_marker
 from tests.uvproject import CountingUv, write_project
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +74,7 @@ def import_all(python: Path) -> dict:
 
 def works_where_it_is(venv: Path) -> None:
     """The venv runs from its own path: a console script and every package import."""
-    assert venv_archive.relocate(venv, "/nowhere/else", str(venv)) == 0
+    assert archive.relocate(venv, "/nowhere/else", str(venv)) == 0
     script = venv / "bin" / "ray"
     assert script.read_text().splitlines()[0] == f"#!{venv}/bin/python"
     out = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=120)
@@ -93,7 +96,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_venv(spec, load_project(project), root=base / "venvs-a").path
 
 
-def stream(venv: Path, chunk_bytes: int = 4 * MiB) -> tuple[list[venv_archive.Chunk], Packer]:
+def stream(venv: Path, chunk_bytes: int = 4 * MiB) -> tuple[list[archive.Chunk], Packer]:
     packer = Packer(venv, chunk_bytes)
     chunks = [packer.next_chunk()]
     while not chunks[-1].last:
@@ -116,7 +119,7 @@ def receive(root: Path, key: str, chunks, total: int, whole: str) -> Path:
 def test_a_venv_streamed_to_another_venv_dir_works_there(built: Path, tmp_path: Path) -> None:
     chunks, packer = stream(built)
     assert len(chunks) > 3 and all(len(c.data) == 4 * MiB for c in chunks[:-1])
-    size, _ = venv_archive.disk_usage(built)
+    size, _ = venv_size(built)
     # The files' bytes plus tar headers; uv's hardlinks into its cache went as content.
     assert size <= packer.total <= size * 1.1 + 10 * MiB, (size, packer.total)
     root = tmp_path / "venvs-b"
@@ -133,7 +136,7 @@ def test_a_corrupt_chunk_is_refused_and_nothing_is_kept(built: Path, tmp_path: P
     chunks, packer = stream(built)
     bad = bytearray(chunks[2].data)
     bad[1000] ^= 0xFF
-    chunks[2] = venv_archive.Chunk(2, bytes(bad), chunks[2].sha256, chunks[2].last)
+    chunks[2] = archive.Chunk(2, bytes(bad), chunks[2].sha256, chunks[2].last)
     with pytest.raises(ArchiveError, match="chunk 2 .* is corrupt"):
         receive(tmp_path / "v", built.name, chunks, packer.total, packer.whole_sha256)
     assert os.listdir(tmp_path / "v") == []
@@ -162,10 +165,10 @@ def evil_stream(member: tarfile.TarInfo, data: bytes = b"") -> tuple[list, int, 
         for info in (bin_dir, lib_dir, python):
             tar.addfile(info, io.BytesIO())
         tar.addfile(member, io.BytesIO(data) if member.isreg() else None)
-        venv_archive.write_manifest(tar, [bin_dir, lib_dir, python, member])
+        archive.write_manifest(tar, [bin_dir, lib_dir, python, member])
     payload = buf.getvalue()
     sha = hashlib.sha256(payload).hexdigest()
-    return [venv_archive.Chunk(0, payload, sha, True)], len(payload), sha
+    return [archive.Chunk(0, payload, sha, True)], len(payload), sha
 
 
 def _link(name: str, target: str, hard: bool = False) -> tarfile.TarInfo:
@@ -385,7 +388,7 @@ def test_a_sender_killed_mid_way_fails_cleanly_and_the_next_attempt_ships(
     assert on_b.outcome == "built", results
     assert "the source node" in on_b.note and "sending chunk 3" in on_b.note, on_b.note
     assert not list(b.venvs.glob("*.ship-*"))
-    from ray_uv_plugin.trust import remove_tree
+    from ray_uv_plugin.store.trust import remove_tree
 
     remove_tree(b.venvs / on_b.key)
     again = prepare_nodes(value, live_nodes(), 600, chunk_bytes=4 * MiB)
@@ -396,7 +399,7 @@ DRIVER = textwrap.dedent(
     """\
     import sys, time
     import ray
-    from ray_uv_plugin.prepare import alive_nodes, prepare_nodes
+    from ray_uv_plugin.ops.prepare import alive_nodes, prepare_nodes
 
     def slow(p):
         print("chunk", p.chunk, flush=True)
@@ -507,8 +510,8 @@ def test_a_worker_group_ships_its_env_before_its_workers_start(
 def test_the_building_node_dying_mid_way_fails_cleanly(two_nodes, tmp_path: Path) -> None:
     """Node D has the venv and ships it to B; D's raylet dies after chunk 2. B's receive fails
     naming D and the step, B keeps nothing of it, and B's next prepare ships from A."""
-    from ray_uv_plugin.prepare import probe_nodes
-    from ray_uv_plugin.ship import ship
+    from ray_uv_plugin.ops.prepare import probe_nodes
+    from ray_uv_plugin.ship.transfer import ship
 
     cluster, _, b = two_nodes
     d = Node(tmp_path / "node-d")
@@ -520,7 +523,7 @@ def test_the_building_node_dying_mid_way_fails_cleanly(two_nodes, tmp_path: Path
     on_d = by_dir(ids.values(), d)
     on_b = by_dir(ids.values(), b)
     assert on_d.built and on_b.built  # every node built it; B's goes, to be shipped again
-    from ray_uv_plugin.trust import remove_tree
+    from ray_uv_plugin.store.trust import remove_tree
 
     remove_tree(b.venvs / on_b.key)
 
@@ -549,7 +552,7 @@ def driver_node() -> str:
 
 def build_on_driver_node(project: Path) -> str:
     """The project's venv, built on the driver's node A only; returns its key."""
-    from ray_uv_plugin.prepare import probe_nodes
+    from ray_uv_plugin.ops.prepare import probe_nodes
 
     here = driver_node()
     (result,) = probe_nodes({"uv_project": {"project": str(project)}}, [(here, "A")], 600)
@@ -564,7 +567,7 @@ def other_node(*not_these: str) -> str:
 def test_a_stalled_receiver_is_given_up_alone(two_nodes, tmp_path: Path) -> None:
     """Three raylets: node C's receiver stops (SIGSTOP) after chunk 1. B still gets the venv;
     C's result says it stalled, and C's receiver is killed, which frees C's lock."""
-    from ray_uv_plugin.ship import ship
+    from ray_uv_plugin.ship.transfer import ship
 
     cluster, _, _ = two_nodes
     c = Node(tmp_path / "node-c")
@@ -615,8 +618,8 @@ def test_a_stalled_receiver_is_given_up_alone(two_nodes, tmp_path: Path) -> None
 def test_a_receiver_lets_go_of_the_lock_by_itself(two_nodes, tmp_path: Path) -> None:
     """The driver stalls mid-ship; B's receiver gives the key's lock up once it has held it
     for RAY_UV_PLUGIN_BUILD_TIMEOUT_S (5 s here), as long as a build may hold it."""
-    from ray_uv_plugin.ship import ship
-    from ray_uv_plugin.venv_cache import BUILD_TIMEOUT_ENV
+    from ray_uv_plugin.ship.transfer import ship
+    from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV
 
     _, _, b = two_nodes
     key = build_on_driver_node(new_project(tmp_path))
@@ -645,8 +648,8 @@ def test_a_receiver_lets_go_of_the_lock_by_itself(two_nodes, tmp_path: Path) -> 
 def test_a_venv_moved_while_it_is_sent_is_taken_by_no_node(two_nodes, tmp_path: Path) -> None:
     """The sender holds the key's lock shared (gc leaves the venv alone meanwhile); an operator
     who moves the venv away mid-ship anyway makes the receive fail, and B keeps nothing."""
-    from ray_uv_plugin import gc, inventory
-    from ray_uv_plugin.ship import ship
+    from ray_uv_plugin.ops import inventory, removal
+    from ray_uv_plugin.ship.transfer import ship
 
     _, a, b = two_nodes
     project = new_project(tmp_path)
@@ -658,7 +661,7 @@ def test_a_venv_moved_while_it_is_sent_is_taken_by_no_node(two_nodes, tmp_path: 
         if p.chunk == 1:
             seen["held"] = is_held(a.venvs / f"{key}.lock")
             (entry,) = inventory.scan_one(a.venvs, key).venvs
-            seen["gc"] = gc.remove_venv(a.venvs, entry)  # the reason it kept it, or None
+            seen["gc"] = removal.remove_venv(a.venvs, entry)  # the reason it kept it, or None
             os.rename(venv, moved)
 
     try:
@@ -684,7 +687,7 @@ def test_a_venv_with_wheels_built_for_its_node_goes_only_to_the_same_hardware(
 ) -> None:
     """uv builds `hostpkg` into a platform wheel on A. B (the same machine) takes the venv;
     node C, whose nvidia-smi shows a GPU that A lacks, refuses it and says why."""
-    from ray_uv_plugin.ship import ship
+    from ray_uv_plugin.ship.transfer import ship
     from tests.test_build_target import fake_tool, host_package_project
 
     cluster, _, b = two_nodes
@@ -713,7 +716,7 @@ UV_RUN_DRIVER = textwrap.dedent(
     """\
     import json, sys
     import ray
-    from ray_uv_plugin.prepare import alive_nodes, prepare_nodes
+    from ray_uv_plugin.ops.prepare import alive_nodes, prepare_nodes
 
     # As under `uv run` on a laptop: the job's py_executable and this driver's interpreter are
     # paths that the cluster's nodes do not have.

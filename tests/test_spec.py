@@ -2,7 +2,7 @@
 
 import pytest
 
-from ray_uv_plugin.spec import (
+from ray_uv_plugin.agent.spec import (
     FIELD_NAMES,
     UvProject,
     UvProjectSpec,

@@ -17,21 +17,13 @@ from unittest.mock import ANY
 
 import pytest
 
-from ray_uv_plugin.lockfile import BuildLock, DiskFullError
-from ray_uv_plugin.project import load_project
-from ray_uv_plugin.request import make_request
-from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.trust import TRUSTED_GROUP_ENV, UntrustedPathError, check_root, make_root
-from ray_uv_plugin.venv_cache import (
-    MARKER,
-    VENV_DIR_ENV,
-    Outcome,
-    ensure_venv,
-    lock_path,
-    lookup,
-    read_marker,
-    venv_root,
-)
+from ray_uv_plugin.agent.builder import Outcome, ensure_venv, lookup
+from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.request import make_request
+from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.store.build_lock import BuildLock, DiskFullError
+from ray_uv_plugin.store.layout import MARKER, VENV_DIR_ENV, lock_path, read_marker, venv_root
+from ray_uv_plugin.store.trust import TRUSTED_GROUP_ENV, UntrustedPathError, check_root, make_root
 from tests.uvproject import write_project
 
 
@@ -168,7 +160,7 @@ def test_a_second_user_cannot_use_or_build_in_our_venv_dir(other_user):
     python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
     code = (
         "import sys; from pathlib import Path\n"
-        "from ray_uv_plugin.trust import check_root, UntrustedPathError\n"
+        "from ray_uv_plugin.store.trust import check_root, UntrustedPathError\n"
         "try:\n    check_root(Path(sys.argv[1]))\n"
         "except UntrustedPathError as e:\n    print(e); sys.exit(3)\n"
     )
@@ -260,7 +252,7 @@ def test_the_plugin_gives_workers_the_resolved_python(project, tmp_path, monkeyp
     `RAY_UV_PLUGIN_VENV` it sets are under the link's target, not the link."""
     from ray._private.runtime_env.context import RuntimeEnvContext
 
-    from ray_uv_plugin.plugin import VENV_ENV, UvProjectPlugin
+    from ray_uv_plugin.agent.plugin import VENV_ENV, UvProjectPlugin
 
     shared = sticky_dir(tmp_path)
     private = private_root(tmp_path)

@@ -13,6 +13,17 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.request import make_request
+from ray_uv_plugin.agent.spec import (
+    UvProject,
+    UvProjectSpecError,
+    is_uv_run_interpreter,
+    parse_spec,
+    yields_to,
+)
+from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.agent.uv_run import _IGNORED, _UNMAPPABLE, read_uv_run, split_options
 from ray_uv_plugin.driver_hook import (
     HOOK_PATH,
     PORTABLE_HOOK,
@@ -21,18 +32,7 @@ from ray_uv_plugin.driver_hook import (
     THIS_HOOK,
     hook_settings,
 )
-from ray_uv_plugin.project import load_project
-from ray_uv_plugin.request import make_request
 from ray_uv_plugin.schema import load_schema
-from ray_uv_plugin.spec import (
-    UvProject,
-    UvProjectSpecError,
-    is_uv_run_interpreter,
-    parse_spec,
-    yields_to,
-)
-from ray_uv_plugin.uv import find_uv
-from ray_uv_plugin.uv_run import _IGNORED, _UNMAPPABLE, read_uv_run, split_options
 
 PY = "3.11.7"
 ROOT = Path(__file__).resolve().parents[1]

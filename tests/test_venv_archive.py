@@ -1,4 +1,4 @@
-"""The ship stream's format without Ray (`venv_archive`): hostile streams, built by hand with
+"""The ship stream's format without Ray (`ship.archive`): hostile streams, built by hand with
 `tarfile` and correctly hashed, fed to a real `Unpacker`; the packer on trees that change under
 it; and relocation of real uv venvs (real uv, a real console script) between paths of each of
 uv's shebang forms. Ray's side of shipping is in tests/test_ship.py.
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin import venv_archive
-from ray_uv_plugin.uv import find_uv
-from ray_uv_plugin.venv_archive import ArchiveError, Packer, Unpacker
-from ray_uv_plugin.venv_cache import install_received
+from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.ship import archive
+from ray_uv_plugin.ship.archive import ArchiveError, Packer, Unpacker
+from ray_uv_plugin.ship.install import install_received
 
 KEY = "0123456789abcdef"
 OTHER_KEY = "fedcba9876543210"
@@ -62,7 +62,7 @@ def tar_bytes(members: list[Member], manifest: bool = True, end: bool = True) ->
     for info, data in members:
         tar.addfile(info, io.BytesIO(data) if data is not None else None)
     if manifest:
-        venv_archive.write_manifest(tar, [info for info, _ in members])
+        archive.write_manifest(tar, [info for info, _ in members])
     if end:
         tar.close()
     return buf.getvalue()
@@ -180,7 +180,7 @@ def test_a_fifo_or_device_is_refused(tmp_path: Path) -> None:
 
 def test_the_sender_marker_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ArchiveError, match="the sender's marker"):
-        feed(tmp_path / "v", tar_bytes(SKELETON + [f(venv_archive.MARKER, b"{}")]))
+        feed(tmp_path / "v", tar_bytes(SKELETON + [f(archive.MARKER, b"{}")]))
 
 
 @pytest.mark.parametrize("key", ["../../evil", "k" * 16, KEY + "/..", KEY.upper(), ""])
@@ -216,7 +216,7 @@ def test_a_venv_dir_whose_path_uv_would_quote_receives_nothing(tmp_path: Path) -
         Unpacker(root, KEY, "test")
     assert os.listdir(root) == []
     with pytest.raises(ArchiveError, match="the venv's new path"):
-        venv_archive.relocate(tmp_path, f"/old/{KEY}", str(root / KEY))
+        archive.relocate(tmp_path, f"/old/{KEY}", str(root / KEY))
 
 
 def test_relocate_never_follows_a_link_out_of_the_venv(tmp_path: Path) -> None:
@@ -228,11 +228,11 @@ def test_relocate_never_follows_a_link_out_of_the_venv(tmp_path: Path) -> None:
     venv.mkdir()
     (venv / "bin").symlink_to(outside)
     with pytest.raises(ArchiveError, match="bin is not a directory"):
-        venv_archive.relocate(venv, old, new)
+        archive.relocate(venv, old, new)
     (venv / "bin").unlink()
     (venv / "bin").mkdir()
     (venv / "bin" / "script").symlink_to(outside / "script")
-    assert venv_archive.relocate(venv, old, new) == 0
+    assert archive.relocate(venv, old, new) == 0
     assert (outside / "script").read_text() == f"#!{old}/bin/python\n"
 
 
@@ -256,9 +256,9 @@ def test_a_stream_bigger_than_the_limits_is_refused(
 def test_the_limits_are_those_the_docs_give() -> None:
     docs = (Path(__file__).parents[1] / "docs" / "operations.md").read_text()
     text = " ".join(docs.split())
-    gib = venv_archive.MAX_BYTES // 1024**3
-    assert f"{venv_archive.MAX_MEMBERS:,} members or {gib} GiB" in text
-    assert f"after {venv_archive.STALL_SECONDS / 60:.0f} minutes without progress" in text
+    gib = archive.MAX_BYTES // 1024**3
+    assert f"{archive.MAX_MEMBERS:,} members or {gib} GiB" in text
+    assert f"after {archive.STALL_SECONDS / 60:.0f} minutes without progress" in text
 
 
 def test_a_huge_tar_header_is_refused_before_it_is_read(tmp_path: Path) -> None:
@@ -346,7 +346,7 @@ def test_a_stream_that_differs_from_its_manifest_is_refused(tmp_path: Path) -> N
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for info, data in listed[:-1]:  # lib/b is missing
             tar.addfile(info, io.BytesIO(data) if data is not None else None)
-        venv_archive.write_manifest(tar, [info for info, _ in listed])
+        archive.write_manifest(tar, [info for info, _ in listed])
     with pytest.raises(ArchiveError, match="holds 4 members; the sender's manifest lists 5"):
         feed(tmp_path / "v", buf.getvalue())
 
@@ -362,11 +362,11 @@ def fake_venv(path: Path) -> Path:
     os.link(path / "b" / "pkg.py", path / "b" / "same.py")
     (path / "lib").mkdir()
     (path / "lib64").symlink_to("lib")
-    (path / venv_archive.MARKER).write_text('{"key": "x"}')
+    (path / archive.MARKER).write_text('{"key": "x"}')
     return path
 
 
-def pack_all(packer: Packer) -> list[venv_archive.Chunk]:
+def pack_all(packer: Packer) -> list[archive.Chunk]:
     chunks = [packer.next_chunk()]
     while not chunks[-1].last:
         chunks.append(packer.next_chunk())
@@ -385,7 +385,7 @@ def test_a_packed_tree_arrives_whole_with_its_links_and_times(tmp_path: Path) ->
         unpacker.add(c.index, c.sha256, c.data)
     got = unpacker.finish(len(chunks), packer.total, packer.whole_sha256)
     expected = tree(venv)
-    del expected[venv_archive.MARKER]
+    del expected[archive.MARKER]
     assert tree(got) == expected  # no manifest, no marker, the same links
     assert (got / "a" / "big").read_bytes() == (venv / "a" / "big").read_bytes()
     assert os.stat(got / "b" / "pkg.py").st_ino == os.stat(got / "b" / "same.py").st_ino
@@ -420,7 +420,7 @@ def test_a_venv_replaced_while_it_is_packed_fails_the_pack(tmp_path: Path) -> No
 
 def test_a_venv_re_marked_while_it_is_packed_fails_the_pack(tmp_path: Path) -> None:
     venv = fake_venv(tmp_path / KEY)
-    remark = lambda: (venv / venv_archive.MARKER).write_text('{"key": "y"}')  # noqa: E731
+    remark = lambda: (venv / archive.MARKER).write_text('{"key": "y"}')  # noqa: E731
     assert "was renamed, replaced or rebuilt" in str(changed_mid_pack(venv, remark))
 
 
@@ -490,6 +490,6 @@ def test_a_relocated_venv_has_the_scripts_uv_writes_for_its_new_path(
 
 def test_shebang_takes_uv_s_form_at_its_limit() -> None:
     exe = b"/" + b"x" * 123
-    assert venv_archive.shebang(exe) == b"#!" + exe  # 2 + 124 + 1 = 127 bytes: still plain
-    assert venv_archive.shebang(exe + b"y").startswith(b"#!/bin/sh\n'''exec' '/xxx")
-    assert venv_archive.shebang(b"/a b/python").startswith(b"#!/bin/sh\n")
+    assert archive.shebang(exe) == b"#!" + exe  # 2 + 124 + 1 = 127 bytes: still plain
+    assert archive.shebang(exe + b"y").startswith(b"#!/bin/sh\n'''exec' '/xxx")
+    assert archive.shebang(b"/a b/python").startswith(b"#!/bin/sh\n")

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import ray
 
-from ray_uv_plugin.project import ProjectError, load_project
-from ray_uv_plugin.spec import parse_spec
-from ray_uv_plugin.uv import UV_ENV_VAR, UvSyncError
-from ray_uv_plugin.venv_cache import MARKER, ensure_venv, read_marker
+from ray_uv_plugin.agent.builder import ensure_venv
+from ray_uv_plugin.agent.project import ProjectError, load_project
+from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.agent.uv import UV_ENV_VAR, UvSyncError
+from ray_uv_plugin.store.layout import MARKER, read_marker
 from tests.uvproject import CountingUv, write_project
 
 
@@ -127,7 +128,7 @@ def test_checks_before_uv_runs(project, tmp_path, counting_uv):
 
 def _break(venv: Path, how: str) -> None:
     """Damage a ready venv the way an operator or a crashed disk might."""
-    from ray_uv_plugin.trust import remove_tree, thaw
+    from ray_uv_plugin.store.trust import remove_tree, thaw
 
     site = next(venv.glob("lib/python*/site-packages"))
     thaw(venv)  # the plugin leaves venvs read-only

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import ray
 
-from ray_uv_plugin.uv import find_uv
+from ray_uv_plugin.agent.uv import find_uv
 
 RAY_PIN = f"ray=={ray.__version__}"
 

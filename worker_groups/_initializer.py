@@ -55,7 +55,9 @@ def _call_configure(cls: Any, **available: Any) -> tuple[dict, dict, dict, dict]
     return resources or {}, env_vars or {}, init_kwargs or {}, (rest[0] if rest else None) or {}
 
 
-# Set by the plugin in every process it starts in a venv (`ray_uv_plugin.plugin.VENV_ENV`).
+# Set by the plugin in every process it starts in a venv: `ray_uv_plugin.store.layout.VENV_ENV`,
+# written out because this module runs where ray_uv_plugin may not be (tests/test_layout.py
+# checks that the two agree).
 PLUGIN_VENV_ENV = "RAY_UV_PLUGIN_VENV"
 # How a node gets the plugin: the `--shell` form adds it to the plugins the node registers already.
 PLUGIN_FIX = (

@@ -48,9 +48,10 @@ def plan_sharded_dispatch(
     output_is_replicated: Sequence[str] = (),
     make_dummy_calls_to_free_axes: bool = False,
 ) -> DispatchPlan:
-    """The seed's rules: a sharded axis picks the worker's slice, a replicated axis sends the
-    same slice to every index on it, a free axis (in neither list) sends data only to index 0.
-    Results come back from index 0 of free axes and of ``output_is_replicated`` axes."""
+    """The rules of NeMo RL's documented API: a sharded axis picks the worker's slice, a
+    replicated axis sends the same slice to every index on it, a free axis (in neither list)
+    sends data only to index 0. Results come back from index 0 of free axes and of
+    ``output_is_replicated`` axes."""
     sharded = sharding.check_axes(in_sharded_axes, "in_sharded_axes")
     replicated = sharding.check_axes(replicate_on_axes, "replicate_on_axes")
     out_rep = sharding.check_axes(output_is_replicated, "output_is_replicated")

@@ -28,7 +28,8 @@ def dedup_indices(
     """Positions in ``futures`` whose results are returned, in order.
 
     With ``return_from_workers`` the dispatch already chose; otherwise keep the first result of
-    each tied group (the seed's rule), or everything when no group mapping is known.
+    each tied group (as NeMo RL's documented API says), or everything when no group mapping is
+    known.
     ``called_workers[i]`` is the worker of future ``i`` (``i`` itself when not given).
     """
     workers = list(called_workers) if called_workers is not None else list(range(num_futures))

@@ -27,6 +27,7 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
+from ray_uv_plugin.store.layout import VENV_ENV
 from worker_groups._helper_tasks import helper_runtime_env
 from worker_groups._initializer import PLUGIN_FIX, worker_venv_report
 from worker_groups.builder import (
@@ -68,7 +69,7 @@ DRIVER_RAY_VARS = frozenset(
 )
 # The driver's own venv (NeMo RL sets the first two to the worker's venv; the plugin empties them),
 # and the plugin's mark of a worker it started in a venv, which a copy would fake.
-DRIVER_VENV_VARS = frozenset({"VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", "RAY_UV_PLUGIN_VENV"})
+DRIVER_VENV_VARS = frozenset({"VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", VENV_ENV})
 
 
 def driver_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -92,7 +93,7 @@ def driver_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 def job_default_uv_project(runtime_env: dict[str, Any]) -> dict[str, Any] | None:
     """The job's default `uv_project` (our `uv run` driver hook's), which workers with
     `runtime_env` and no `uv_project` of their own run in; None where they run elsewhere."""
-    from ray_uv_plugin.spec import parse_spec, yields_to
+    from ray_uv_plugin.agent.spec import parse_spec, yields_to
 
     value = ray.get_runtime_context().runtime_env.get("uv_project")
     if not isinstance(value, dict):
@@ -130,7 +131,7 @@ def runs_outside_its_venv(report: dict[str, Any]) -> bool:
     plugin's own reading, and yet no venv. A job default that yields to the worker's own
     interpreter (`yields_to`) applies to none; a value the plugin would refuse means that no
     plugin saw it."""
-    from ray_uv_plugin.spec import parse_spec, yields_to
+    from ray_uv_plugin.agent.spec import parse_spec, yields_to
 
     if report["venv"]:
         return False
@@ -293,14 +294,14 @@ class RayWorkerGroup:
 
     def _prepare_env(self, runtime_env: dict[str, Any], pgs: list) -> None:
         """Before any worker starts: build the workers' uv_project env on one of the group's
-        nodes and ship it to the others (`ray_uv_plugin.prepare`), as `ray-uv prepare` does.
+        nodes and ship it to the others (`ray_uv_plugin.ops.prepare`), as `ray-uv prepare` does.
         Nodes that have it already cost one small task each; off with RAY_UV_PLUGIN_SHIP=0.
         Workers without a uv_project of their own under a `uv run` driver run in the job's
         default env (`job_default_uv_project`): that one is prepared then."""
         from ray.util import placement_group_table
 
-        from ray_uv_plugin.prepare import prepare_nodes
-        from ray_uv_plugin.ship import shipping_enabled
+        from ray_uv_plugin.ops.prepare import outcome_counts, prepare_nodes
+        from ray_uv_plugin.ship.transfer import shipping_enabled
 
         value = runtime_env.get("uv_project") or job_default_uv_project(runtime_env)
         if value is None or not shipping_enabled():
@@ -322,14 +323,13 @@ class RayWorkerGroup:
             runtime_env=helper_runtime_env(),
             probe_env={**runtime_env, "uv_project": value},
         )
-        counts = {o: sum(r.outcome == o for r in results) for o in ("built", "shipped", "reused")}
         logger.info(
             "%s: uv_project env ready on %d of %d nodes in %.2fs (%s)",
             what,
             sum(r.ok for r in results),
             len(results),
             time.perf_counter() - start,
-            ", ".join(f"{n} {o}" for o, n in counts.items()),
+            outcome_counts(results),
         )
 
     def _remaining(self, start: float) -> float | None:

@@ -29,7 +29,7 @@ ray_version="$("$python" -c 'import ray; print(ray.__version__)')"
 
 # What the nodes need at run time: the CLI, the plugin importable by Ray, and a uv binary.
 "$bin/ray-uv" plugin-config >/dev/null
-"$python" -c 'import ray_uv_plugin.plugin'
+"$python" -c 'import ray_uv_plugin.agent.plugin'
 "$python" -m uv --version
 
 if [ -n "${EXPECT_PLUGIN_DIR:-}" ]; then

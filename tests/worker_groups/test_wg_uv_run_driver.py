@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.uv import find_uv
-from ray_uv_plugin.venv_cache import MARKER
+from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.store.layout import MARKER
 from tests.uvproject import CountingUv, write_project
 from tests.worker_groups.conftest import WORKER_ENV
 

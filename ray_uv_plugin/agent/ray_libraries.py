@@ -23,6 +23,8 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from ray_uv_plugin.store.layout import DIST_INFO, ray_dist_info, site_packages
+
 # The agent names the per-request logger `runtime_env_<job_id>`, and Ray's client proxier asks
 # for a SpecificServer's env with job_id `ray_client_server_<port>` (Ray 2.60,
 # ray/util/client/server/proxier.py and runtime_env_agent.py): the one request whose worker is
@@ -112,14 +114,6 @@ class Missing:
         )
 
 
-def site_packages(venv: Path) -> Path | None:
-    found = sorted(Path(venv).glob("lib/python*/site-packages"))
-    return found[0] if found else None
-
-
-_DIST_INFO = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)\.dist-info$")
-
-
 def installed_distributions(site: Path) -> dict[str, str]:
     """Canonical distribution name -> version, from the `*.dist-info` dir names (one listdir)."""
     found: dict[str, str] = {}
@@ -128,17 +122,10 @@ def installed_distributions(site: Path) -> dict[str, str]:
     except OSError:
         return found
     for name in names:
-        m = _DIST_INFO.match(name)
+        m = DIST_INFO.match(name)
         if m:
             found[canonicalize_name(m["name"])] = m["version"]
     return found
-
-
-def _ray_dist_info(site: Path) -> Path | None:
-    for path in sorted(site.glob("ray-*.dist-info")):
-        if _DIST_INFO.match(path.name):
-            return path
-    return None
 
 
 def extra_distributions(requires: Iterable[str], extra: str) -> tuple[str, ...]:
@@ -240,11 +227,11 @@ def _no_ray(venv: Path) -> str:
 
 
 def _library_status(venv: Path, site: Path, libraries: Sequence[Library]) -> list[Status]:
-    dist_info = _ray_dist_info(site)
+    dist_info = ray_dist_info(venv)
     if dist_info is None:
         raise ValueError(_no_ray(venv))
     installed = installed_distributions(site)
-    version = _DIST_INFO.match(dist_info.name)["version"]  # type: ignore[index]
+    version = DIST_INFO.match(dist_info.name)["version"]  # type: ignore[index]
     try:
         requires = _requires_from_metadata((dist_info / "METADATA").read_text("utf-8"))
     except OSError as e:

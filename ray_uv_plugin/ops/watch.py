@@ -26,8 +26,8 @@ from pathlib import Path
 from time import sleep
 from typing import Any, NoReturn
 
-from ray_uv_plugin import prepare
-from ray_uv_plugin.prepare import NodeResult
+from ray_uv_plugin.ops import prepare
+from ray_uv_plugin.ops.prepare import NodeResult
 
 DEFAULT_INTERVAL = 10.0
 MIN_INTERVAL = 2.0  # each poll is one GCS call listing every node: not a busy loop
@@ -73,7 +73,7 @@ def watch_nodes(
     round."""
     import ray
 
-    from ray_uv_plugin import ship as shipping
+    from ray_uv_plugin.ship import transfer as shipping
 
     ship = shipping.shipping_enabled() if ship is None else ship
     here = ray.get_runtime_context().get_node_id()

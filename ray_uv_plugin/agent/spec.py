@@ -42,6 +42,12 @@ class UvProjectSpec:
     # interpreter (see `yields_to`). Not part of the key: it changes no package.
     job_default: bool = False
 
+    @property
+    def resolves(self) -> bool:
+        """Whether uv resolves anew (neither `--locked` nor `--frozen`): the index settings then
+        shape the venv (they are keyed), and the build re-locks in a scratch copy."""
+        return not (self.locked or self.frozen)
+
     def sync_args(self) -> list[str]:
         """The `uv sync` flags that select exactly this environment."""
         args = ["--frozen"] if self.frozen else (["--locked"] if self.locked else [])

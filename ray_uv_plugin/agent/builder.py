@@ -1,14 +1,7 @@
-"""Venvs on disk, one per key: found without a subprocess, built once under a file lock.
+"""The builder: the venv of a request, reused if ready, else built once under its key's lock.
 
-Layout under the venv dir (`RAY_UV_PLUGIN_VENV_DIR`, absolute, private to this user: `trust`):
-    <key>/                 the venv, made by `uv sync` with UV_PROJECT_ENVIRONMENT=<key>,
-                           read-only once built
-    <key>/.ray-uv-ready    JSON metadata naming <key>, written last: only a venv with it is used
-    <key>.lock             the build lock (`lockfile`), held while uv runs; it holds the pid of
-                           its last holder and is the record that the plugin made <key>
-
-A ready venv is checked on every use (a few `stat`s): trusted, marker whole and naming its key,
-interpreter and site-packages present; if not, it is rebuilt. Builds are bounded
+Where venvs live and when one is ready is `store.layout`; this module finds a ready venv
+without a subprocess (the warm path) and otherwise runs `uv sync` into `<key>`. Builds are bounded
 (`RAY_UV_PLUGIN_BUILD_TIMEOUT_S`), run in a thread of their own so that a slow build never holds
 up another key, and waits for another build of the same key are bounded and cancellable.
 """
@@ -17,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import logging
 import os
 import shutil
@@ -29,12 +21,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ray_uv_plugin import failed_builds, trust, venv_archive
-from ray_uv_plugin import project as project_files
-from ray_uv_plugin.lockfile import BuildLock
-from ray_uv_plugin.project import (
+from ray_uv_plugin.agent import failed_builds
+from ray_uv_plugin.agent import project as project_files
+from ray_uv_plugin.agent.project import (
     ProjectError,
     ProjectFiles,
     check_ray_pin,
@@ -42,56 +32,21 @@ from ray_uv_plugin.project import (
     project_name,
     refers_to_project_path,
 )
-from ray_uv_plugin.request import VenvRequest, make_request
-from ray_uv_plugin.spec import UvProjectSpec
-from ray_uv_plugin.uv import UvSyncError, UvTimeout, find_uv, run_uv, sync_failure
-
-VENV_DIR_ENV = "RAY_UV_PLUGIN_VENV_DIR"
-BUILD_TIMEOUT_ENV = "RAY_UV_PLUGIN_BUILD_TIMEOUT_S"
-DEFAULT_BUILD_TIMEOUT = 1800.0  # a vLLM + torch env from a cold cache, on a slow link
-LOCK_MARGIN = 60.0  # a waiter gives up this long after the build it waits for must have ended
-MARKER = venv_archive.MARKER
-MARKER_FORMAT = 1
-DEFAULT_VENV_DIR = Path("~/.cache/ray-uv-plugin/venvs")
-
-
-class VenvDirError(ValueError):
-    """A node setting of ours that cannot be used; says what to set."""
-
-
-def venv_root() -> Path:
-    """The venv dir, with the symlinks on its way that we trust resolved (`trust.resolve_root`),
-    so that a link changed later cannot move the venvs that workers were handed."""
-    root = Path(os.environ.get(VENV_DIR_ENV) or DEFAULT_VENV_DIR).expanduser()
-    if not root.is_absolute():
-        raise VenvDirError(
-            f"uv_project: {VENV_DIR_ENV}={str(root)!r} is relative, so it would mean another "
-            "directory in every worker and session: set an absolute path in the environment "
-            "of `ray start` on every node."
-        )
-    try:
-        return trust.resolve_root(root, must_exist=False)
-    except OSError:
-        return root  # as given: `trust.check_root`, which every use of it passes, says why
-
-
-def build_timeout() -> float:
-    value = os.environ.get(BUILD_TIMEOUT_ENV)
-    if not value:
-        return DEFAULT_BUILD_TIMEOUT
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1
-    if seconds <= 0:
-        raise VenvDirError(
-            f"uv_project: {BUILD_TIMEOUT_ENV}={value!r} must be a number of seconds > 0."
-        )
-    return seconds
-
-
-def lock_path(root: Path, key: str) -> Path:
-    return root / f"{key}.lock"
+from ray_uv_plugin.agent.request import VenvRequest, make_request
+from ray_uv_plugin.agent.spec import UvProjectSpec
+from ray_uv_plugin.agent.uv import UvSyncError, UvTimeout, find_uv, run_uv, sync_failure
+from ray_uv_plugin.store import trust
+from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, LOCK_MARGIN, BuildLock, build_timeout
+from ray_uv_plugin.store.layout import (
+    MARKER_FORMAT,
+    check_ready,
+    installed_ray_version,
+    lock_path,
+    remove_leftovers,
+    site_packages,
+    venv_root,
+    write_marker,
+)
 
 
 @dataclass(frozen=True)
@@ -105,70 +60,6 @@ class Outcome:
     @property
     def python(self) -> Path:
         return self.path / "bin" / "python"
-
-
-def read_marker(venv: Path) -> dict[str, Any] | None:
-    """The marker's metadata if it is a trusted regular file holding a JSON object; else None.
-    Never raises: `list` and `gc` read markers of every state."""
-    try:
-        return _read_marker(venv)
-    except (OSError, ValueError):
-        return None
-
-
-def _read_marker(venv: Path, touch: bool = False) -> dict[str, Any] | None:
-    try:
-        fd = trust.open_no_follow(venv / MARKER)
-    except FileNotFoundError:
-        return None
-    try:
-        trust.check_fd(venv / MARKER, fd, "the venv's marker")
-        data = os.read(fd, 1 << 20)
-        if touch:
-            try:
-                os.utime(fd)  # its mtime is the venv's last use, for `gc`
-            except PermissionError:
-                # Another member's venv in a trusted-group venv dir: its lock file, which the
-                # group may write, records the use instead (`gc` reads the later of the two).
-                try:
-                    os.utime(lock_path(venv.parent, venv.name), follow_symlinks=False)
-                except OSError:
-                    pass  # a read-only shared venv dir: usable, its last use goes unrecorded
-    finally:
-        os.close(fd)
-    meta = json.loads(data.decode("utf-8"))
-    if not isinstance(meta, dict):
-        raise ValueError("not a JSON object")
-    return meta
-
-
-def check_ready(root: Path, key: str) -> str | None:
-    """None if `<root>/<key>` is a ready venv we may use (and marks it used); else why not:
-    `absent`, or what is wrong with it. Raises `UntrustedPathError` for what we must not touch.
-    """
-    venv = root / key
-    try:
-        trust.check_dir(venv, "the venv")
-    except FileNotFoundError:
-        return "absent"
-    try:
-        meta = _read_marker(venv, touch=True)
-    except trust.WrongTypeError:
-        return "its marker is not a regular file"
-    except trust.UntrustedPathError:
-        raise
-    except (OSError, ValueError) as e:
-        return f"its marker is unreadable ({e})"
-    if meta is None:
-        return "no marker (an unfinished build)"
-    if meta.get("key") != key or meta.get("format") != MARKER_FORMAT:
-        return f"its marker names key {meta.get('key')!r}, format {meta.get('format')!r}"
-    if not os.path.exists(venv / "bin" / "python"):
-        return "bin/python is missing or its interpreter is gone"
-    site = meta.get("site_packages")
-    if not isinstance(site, str) or not os.path.isdir(venv / site):
-        return f"{site or 'site-packages'} is missing"
-    return None
 
 
 def lookup(request: VenvRequest, root: Path) -> Outcome | None:
@@ -329,9 +220,9 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
     check_ray_pin(files, ray.__version__)
     if os.path.lexists(venv):
         trust.remove_tree(venv)
-    venv_archive.remove_leftovers(venv.parent, venv.name)  # of a receive that died
+    remove_leftovers(venv.parent, venv.name)  # of a receive that died
     project_fd = os.open(files.path, os.O_RDONLY | os.O_DIRECTORY)  # to tell if it is replaced
-    scratch = _scratch_project(request, venv.parent) if not (spec.locked or spec.frozen) else None
+    scratch = _scratch_project(request, venv.parent) if spec.resolves else None
     project_dir = scratch or files.path
     args = ["sync", "--project", str(project_dir), *spec.sync_args(), "--python", sys.executable]
     for name in project_files.copied_source_names(files):  # uv caches their builds by mtime
@@ -427,17 +318,11 @@ def _scratch_project(request: VenvRequest, root: Path) -> Path:
     return scratch
 
 
-def installed_ray_version(venv: Path) -> str | None:
-    for dist_info in venv.glob("lib/python*/site-packages/ray-*.dist-info"):
-        return dist_info.name[len("ray-") : -len(".dist-info")]
-    return None
-
-
 def _site_packages(venv: Path) -> str:
-    found = sorted(venv.glob("lib/python*/site-packages"))
-    if not found:
+    site = site_packages(venv)
+    if site is None:
         raise UvSyncError(f"uv_project: uv made {venv} without a site-packages dir.")
-    return str(found[0].relative_to(venv))
+    return str(site.relative_to(venv))
 
 
 def _write_marker(venv: Path, request: VenvRequest, seconds: float, immutable: bool) -> None:
@@ -462,33 +347,3 @@ def _write_marker(venv: Path, request: VenvRequest, seconds: float, immutable: b
             "inputs": request.inputs,
         },
     )
-
-
-def write_marker(venv: Path, meta: Mapping[str, Any]) -> None:
-    """Written last, then the venv's top dir is made read-only too."""
-    tmp = venv / f"{MARKER}.tmp"
-    fd = trust.open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    with os.fdopen(fd, "w") as f:
-        json.dump(meta, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, venv / MARKER)
-    os.chmod(venv, os.lstat(venv).st_mode & 0o7555)
-
-
-def install_received(root: Path, key: str, tree: Path, meta: Mapping[str, Any]) -> None:
-    """Make a venv unpacked from another node (`ship`, checked whole) the ready `<key>`: the
-    caller holds the key's build lock. Renamed into place, frozen, then marked, as builds are."""
-    old = venv_archive.check_sender_venv(str(meta["venv"]), key)  # the sender's say: checked
-    venv = root / key
-    if os.path.lexists(venv):  # not ready, or the caller would not have unpacked it
-        trust.remove_tree(venv)
-    venv_archive.relocate(tree, old, str(venv))
-    os.rename(tree, venv)
-    try:
-        immutable = trust.freeze(venv)
-        marker = {k: v for k, v in meta.items() if k != "venv"}
-        write_marker(venv, {**marker, "key": key, "immutable": immutable})
-    except BaseException:
-        trust.remove_tree(venv)
-        raise

@@ -29,8 +29,9 @@ import threading
 import time
 from pathlib import Path
 
-from ray_uv_plugin.request import VenvRequest
-from ray_uv_plugin.uv import find_uv
+from ray_uv_plugin.agent.request import VenvRequest
+from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.store.layout import seconds_setting
 
 REMEMBER_SECONDS = 60.0  # the default of `MEMO_ENV`
 MEMO_ENV = "RAY_UV_PLUGIN_FAILED_BUILD_MEMO_S"
@@ -43,17 +44,11 @@ _guard = threading.Lock()  # builds fail in threads of their own
 
 def remember_seconds() -> float:
     """How long a failure is remembered: `RAY_UV_PLUGIN_FAILED_BUILD_MEMO_S`, else 60 s."""
-    value = os.environ.get(MEMO_ENV)
-    if not value:
-        return REMEMBER_SECONDS
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
+    seconds = seconds_setting(MEMO_ENV, REMEMBER_SECONDS, lambda s: 0 <= s < float("inf"))
+    if seconds is None:
         raise ValueError(
-            f"uv_project: {MEMO_ENV}={value!r} must be a number of seconds >= 0 (0: Ray's "
-            "retries of a failed setup run uv again) in the environment of `ray start`."
+            f"uv_project: {MEMO_ENV}={os.environ[MEMO_ENV]!r} must be a number of seconds >= 0 "
+            "(0: Ray's retries of a failed setup run uv again) in the environment of `ray start`."
         )
     return seconds
 

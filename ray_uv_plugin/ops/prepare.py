@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.project import load_project
-from ray_uv_plugin.spec import parse_spec
+from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.spec import parse_spec
 
 # Not shipped with the project: Ray's working_dir upload has a size limit and needs none of it.
 EXCLUDES = [".venv", ".git", "__pycache__", "*.pyc", ".ruff_cache", ".pytest_cache"]
@@ -56,8 +56,8 @@ class NodeResult:
     @property
     def summary(self) -> str:
         """`shipped 1.8GiB in 12.40s`, `built in 40.20s (not shipped: ...)`, `reused`, ..."""
-        from ray_uv_plugin.inventory import format_bytes
-        from ray_uv_plugin.uv import format_duration
+        from ray_uv_plugin.agent.uv import format_duration
+        from ray_uv_plugin.ops.units import format_bytes
 
         took = format_duration(self.seconds)
         if self.outcome == "shipped":
@@ -89,6 +89,12 @@ class NodeResult:
         }
 
 
+def outcome_counts(results: Sequence[NodeResult]) -> str:
+    """`2 built, 5 shipped, 1 reused`: how the nodes of a prepare got their venv."""
+    counts = {o: sum(r.outcome == o for r in results) for o in ("built", "shipped", "reused")}
+    return ", ".join(f"{n} {o}" for o, n in counts.items())
+
+
 def job_runtime_env(project: Path, shared: bool) -> dict[str, Any] | None:
     """The driver's job-level runtime_env: the project is shipped as working_dir unless every
     node already sees it at the same path (`--shared`).
@@ -105,7 +111,7 @@ def uv_project_value(
     project: Path, shared: bool, extras: list[str], groups: list[str], flags: Mapping[str, bool]
 ) -> dict[str, Any]:
     """The `uv_project` value for the probe tasks, checked here before any node sees it."""
-    from ray_uv_plugin.spec import UvProject
+    from ray_uv_plugin.agent.spec import UvProject
 
     value = UvProject(
         project=str(project) if shared else None, extras=extras, groups=groups, **flags
@@ -115,7 +121,7 @@ def uv_project_value(
 
 def check_locally(project: Path, value: Mapping[str, Any], shared: bool) -> None:
     """Fail on the operator's machine, not on every node, for what the project files show."""
-    from ray_uv_plugin.project import check_request
+    from ray_uv_plugin.agent.project import check_request
 
     if not project.is_dir():
         if shared:
@@ -141,7 +147,7 @@ def lacks_plugin(address: str, python: str) -> str:
     return (
         f"uv_project: node {address} ran the worker in its own Python ({python}), not in a "
         "venv: its raylet does not load the uv_project plugin, so Ray ignored the field. "
-        "Restart that node with the plugin registered: `eval \"$(ray-uv plugin-config --shell)\"` "
+        'Restart that node with the plugin registered: `eval "$(ray-uv plugin-config --shell)"` '
         "before `ray start` (and ray-uv-plugin installed in its Python)."
     )
 
@@ -176,7 +182,7 @@ def init_unhooked(**kwargs: Any) -> None:
 def connect(address: str | None, runtime_env: dict[str, Any] | None) -> None:
     target = address or os.environ.get("RAY_ADDRESS") or "auto"
     hint = (
-        "start one with `eval \"$(ray-uv plugin-config --shell)\"; ray start --head`, "
+        'start one with `eval "$(ray-uv plugin-config --shell)"; ray start --head`, '
         "or pass --address (the GCS address `host:6379`, or set RAY_ADDRESS)."
     )
     reachable_or_die(target, hint)
@@ -230,7 +236,7 @@ def prepare_nodes(
     the others. `runtime_env`: for the shipping actors, which need the node's Ray Python.
     `probe_env`: the whole runtime_env the env's workers will have (its env_vars may shape the
     venv), default `{"uv_project": value}`."""
-    from ray_uv_plugin import ship as shipping
+    from ray_uv_plugin.ship import transfer as shipping
 
     probe_env = probe_env or {"uv_project": dict(value)}
     ship = shipping.shipping_enabled() if ship is None else ship
@@ -272,7 +278,7 @@ def ship_and_probe(
     build target, other uv settings, a failed receive) builds its own and its result says why.
     `prepare` ships from the node it built on; `ray-uv prepare --watch` from any node that
     has the env, to the nodes that joined since."""
-    from ray_uv_plugin import ship as shipping
+    from ray_uv_plugin.ship import transfer as shipping
 
     if source.key is None:
         raise ValueError(f"no venv to ship from {source.label}: {source}")
@@ -285,10 +291,10 @@ def ship_and_probe(
         [node_id for node_id, _ in nodes],
         settings={
             "env_vars": probe_env.get("env_vars") or {},
-            "resolves": not (spec.locked or spec.frozen),
+            "resolves": spec.resolves,
         },
         runtime_env=runtime_env,
-        chunk_bytes=chunk_bytes or shipping.venv_archive.CHUNK_BYTES,
+        chunk_bytes=chunk_bytes or shipping.archive.CHUNK_BYTES,
         timeout=timeout,
         on_progress=on_progress,
     )
@@ -334,7 +340,8 @@ def probe_nodes(
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from ray_uv_plugin import _probe
+    from ray_uv_plugin.ops import _probe
+    from ray_uv_plugin.store.layout import MARKER, VENV_ENV
 
     _probe.ship_by_value()
     probe = ray.remote(_probe.environment_report)
@@ -346,7 +353,7 @@ def probe_nodes(
             max_retries=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
             runtime_env=dict(probe_env),
-        ).remote()
+        ).remote((), VENV_ENV, MARKER)
         pending[ref] = (node_id, address)
     results = []
 

@@ -1,7 +1,8 @@
 """Code that runs inside a worker's uv venv, for `prepare` and `demo`.
 
 Those venvs hold the user's project, not ray_uv_plugin, so this module is shipped by value
-(`ship_by_value`): it may import only the standard library at module level.
+(`ship_by_value`): it may import only the standard library at module level, and the names it
+needs from the package (the venv variable, the marker's name) come as arguments.
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ import time
 from typing import Any
 
 
-def environment_report(packages: tuple[str, ...] = ()) -> dict[str, Any]:
-    """What the worker runs in: interpreter, venv, its ready-marker, and package versions."""
-    venv = os.environ.get("RAY_UV_PLUGIN_VENV")  # set by the plugin in every worker
+def environment_report(
+    packages: tuple[str, ...], venv_env: str, marker_name: str
+) -> dict[str, Any]:
+    """What the worker runs in: interpreter, venv, its ready-marker, and package versions.
+    `venv_env` and `marker_name` are `store.layout`'s `VENV_ENV` and `MARKER`."""
+    venv = os.environ.get(venv_env)  # set by the plugin in every worker
     marker: dict[str, Any] | None = None
     if venv:
         try:
-            with open(os.path.join(venv, ".ray-uv-ready")) as f:
+            with open(os.path.join(venv, marker_name)) as f:
                 marker = json.load(f)
         except (OSError, ValueError):
             marker = None
@@ -53,8 +57,8 @@ def was_built_within(report: dict[str, Any], seconds: float) -> bool:
 class Probe:
     """An actor that reports its environment; `demo` starts one per uv environment."""
 
-    def report(self, packages: tuple[str, ...] = ()) -> dict[str, Any]:
-        return environment_report(packages)
+    def report(self, packages: tuple[str, ...], venv_env: str, marker_name: str) -> dict[str, Any]:
+        return environment_report(packages, venv_env, marker_name)
 
     def banner(self, text: str) -> str:
         try:

@@ -1,4 +1,4 @@
-"""The Ray glue: the `uv_project` runtime_env plugin, over `request` and `venv_cache`."""
+"""The Ray glue: the `uv_project` runtime_env plugin, over `request` and `builder`."""
 
 from __future__ import annotations
 
@@ -11,24 +11,22 @@ from urllib.parse import urlparse
 from ray._private.runtime_env.context import RuntimeEnvContext
 from ray._private.runtime_env.plugin import RuntimeEnvPlugin
 
-from ray_uv_plugin.libraries import check_libraries
-from ray_uv_plugin.project import load_project, resolve_project_dir
-from ray_uv_plugin.request import make_request
-from ray_uv_plugin.spec import (
+from ray_uv_plugin.agent.builder import Outcome, ensure_venv_async
+from ray_uv_plugin.agent.project import load_project, resolve_project_dir
+from ray_uv_plugin.agent.ray_libraries import check_libraries
+from ray_uv_plugin.agent.request import make_request
+from ray_uv_plugin.agent.spec import (
     FIELD,
     check_siblings,
     is_uv_run_interpreter,
     parse_spec,
     yields_to,
 )
-from ray_uv_plugin.uv import format_duration
-from ray_uv_plugin.venv_cache import Outcome, ensure_venv_async, venv_root
+from ray_uv_plugin.agent.uv import format_duration
+from ray_uv_plugin.store.layout import VENV_ENV, venv_root
 
 default_logger = logging.getLogger(__name__)
 
-# Set in every worker: the venv it runs in (for `ray-uv gc`, which must not remove it, and for
-# the worker's own code).
-VENV_ENV = "RAY_UV_PLUGIN_VENV"
 # Emptied (uv reads an empty value as unset): pointing at the shared venv they would invite a
 # worker's `uv pip install` or `uv run` to change it for every later job, and inherited from the
 # raylet they would point at the node's own environment.

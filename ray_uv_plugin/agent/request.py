@@ -20,13 +20,12 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ray_uv_plugin import project as project_files
-from ray_uv_plugin.project import ProjectFiles
-from ray_uv_plugin.spec import UvProjectSpec
-from ray_uv_plugin.uv import uv_version
-from ray_uv_plugin.uv_env import keyed_settings, sync_environment
-
-KEY_LENGTH = 16
+from ray_uv_plugin.agent import project as project_files
+from ray_uv_plugin.agent.project import ProjectFiles
+from ray_uv_plugin.agent.spec import UvProjectSpec
+from ray_uv_plugin.agent.uv import uv_version
+from ray_uv_plugin.agent.uv_env import keyed_settings, sync_environment
+from ray_uv_plugin.store.layout import KEY_LENGTH
 
 
 def interpreter_tag() -> str:
@@ -61,12 +60,12 @@ def make_request(
     inputs = {
         "selection": spec.selection(),
         "pyproject": hashlib.sha256(files.pyproject).hexdigest(),
-        "lock": hashlib.sha256(files.lock).hexdigest(),
+        "lock": files.lock_digest,
         "config": project_files.config_files(files),
         "copied_sources": project_files.copied_sources(files),
         "interpreter": interpreter_tag(),
         "uv": uv_version(),
-        "env": keyed_settings(uv_env, resolves=not (spec.locked or spec.frozen)),
+        "env": keyed_settings(uv_env, resolves=spec.resolves),
         "project_path": str(files.path.resolve()) if refers else None,
     }
     blob = json.dumps(inputs, sort_keys=True).encode()

@@ -1,4 +1,5 @@
-"""`ray-uv demo`: a local Ray with the plugin, one actor per extra of `examples/demo_project`.
+"""`ray-uv demo`: a local Ray with the plugin, one actor per extra of `examples/demo_project`
+(the checkout's, or the copy in the wheel).
 
 What it shows: each actor runs in its own venv (its own `sys.executable`, only its extra's
 package), the first run builds each venv once, a second run reuses them in milliseconds.
@@ -14,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from ray_uv_plugin import PLUGINS_ENV, plugins_setting
-from ray_uv_plugin.prepare import EXCLUDES, init_unhooked
+from ray_uv_plugin.ops.prepare import EXCLUDES, init_unhooked
 from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
+from ray_uv_plugin.store.layout import MARKER, VENV_ENV
 
 DEMO_EXTRAS = ("banner", "toml")
 DEMO_PACKAGES = ("pyfiglet", "tomli-w", "ray")
-_REPO = Path(__file__).resolve().parents[1]
+# The wheel's copy of the checkout's examples/demo_project (pyproject's force-include); a
+# checkout has none here, and the package never looks for the checkout around it.
+PACKAGED = Path(__file__).resolve().parent / "demo_project"
 
 
 class DemoError(RuntimeError):
@@ -40,17 +44,15 @@ class EnvResult:
 
 
 def find_demo_project(project: Path | None = None) -> Path:
-    """`--project`, else `examples/demo_project` under the cwd or the source checkout."""
-    candidates = (
-        [project] if project else [Path("examples/demo_project"), _REPO / "examples/demo_project"]
-    )
+    """`--project`, else `examples/demo_project` under the cwd, else the copy in the wheel."""
+    candidates = [project] if project else [Path("examples/demo_project"), PACKAGED]
     for path in candidates:
         if path is not None and (path / "pyproject.toml").is_file():
             return path.resolve()
     raise DemoError(
-        "cannot find examples/demo_project (it ships with the source checkout, not the wheel): "
-        "run `uv run ray-uv demo` from the repository root, or pass --project DIR with a uv "
-        f"project that has the extras {', '.join(DEMO_EXTRAS)}."
+        "cannot find examples/demo_project (the wheel has a copy; a source checkout has it at "
+        "its root): run `uv run ray-uv demo` from the repository root, or pass --project DIR "
+        f"with a uv project that has the extras {', '.join(DEMO_EXTRAS)}."
     )
 
 
@@ -71,8 +73,8 @@ def run(
     register_plugin()
     import ray
 
-    from ray_uv_plugin import _probe
-    from ray_uv_plugin.spec import UvProject
+    from ray_uv_plugin.agent.spec import UvProject
+    from ray_uv_plugin.ops import _probe
 
     init_unhooked(  # the actors ask for their envs: no `uv run` driver hook applies
         address="local",
@@ -91,7 +93,7 @@ def run(
             actor = probe_cls.options(
                 runtime_env={"uv_project": UvProject(extras=[extra])}
             ).remote()
-            pending[actor.report.remote(DEMO_PACKAGES)] = (extra, actor)
+            pending[actor.report.remote(DEMO_PACKAGES, VENV_ENV, MARKER)] = (extra, actor)
         results = []
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=timeout)

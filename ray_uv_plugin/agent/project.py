@@ -6,14 +6,16 @@ import hashlib
 import os
 import re
 import sys
+import threading
 import tomllib
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
-from ray_uv_plugin.spec import UvProjectSpec
+from ray_uv_plugin.agent.spec import UvProjectSpec
 
 
 class ProjectError(ValueError):
@@ -28,9 +30,88 @@ class ProjectFiles:
     pyproject: bytes
     lock: bytes
 
-    @property
-    def lock_text(self) -> str:
-        return self.lock.decode("utf-8", errors="replace")
+    @cached_property
+    def lock_digest(self) -> str:
+        """sha256 of uv.lock: in the key, and what its parse is remembered by."""
+        return hashlib.sha256(self.lock).hexdigest()
+
+
+@dataclass(frozen=True)
+class LockedSources:
+    """What the plugin needs from uv.lock, parsed once per content by a TOML parser."""
+
+    ray_versions: tuple[str, ...]  # of each `ray` package in it (one, in a usable lock)
+    # Path, directory and editable sources other than the project itself: the venv points into
+    # the project's dir (or copies from beside it), so its path belongs in the key.
+    refers_to_paths: bool
+    copied: tuple[str, ...]  # non-editable path and directory sources, as uv.lock names them
+    copied_names: tuple[str, ...]  # the names of the packages installed from those
+
+
+NO_LOCAL_SOURCES = LockedSources((), False, (), ())
+_locks: dict[str, LockedSources] = {}  # by `lock_digest`: a warm request parses nothing
+_locks_guard = threading.Lock()
+_LOCKS_KEPT = 64
+# Whether uv.lock may name a local source at all: any `path` or `directory` key, or an
+# `editable` one other than the project itself. Most locks have none, and a request for them
+# (in a new agent too: a new Ray session) parses nothing; the others are parsed. Three
+# searches for a literal each: about 1 ms for a 0.5 MB lock.
+_MAY_BE_LOCAL = (
+    re.compile(rb"path\s*="),
+    re.compile(rb"directory\s*="),
+    re.compile(rb'editable\s*=\s*"(?!\.")'),
+)
+
+
+def locked_sources(files: ProjectFiles) -> LockedSources:
+    """uv.lock's `LockedSources`, parsed on the first request of each lock content."""
+    digest = files.lock_digest
+    with _locks_guard:
+        found = _locks.get(digest)
+    if found is not None:
+        return found
+    try:
+        packages = tomllib.loads(files.lock.decode("utf-8")).get("package", [])
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ProjectError(
+            f"uv_project: {files.path}/uv.lock is not valid TOML ({e}): run `uv lock` again "
+            "and ship the new lock."
+        ) from e
+    packages = [p for p in packages if isinstance(p, dict)]
+    refers, copied, names = False, set(), []
+    for package in packages:
+        source = package.get("source")
+        if not isinstance(source, dict):
+            continue
+        where = {kind: source.get(kind) for kind in ("editable", "path", "directory")}
+        refers = refers or any(value not in (None, ".") for value in where.values())
+        copy = where["path"] if where["path"] is not None else where["directory"]
+        if copy is not None:
+            copied.add(str(copy))
+            names.append(str(package.get("name")))
+    found = LockedSources(
+        ray_versions=tuple(
+            sorted(
+                {str(p["version"]) for p in packages if p.get("name") == "ray" and "version" in p}
+            )
+        ),
+        refers_to_paths=refers,
+        copied=tuple(sorted(copied)),
+        copied_names=tuple(sorted(names)),
+    )
+    with _locks_guard:
+        if len(_locks) >= _LOCKS_KEPT:
+            _locks.clear()
+        _locks[digest] = found
+    return found
+
+
+def local_sources(files: ProjectFiles) -> LockedSources:
+    """`locked_sources` where uv.lock may name a local source, else `NO_LOCAL_SOURCES` (its
+    `ray_versions` unread): what every request asks, answered without a parse for most locks."""
+    if not any(key.search(files.lock) for key in _MAY_BE_LOCAL):
+        return NO_LOCAL_SOURCES
+    return locked_sources(files)
 
 
 def resolve_project_dir(spec: UvProjectSpec, working_dir: str | None) -> Path:
@@ -145,12 +226,9 @@ def check_request(files: ProjectFiles, spec: UvProjectSpec) -> None:
             )
 
 
-_RAY_IN_LOCK = re.compile(r'^\[\[package\]\]\r?\nname = "ray"\r?\nversion = "([^"]+)"', re.M)
-
-
 def check_ray_pin(files: ProjectFiles, node_ray: str) -> None:
     """Workers import Ray from the venv: the lock must hold exactly the node's version."""
-    versions = sorted(set(_RAY_IN_LOCK.findall(files.lock_text)))
+    versions = list(locked_sources(files).ray_versions)
     if not versions:
         raise ProjectError(
             f"uv_project: {files.path}/uv.lock holds no ray, but Ray workers need it in their "
@@ -163,16 +241,13 @@ def check_ray_pin(files: ProjectFiles, node_ray: str) -> None:
         )
 
 
-_PATH_SOURCE = re.compile(r'source = \{ (?:editable|path|directory) = "(?!\.")')
-# Sources that uv builds or unpacks into the venv: a copy, so edits there need a new venv.
-_COPIED_SOURCE = re.compile(r'source = \{ (?:path|directory) = "([^"]+)"')
 # Not part of what a build of a directory source reads.
 _SKIPPED = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", "build"}
 
 
 def refers_to_project_path(files: ProjectFiles, spec: UvProjectSpec) -> bool:
     """Whether the venv will point into the project directory (so its path belongs in the key)."""
-    return spec.install_project or bool(_PATH_SOURCE.search(files.lock_text))
+    return spec.install_project or local_sources(files).refers_to_paths
 
 
 def _tree_digest(path: Path) -> str:
@@ -198,7 +273,7 @@ def _tree_digest(path: Path) -> str:
 def copied_sources(files: ProjectFiles) -> tuple[tuple[str, str], ...]:
     """(source as in uv.lock, content digest) of each non-editable path or directory source."""
     digests = []
-    for source in sorted(set(_COPIED_SOURCE.findall(files.lock_text))):
+    for source in local_sources(files).copied:
         target = (files.path / source).resolve()
         if not target.exists():
             raise ProjectError(
@@ -241,9 +316,4 @@ def config_files(files: ProjectFiles) -> tuple[tuple[str, str], ...]:
 
 def copied_source_names(files: ProjectFiles) -> list[str]:
     """Names of the packages that uv.lock installs from a non-editable path/directory source."""
-    lock = tomllib.loads(files.lock_text)
-    return sorted(
-        p["name"]
-        for p in lock.get("package", [])
-        if "directory" in p.get("source", {}) or "path" in p.get("source", {})
-    )
+    return list(locked_sources(files).copied_names)

@@ -56,11 +56,18 @@ def trusted_gid() -> int | None:
         ) from None
 
 
-def _user(uid: int) -> str:
+def user_name(uid: int, unknown: str | None = None) -> str:
+    """The uid's login name; `unknown` (else `uid 1001`) for a uid without one."""
     try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+        return pwd.getpwuid(uid).pw_name
     except KeyError:
-        return f"uid {uid}"
+        return unknown or f"uid {uid}"
+
+
+def who(uid: int) -> str:
+    """`alice (uid 1001)`, or `uid 1001` for a uid without a name."""
+    name = user_name(uid)
+    return name if name == f"uid {uid}" else f"{name} (uid {uid})"
 
 
 def _group(gid: int) -> str:
@@ -73,7 +80,7 @@ def _group(gid: int) -> str:
 def describe(st: os.stat_result) -> str:
     """`owner alice (uid 1001), group ray (gid 50), mode 0o777`."""
     return (
-        f"owner {_user(st.st_uid)}, group {_group(st.st_gid)}, mode {oct(stat.S_IMODE(st.st_mode))}"
+        f"owner {who(st.st_uid)}, group {_group(st.st_gid)}, mode {oct(stat.S_IMODE(st.st_mode))}"
     )
 
 
@@ -89,7 +96,7 @@ MARKER_WHAT = "the venv's marker"
 
 
 def _own_dir() -> str:
-    me = _user(os.geteuid())
+    me = who(os.geteuid())
     return (
         f"or set RAY_UV_PLUGIN_VENV_DIR to a directory only {me} can write; a venv dir shared "
         f"by a trusted group needs {TRUSTED_GROUP_ENV}=<group> on every node (mode 2770)"

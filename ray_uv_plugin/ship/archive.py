@@ -46,12 +46,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin import trust
-from ray_uv_plugin.request import KEY_LENGTH
+from ray_uv_plugin.store import trust
+from ray_uv_plugin.store.layout import KEY_LENGTH, MARKER, SHIP_INFIX
 
 CHUNK_BYTES = 64 * 1024 * 1024
-SHIP_INFIX = ".ship-"  # `<key>.ship-XXXX`: a venv being received, never used as it is
-MARKER = ".ray-uv-ready"  # the same name as venv_cache.MARKER, which imports this module
 MANIFEST = ".ray-uv-manifest"  # the stream's last member: what the sender packed
 MANIFEST_FORMAT = 1
 # A CUDA torch + vLLM venv has about 60,000 files and 10-15 GB: room for several times that.
@@ -79,21 +77,6 @@ class Chunk:
     data: bytes
     sha256: str
     last: bool
-
-
-def disk_usage(venv: Path) -> tuple[int, int]:
-    """(bytes the venv's files hold, counting each inode once; bytes on disk, as `du` says)."""
-    seen: set[tuple[int, int]] = set()
-    size = blocks = 0
-    for dirpath, dirnames, filenames in os.walk(venv):
-        for name in dirnames + filenames:
-            st = os.lstat(os.path.join(dirpath, name))
-            if (st.st_dev, st.st_ino) in seen:
-                continue
-            seen.add((st.st_dev, st.st_ino))
-            size += st.st_size if stat.S_ISREG(st.st_mode) else 0
-            blocks += st.st_blocks * 512
-    return size, blocks
 
 
 def check_key(key: str) -> str:
@@ -666,13 +649,3 @@ def relocate(venv: Path, old: str, new: str) -> int:
             raise
         changed += 1
     return changed
-
-
-def remove_leftovers(root: Path, key: str) -> int:
-    """Remove what a receive of `key` that died left behind (under the key's build lock)."""
-    removed = 0
-    for entry in os.scandir(root):
-        if entry.name.startswith(f"{key}{SHIP_INFIX}"):
-            trust.remove_tree(Path(entry.path))
-            removed += 1
-    return removed

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ray_uv_plugin.libraries import BY_NAME, LIBRARIES, Status, library_status
+from ray_uv_plugin.agent.ray_libraries import BY_NAME, LIBRARIES, Status, library_status
 
 if TYPE_CHECKING:
-    from ray_uv_plugin.project import ProjectFiles
-    from ray_uv_plugin.spec import UvProjectSpec
+    from ray_uv_plugin.agent.project import ProjectFiles
+    from ray_uv_plugin.agent.spec import UvProjectSpec
 
 
 class CheckError(ValueError):
@@ -64,8 +64,8 @@ def _env(
     flags: Mapping[str, bool] | None,
 ) -> tuple[UvProjectSpec, ProjectFiles]:
     """The `uv_project` value these flags make, parsed, and the project's files."""
-    from ray_uv_plugin.project import load_project
-    from ray_uv_plugin.spec import UvProject, parse_spec
+    from ray_uv_plugin.agent.project import load_project
+    from ray_uv_plugin.agent.spec import UvProject, parse_spec
 
     if not (project / "pyproject.toml").is_file():
         raise CheckError(
@@ -111,9 +111,9 @@ def find_env(
     """`run_check` without building: the env may be GBs (and `uv sync` minutes), and an
     operator may want to know first. Reads the venv dir as `ray-uv list` does: it creates no
     venv dir, and a reuse is not recorded (the marker is not touched)."""
-    from ray_uv_plugin import inventory
-    from ray_uv_plugin.request import make_request
-    from ray_uv_plugin.venv_cache import venv_root
+    from ray_uv_plugin.agent.request import make_request
+    from ray_uv_plugin.ops import inventory
+    from ray_uv_plugin.store.layout import venv_root
 
     wanted = parse_libraries(libraries)
     key = make_request(*_env(project, extras, groups, flags), {}).key
@@ -141,7 +141,7 @@ def run_check(
     logger: logging.Logger | None = None,
 ) -> CheckResult:
     """Build or reuse the env of `project` with these extras and groups, then check it."""
-    from ray_uv_plugin.venv_cache import ensure_venv
+    from ray_uv_plugin.agent.builder import ensure_venv
 
     wanted = parse_libraries(libraries)
     spec, files = _env(project, extras, groups, flags)
@@ -163,9 +163,10 @@ def node_notes(venv: Path, project: Path) -> list[str]:
     reused venv too."""
     import os
 
-    from ray_uv_plugin import trust
-    from ray_uv_plugin.uv_env import sync_environment
-    from ray_uv_plugin.venv_cache import cache_split_note, read_marker
+    from ray_uv_plugin.agent.builder import cache_split_note
+    from ray_uv_plugin.agent.uv_env import sync_environment
+    from ray_uv_plugin.store import trust
+    from ray_uv_plugin.store.layout import read_marker
 
     notes = []
     split = cache_split_note(sync_environment({}), venv.parent, project)

@@ -1,0 +1,289 @@
+"""`ray-uv prepare`, `check` and `demo`: making an environment ready on a cluster's nodes, on
+this host, or in a local Ray started for the demo, and rendering what each node or actor got.
+
+Imports stay inside the commands, as in `cli`: only `prepare` and `demo` import Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ray_uv_plugin.agent.uv import format_duration
+from ray_uv_plugin.ops.cli_common import CliError, node_count, selection_flags
+
+if TYPE_CHECKING:
+    from ray_uv_plugin.ops.check import FoundEnv
+    from ray_uv_plugin.ops.prepare import NodeResult
+
+
+# --- prepare ---------------------------------------------------------------------------------
+
+
+def node_line(r: NodeResult) -> str:
+    """One node's result as rich markup; what came from the node is escaped, so that an error
+    about `ray[default]` keeps its `[default]`."""
+    from rich.markup import escape
+
+    if r.ok:
+        return escape(f"{r.label}: uv_project {r.key}: {r.summary}")
+    return f"{escape(r.label)}: [red]failed[/red]: {escape(r.error or 'unknown error')}"
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from ray_uv_plugin.agent.project import ProjectError
+    from ray_uv_plugin.agent.spec import UvProjectSpecError
+    from ray_uv_plugin.ops import prepare
+
+    console = Console(stderr=True, soft_wrap=True)  # log-friendly: no hard wraps in pipes
+    project = Path(args.project).expanduser().resolve()
+    ship = False if args.no_ship else None
+    if args.interval is not None and not args.watch:
+        raise CliError("--interval goes with --watch (how often it looks for new nodes)")
+    if args.watch and args.json:
+        raise CliError("--json does not go with --watch: the watch prints a line per node")
+    if args.watch:
+        from ray_uv_plugin.ops import watch
+
+        interval = watch.DEFAULT_INTERVAL if args.interval is None else args.interval
+        try:
+            watch.check_interval(interval)
+        except prepare.PrepareError as e:
+            raise CliError(str(e)) from e
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        sending = None
+
+        def on_result(r: prepare.NodeResult) -> None:
+            progress.console.print(node_line(r))
+
+        def on_progress(p: Any) -> None:
+            nonlocal sending
+            if sending is None:
+                what = f"Shipping to {node_count(p.receivers)}"
+                sending = progress.add_task(what, total=p.size)
+            progress.update(sending, completed=min(p.sent, p.size))
+
+        def on_start(value: dict[str, Any], nodes: int) -> None:
+            line = f"Preparing uv_project {json.dumps(value)} of {project} on {node_count(nodes)}"
+            progress.console.print(line, markup=False)
+
+        run, watching = prepare.prepare_env, {}
+        if args.watch:
+
+            def say(line: str) -> None:
+                """A line of the watch's own, after the last ship's bar (the next starts anew)."""
+                nonlocal sending
+                if sending is not None:
+                    progress.remove_task(sending)
+                    sending = None
+                progress.console.print(line, markup=False)
+
+            def on_watching() -> None:
+                say(f"Watching for nodes that join, every {interval:g}s (Ctrl-C stops)")
+
+            def on_round(nodes: list[tuple[str, str]], source: Any) -> None:
+                names = ", ".join(f"{a} ({n[:8]})" for n, a in nodes)
+                how = f"shipping from {source.label}" if source else "building there"
+                say(f"{node_count(len(nodes))} joined: {names}: {how}")
+
+            run = watch.watch_env
+            watching = {
+                "interval": interval,
+                "on_watching": on_watching,
+                "on_round": on_round,
+                "stop_signals": True,
+            }
+        try:
+            results = run(
+                project,
+                extras=args.extra or [],
+                groups=args.group or [],
+                address=args.address,
+                shared=args.shared,
+                ship=ship,
+                timeout=args.timeout,
+                on_start=on_start,
+                on_result=on_result,
+                on_progress=on_progress,
+                **watching,
+                **selection_flags(args),
+            )
+        except (UvProjectSpecError, ProjectError, prepare.PrepareError) as e:
+            raise CliError(str(e)) from e
+    if args.watch:
+        console.print("Stopped watching", markup=False)
+    if args.json:
+        print(json.dumps({"nodes": [r.as_json() for r in results]}, indent=1))
+    else:
+        table = Table(box=None, pad_edge=False)
+        for column in ("NODE", "ADDRESS", "RESULT", "UV SYNC", "VENV"):
+            table.add_column(column)
+        for r in sorted(results, key=lambda r: r.address):
+            cells = (
+                r.node_id[:8],
+                r.address,
+                r.summary,
+                "-" if r.build_seconds is None else f"{r.build_seconds:.2f}",
+                r.key or "-",
+            )
+            table.add_row(*map(escape, cells))
+        Console().print(table, soft_wrap=True)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        console.print(
+            f"error: {len(failed)} of {node_count(len(results))} failed: "
+            + ", ".join(r.label for r in failed),
+            markup=False,
+        )
+        return 1
+    console.print(f"Prepared {node_count(len(results))} ({prepare.outcome_counts(results)})")
+    return 0
+
+
+# --- check -----------------------------------------------------------------------------------
+
+
+LIBRARY_HINT = "hint: pass --library NAME to exit 1 when a library the job uses is missing"
+
+
+def _report_found(found: FoundEnv) -> int:
+    """`check --dry-run`: what is there; exit 1 if a `--library` is missing or, with no
+    ready venv to look into, cannot be checked."""
+    from ray_uv_plugin.ops import check
+
+    state = f"{found.state}: {found.note}" if found.note else found.state
+    print(f"uv_project {found.key}: {state} -> {found.venv}")
+    if found.statuses is None:
+        print(
+            "Nothing built (--dry-run): `ray-uv check` without it, or the first job that asks "
+            "for this env here, builds it."
+        )
+    else:
+        print("Ray libraries this env's Ray can run:")
+        for line in check.report_lines(found):
+            print(line)
+        if not found.wanted and any(not s.ok for s in found.statuses):
+            print(LIBRARY_HINT)
+    if found.missing:
+        names = ", ".join(found.missing)
+        why = "lacks what" if found.statuses is not None else "is not built here to check what"
+        print(f"error: the env {why} {names} needs", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from ray_uv_plugin.agent.project import ProjectError
+    from ray_uv_plugin.agent.spec import UvProjectSpecError
+    from ray_uv_plugin.agent.uv import UvSyncError
+    from ray_uv_plugin.ops import check
+    from ray_uv_plugin.store import trust
+    from ray_uv_plugin.store.layout import VenvDirError
+
+    project = Path(args.project).expanduser().resolve()
+    flags = selection_flags(args)
+    try:
+        wanted = check.parse_libraries(args.library or [])
+        if args.dry_run:
+            found = check.find_env(project, args.extra or [], args.group or [], flags, wanted)
+            return _report_found(found)
+        print(
+            f"Checking the uv_project env of {project} (this builds it if needed; --dry-run "
+            "builds nothing)...",
+            flush=True,
+        )
+        result = check.run_check(project, args.extra or [], args.group or [], flags, wanted)
+    except (
+        check.CheckError,
+        UvProjectSpecError,
+        ProjectError,
+        UvSyncError,
+        VenvDirError,
+        trust.UntrustedPathError,
+    ) as e:
+        raise CliError(str(e)) from e
+    verb = "built" if result.built else "reused"
+    print(f"uv_project {result.key}: {verb} in {format_duration(result.seconds)} -> {result.venv}")
+    print("Ray libraries this env's Ray can run:")
+    for line in check.report_lines(result):
+        print(line)
+    if result.failed:
+        names = ", ".join(s.library.name for s in result.failed)
+        print(
+            f"error: the env lacks what {names} needs: add the requirements above", file=sys.stderr
+        )
+        return 1
+    if not result.wanted and any(not s.ok for s in result.statuses):
+        print(LIBRARY_HINT)
+    return 0
+
+
+# --- demo ------------------------------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ray_uv_plugin.ops import demo
+    from ray_uv_plugin.store.layout import venv_root
+
+    console = Console(soft_wrap=True)
+    try:
+        project = demo.find_demo_project(Path(args.project) if args.project else None)
+    except demo.DemoError as e:
+        raise CliError(str(e)) from e
+    console.print(f"Driver: {sys.executable}")
+    console.print(f"Project: {project} (extras: {', '.join(demo.DEMO_EXTRAS)})")
+    console.print(f"Venvs: {venv_root()}")
+    console.print("Starting a local Ray with the uv_project plugin...")
+    start = time.perf_counter()
+
+    def on_result(r: demo.EnvResult) -> None:
+        marker = r.report.get("marker") or {}
+        verb = f"built (uv sync {marker.get('build_seconds', 0):.2f}s)" if r.built else "reused"
+        console.print(
+            f"uv_project {r.key} (extras={r.extra}): {verb}, actor ready in "
+            f"{format_duration(r.seconds)}",
+            highlight=False,
+        )
+        packages = ", ".join(
+            f"{name} {r.report['packages'].get(name) or '(not installed)'}"
+            for name in demo.DEMO_PACKAGES
+        )
+        console.print(f"    python: {r.report['python']}", highlight=False)
+        console.print(f"    packages: {packages}", highlight=False)
+
+    try:
+        results = demo.run(project, on_result)
+    except demo.DemoError as e:
+        raise CliError(str(e)) from e
+    except Exception as e:
+        if type(e).__name__ == "RuntimeEnvSetupError":
+            from ray_uv_plugin.ops.prepare import clean_error
+
+            raise CliError(clean_error(e)) from e
+        raise
+    for r in sorted(results, key=lambda r: r.extra):
+        if r.output:
+            console.print(f"actor with extras={r.extra} made:", highlight=False)
+            console.print(r.output.rstrip(), markup=False, highlight=False)
+    console.print(f"Done in {time.perf_counter() - start:.1f}s; Ray is shut down.")
+    if any(r.built for r in results):
+        console.print("Run `ray-uv demo` again: the venvs are reused.")
+    return 0

@@ -1,0 +1,278 @@
+"""What runs on the nodes while a venv is shipped: a `VenvSender` on the node that has it, a
+`VenvReceiver` on each target, and a task that asks a node whether it has the venv already.
+The driver side that starts and feeds them is `transfer`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sysconfig
+import threading
+import time
+from typing import Any
+
+import ray
+
+from ray_uv_plugin.agent.request import interpreter_tag
+from ray_uv_plugin.agent.uv import uv_version
+from ray_uv_plugin.agent.uv_env import keyed_settings, sync_environment
+from ray_uv_plugin.ship import archive
+from ray_uv_plugin.ship.build_target import build_target, local_builds, target_differs
+from ray_uv_plugin.ship.install import install_received
+from ray_uv_plugin.store import trust
+from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, BuildLock, build_timeout, hold_shared
+from ray_uv_plugin.store.disk import venv_size
+from ray_uv_plugin.store.layout import (
+    check_ready,
+    lock_path,
+    read_marker,
+    remove_leftovers,
+    venv_root,
+)
+
+WATCH_INTERVAL = 1.0  # how often a receiver checks how long it has held the lock
+
+
+class ShipError(RuntimeError):
+    """A venv could not be sent or received; the message names the node and the step."""
+
+
+def platform_tag() -> str:
+    """What decides which wheels run here beyond the interpreter: the platform and its libc."""
+    libc, version = platform.libc_ver()
+    return f"{sysconfig.get_platform()} {libc or 'no-libc'} {version}".strip()
+
+
+def _where() -> str:
+    """This node as the driver names it: `10.0.0.8 (77aa00ff)`."""
+    context = ray.get_runtime_context()
+    return f"{ray.util.get_node_ip_address()} ({context.get_node_id()[:8]})"
+
+
+def _keyed_env(marker: dict[str, Any]) -> dict[str, str]:
+    """The uv settings the venv was built with (its key's), over this process's environment:
+    the environment its build saw, as far as the build target goes."""
+    inputs = marker.get("inputs") or {}
+    return {**os.environ, **{name: value for name, value in inputs.get("env") or []}}
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class VenvSender:
+    """On the node that has the ready venv `key`: its description, then its chunks in order.
+
+    It holds the key's build lock shared from start to end (the kernel drops it when the actor
+    dies): `gc` skips the venv and no build replaces it while it is read."""
+
+    def __init__(self, key: str, chunk_bytes: int) -> None:
+        self.key = key
+        root = venv_root()
+        trust.check_root(root)
+        try:
+            self._lock_fd = hold_shared(lock_path(root, key))
+        except (BlockingIOError, FileNotFoundError) as e:
+            raise ShipError(
+                f"{_where()}: the venv {key} to send is being built or removed here, or has no "
+                f"build lock ({e}): try again once `ray-uv list` shows it ready"
+            ) from e
+        why = check_ready(root, key)
+        if why is not None:
+            raise ShipError(f"{_where()}: the venv {key} to send is not ready: {why}")
+        self.venv = root / key
+        self.marker = read_marker(self.venv)
+        self.packer = archive.Packer(self.venv, chunk_bytes)
+
+    def describe(self) -> dict[str, Any]:
+        size, on_disk = venv_size(self.venv)
+        built_here = local_builds(self.venv)
+        return {
+            "key": self.key,
+            "venv": str(self.venv),
+            "host": _where(),
+            "marker": self.marker,
+            "platform": platform_tag(),
+            "size": size,
+            "du": on_disk,
+            "pid": os.getpid(),
+            "built_here": built_here,  # {distribution: wheel tag}, built on this node by uv
+            "target": build_target(_keyed_env(self.marker or {})) if built_here else None,
+        }
+
+    @ray.method(num_returns=2)
+    def next_chunk(self) -> tuple[dict[str, Any], bytes]:
+        chunk = self.packer.next_chunk()
+        meta = {
+            "index": chunk.index,
+            "sha256": chunk.sha256,
+            "size": len(chunk.data),
+            "last": chunk.last,
+            "total": self.packer.total,
+            "whole_sha256": self.packer.whole_sha256 if chunk.last else None,
+        }
+        return meta, chunk.data
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class VenvReceiver:
+    """On a target node: decides whether to take the venv, then unpacks and installs it.
+
+    Its methods run one at a time on the actor's thread; a watchdog thread gives the lock up
+    once it has been held as long as a build may hold it. `_guard` keeps the two apart."""
+
+    def __init__(self) -> None:
+        self.root = venv_root()
+        self.lock: BuildLock | None = None
+        self.unpacker: archive.Unpacker | None = None
+        self.source: dict[str, Any] = {}
+        self.start = time.monotonic()
+        self.gave_up: str | None = None
+        self._guard = threading.RLock()
+
+    def _fail(self, step: str, e: BaseException) -> ShipError:
+        self.abort()
+        return ShipError(f"node {_where()}: {step}: {e}")
+
+    def offer(self, source: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+        """`take` (the lock is then held), `reused`, or `refused` with why. `settings`: the
+        request's env_vars and whether it resolves, for the uv settings this node keys."""
+        try:
+            with self._guard:
+                return self._offer(source, settings)
+        except Exception as e:
+            raise self._fail("checking the offer", e) from e
+
+    def _refusal(self, source: dict[str, Any], env: dict[str, str], resolves: bool) -> str | None:
+        """Why this node's plugin would not use the source's venv; None if it would."""
+        marker = source["marker"]
+        inputs = marker.get("inputs") or {}
+        uv_settings = [list(item) for item in keyed_settings(env, resolves)]
+        for what, theirs, mine in (
+            ("Ray", marker.get("ray"), ray.__version__),
+            ("Python interpreter", inputs.get("interpreter"), interpreter_tag()),
+            ("platform", source["platform"], platform_tag()),
+            ("uv", inputs.get("uv"), uv_version()),
+            ("set of uv settings", inputs.get("env"), uv_settings),
+        ):
+            if theirs != mine:
+                return f"another {what} here ({mine}; the venv's: {theirs})"
+        if source.get("built_here"):
+            return target_differs(source["target"], build_target(env), source["built_here"])
+        return None
+
+    def _offer(self, source: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+        key = source["key"]
+        env = sync_environment(settings["env_vars"])
+        why = self._refusal(source, env, settings["resolves"])
+        if why is not None:
+            return {"decision": "refused", "why": why}
+        trust.make_root(self.root)
+        if check_ready(self.root, key) is None:
+            return {"decision": "reused"}
+        lock = BuildLock(lock_path(self.root, key))
+        if not lock.try_acquire():
+            why = f"another build of {key} is running here ({lock.holder()})"
+            return {"decision": "refused", "why": why}
+        self.lock, self.source = lock, source
+        if check_ready(self.root, key) is None:  # built while we looked
+            self.abort()
+            return {"decision": "reused"}
+        remove_leftovers(self.root, key)
+        self.unpacker = archive.Unpacker(self.root, key, source["host"], sender_venv=source["venv"])
+        self.start = time.monotonic()
+        limit = build_timeout()
+        threading.Thread(
+            target=self._watch, args=(limit,), name="ship watchdog", daemon=True
+        ).start()
+        return {"decision": "take"}
+
+    def _watch(self, limit: float) -> None:
+        """Give the lock up once it has been held `limit` seconds: waiting requests wait that
+        plus LOCK_MARGIN, then fail, and a driver that stalled may never call `abort`."""
+        taken = self.start
+        while self.lock is not None and time.monotonic() - taken < limit:
+            time.sleep(WATCH_INTERVAL)
+        with self._guard:
+            if self.lock is None:  # installed or failed meanwhile
+                return
+            self.gave_up = (
+                f"gave up after holding the build lock for {limit:.0f}s "
+                f"({BUILD_TIMEOUT_ENV}, as long as a build may hold it): the receive is too "
+                "slow, or the driver stalled"
+            )
+            self.abort()
+
+    def _receiving(self, step: str) -> archive.Unpacker:
+        if self.unpacker is None:
+            why = self.gave_up or "not receiving (failed before)"
+            raise ShipError(f"node {_where()}: {step}: {why}")
+        return self.unpacker
+
+    def add(self, index: int, sha256: str, data: bytes) -> None:
+        with self._guard:
+            unpacker = self._receiving(f"chunk {index}")
+            try:
+                unpacker.add(index, sha256, data)
+            except Exception as e:
+                raise self._fail(f"receiving chunk {index}", e) from e
+
+    @ray.method(num_returns=2)
+    def relay(
+        self, index: int, sha256: str, sources: list[Any], forward: bool, wait: float
+    ) -> tuple[None, bytes]:
+        """`add` chunk `index` from the first of `sources` (object refs: the copy of the
+        receiver that passes it on to this one, then the sender's) that delivers it; returns
+        (None, this node's copy for the receivers it passes the chunk on to, if `forward`)."""
+        data = _first_copy(sources, wait)
+        self.add(index, sha256, data)
+        return None, data if forward else b""
+
+    def finish(self, chunks: int, total: int, whole_sha256: str) -> dict[str, Any]:
+        with self._guard:
+            unpacker = self._receiving("finishing")
+            try:
+                tree = unpacker.finish(chunks, total, whole_sha256)
+                meta = {
+                    **self.source["marker"],
+                    "venv": self.source["venv"],
+                    "shipped_from": self.source["host"],
+                    "received_at": time.time(),
+                }
+                install_received(self.root, self.source["key"], tree, meta)
+            except Exception as e:
+                raise self._fail("installing the received venv", e) from e
+            self.unpacker = None
+            seconds = time.monotonic() - self.start
+            self.abort()  # releases the lock; nothing is left to remove
+            return {"bytes": total, "seconds": seconds}
+
+    def abort(self) -> None:
+        """Remove what this receive made and release the lock. (A receiver that dies cannot:
+        the kernel releases its lock, and the next receive or build removes its tree.)"""
+        with self._guard:
+            if self.unpacker is not None:
+                unpacker, self.unpacker = self.unpacker, None
+                unpacker.abort()
+            if self.lock is not None:
+                lock, self.lock = self.lock, None
+                lock.release()
+
+
+def _first_copy(sources: list[Any], wait: float) -> Any:
+    """A chunk from the first of `sources` that delivers it: a relaying receiver's copy within
+    `wait` seconds (one that failed, died or stalls is passed over), else the sender's."""
+    for ref in sources[:-1]:
+        try:
+            return ray.get(ref, timeout=wait)
+        except Exception:  # noqa: BLE001 - whatever became of the relay, the next source
+            pass
+    return ray.get(sources[-1])
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def is_ready(key: str) -> bool:
+    try:
+        root = venv_root()
+        trust.check_root(root)
+        return check_ready(root, key) is None
+    except Exception:  # noqa: BLE001 - anything else is for the receiver to report
+        return False

@@ -1,0 +1,187 @@
+"""The venv dir: where each venv, its lock and its marker live, and when a venv is ready.
+
+Every role reads it: the plugin (in Ray's runtime-env agent) builds and reuses venvs here, a
+ship receiver installs venvs here, and `list`/`gc` read and prune it. So this module imports
+only `trust` and the standard library.
+
+Layout under the venv dir (`RAY_UV_PLUGIN_VENV_DIR`, absolute, private to this user: `trust`):
+    <key>/                 the venv, made by `uv sync` with UV_PROJECT_ENVIRONMENT=<key>,
+                           read-only once built
+    <key>/.ray-uv-ready    JSON metadata naming <key>, written last: only a venv with it is used
+    <key>.lock             the build lock (`build_lock`), held while uv runs; it holds the pid
+                           of its last holder and is the record that the plugin made <key>
+    <key>.ship-XXXX        a venv being received from another node (`ship`), never used as it
+                           is; removed by the next receive or build of <key>
+
+A ready venv is checked on every use (a few `stat`s): trusted, marker whole and naming its key,
+interpreter and site-packages present; if not, it is rebuilt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ray_uv_plugin.store import trust
+
+VENV_DIR_ENV = "RAY_UV_PLUGIN_VENV_DIR"
+DEFAULT_VENV_DIR = Path("~/.cache/ray-uv-plugin/venvs")
+# Set by the plugin in every worker it starts in a venv: the venv's path (for `ray-uv gc`, which
+# must not remove it, and for the worker's own code: worker groups, the in-venv probe).
+VENV_ENV = "RAY_UV_PLUGIN_VENV"
+KEY_LENGTH = 16  # hex digits of a venv's key: its dir's name
+MARKER = ".ray-uv-ready"
+MARKER_FORMAT = 1
+SHIP_INFIX = ".ship-"  # `<key>.ship-XXXX`: a venv being received, never used as it is
+DIST_INFO = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)\.dist-info$")
+
+
+class VenvDirError(ValueError):
+    """A node setting of ours that cannot be used; says what to set."""
+
+
+def venv_root() -> Path:
+    """The venv dir, with the symlinks on its way that we trust resolved (`trust.resolve_root`),
+    so that a link changed later cannot move the venvs that workers were handed."""
+    root = Path(os.environ.get(VENV_DIR_ENV) or DEFAULT_VENV_DIR).expanduser()
+    if not root.is_absolute():
+        raise VenvDirError(
+            f"uv_project: {VENV_DIR_ENV}={str(root)!r} is relative, so it would mean another "
+            "directory in every worker and session: set an absolute path in the environment "
+            "of `ray start` on every node."
+        )
+    try:
+        return trust.resolve_root(root, must_exist=False)
+    except OSError:
+        return root  # as given: `trust.check_root`, which every use of it passes, says why
+
+
+def seconds_setting(name: str, default: float, valid: Callable[[float], bool]) -> float | None:
+    """A node setting in seconds, from the environment of `ray start`: `default` where it is
+    unset or empty, None where it is no number `valid` accepts (the caller says what it must
+    be)."""
+    value = os.environ.get(name)
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if valid(seconds) else None
+
+
+def lock_path(root: Path, key: str) -> Path:
+    return root / f"{key}.lock"
+
+
+def read_marker(venv: Path) -> dict[str, Any] | None:
+    """The marker's metadata if it is a trusted regular file holding a JSON object; else None.
+    Never raises: `list` and `gc` read markers of every state."""
+    try:
+        return _read_marker(venv)
+    except (OSError, ValueError):
+        return None
+
+
+def _read_marker(venv: Path, touch: bool = False) -> dict[str, Any] | None:
+    try:
+        fd = trust.open_no_follow(venv / MARKER)
+    except FileNotFoundError:
+        return None
+    try:
+        trust.check_fd(venv / MARKER, fd, "the venv's marker")
+        data = os.read(fd, 1 << 20)
+        if touch:
+            try:
+                os.utime(fd)  # its mtime is the venv's last use, for `gc`
+            except PermissionError:
+                # Another member's venv in a trusted-group venv dir: its lock file, which the
+                # group may write, records the use instead (`gc` reads the later of the two).
+                try:
+                    os.utime(lock_path(venv.parent, venv.name), follow_symlinks=False)
+                except OSError:
+                    pass  # a read-only shared venv dir: usable, its last use goes unrecorded
+    finally:
+        os.close(fd)
+    meta = json.loads(data.decode("utf-8"))
+    if not isinstance(meta, dict):
+        raise ValueError("not a JSON object")
+    return meta
+
+
+def check_ready(root: Path, key: str) -> str | None:
+    """None if `<root>/<key>` is a ready venv we may use (and marks it used); else why not:
+    `absent`, or what is wrong with it. Raises `UntrustedPathError` for what we must not touch.
+    """
+    venv = root / key
+    try:
+        trust.check_dir(venv, "the venv")
+    except FileNotFoundError:
+        return "absent"
+    try:
+        meta = _read_marker(venv, touch=True)
+    except trust.WrongTypeError:
+        return "its marker is not a regular file"
+    except trust.UntrustedPathError:
+        raise
+    except (OSError, ValueError) as e:
+        return f"its marker is unreadable ({e})"
+    if meta is None:
+        return "no marker (an unfinished build)"
+    if meta.get("key") != key or meta.get("format") != MARKER_FORMAT:
+        return f"its marker names key {meta.get('key')!r}, format {meta.get('format')!r}"
+    if not os.path.exists(venv / "bin" / "python"):
+        return "bin/python is missing or its interpreter is gone"
+    site = meta.get("site_packages")
+    if not isinstance(site, str) or not os.path.isdir(venv / site):
+        return f"{site or 'site-packages'} is missing"
+    return None
+
+
+def write_marker(venv: Path, meta: Mapping[str, Any]) -> None:
+    """Written last, then the venv's top dir is made read-only too."""
+    tmp = venv / f"{MARKER}.tmp"
+    fd = trust.open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "w") as f:
+        json.dump(meta, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, venv / MARKER)
+    os.chmod(venv, os.lstat(venv).st_mode & 0o7555)
+
+
+def remove_leftovers(root: Path, key: str) -> int:
+    """Remove what a receive of `key` that died left behind (under the key's build lock)."""
+    removed = 0
+    for entry in os.scandir(root):
+        if entry.name.startswith(f"{key}{SHIP_INFIX}"):
+            trust.remove_tree(Path(entry.path))
+            removed += 1
+    return removed
+
+
+def site_packages(venv: Path) -> Path | None:
+    """The venv's site-packages dir (`lib/pythonX.Y/site-packages`), if it has one."""
+    found = sorted(Path(venv).glob("lib/python*/site-packages"))
+    return found[0] if found else None
+
+
+def ray_dist_info(venv: Path) -> Path | None:
+    """The `ray-<version>.dist-info` dir of the Ray installed in the venv, if any."""
+    site = site_packages(venv)
+    if site is None:
+        return None
+    for path in sorted(site.glob("ray-*.dist-info")):
+        if DIST_INFO.match(path.name):
+            return path
+    return None
+
+
+def installed_ray_version(venv: Path) -> str | None:
+    """The version of the Ray installed in the venv, from its dist-info dir's name."""
+    dist_info = ray_dist_info(venv)
+    return None if dist_info is None else DIST_INFO.match(dist_info.name)["version"]  # type: ignore[index]

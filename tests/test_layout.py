@@ -1,0 +1,207 @@
+"""The package's layout is a contract: each folder says where its code runs, and lower layers
+import nothing above them. Read from the source (ast), without importing it or starting Ray.
+
+    store   the venv dir every role reads: imports only store
+    agent   Ray's runtime-env agent, on every request: store and agent
+    ship    moving venvs between nodes: store, agent and ship
+    ops     an operator's commands: anything
+
+Besides, no product code imports the checkout's `benchmarks`, and none finds files through the
+checkout (a `Path(__file__)` climbed out of its own package to reach `examples/` and the like):
+a wheel has neither.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: tests may read it
+PACKAGE = ROOT / "ray_uv_plugin"
+PRODUCT = (PACKAGE, ROOT / "worker_groups")
+LAYERS = ("store", "agent", "ship", "ops")
+ALLOWED = {layer: set(LAYERS[: i + 1]) for i, layer in enumerate(LAYERS)}
+ALLOWED["ops"].add("top")  # ops may use the public helpers (`plugins_setting`, the schema)
+
+
+def modules(*roots: Path) -> list[Path]:
+    return sorted(p for root in roots for p in root.rglob("*.py"))
+
+
+def dotted(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def imports(path: Path) -> Iterator[tuple[int, str]]:
+    """Every module `path` imports, at any depth (in functions and TYPE_CHECKING blocks too),
+    as (line, dotted name); `from a import b` yields `a.b` too, where b may be a module."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = dotted(path).rsplit(".", 0 if path.name == "__init__.py" else 1)[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            yield node.lineno, base
+            for alias in node.names:
+                yield node.lineno, f"{base}.{alias.name}"
+
+
+def layer_of(name: str) -> str | None:
+    """`store`, `agent`, `ship` or `ops` for a module of theirs; `top` for another module of
+    the package (its `__init__`, `driver_hook`, `schema`); None outside the package."""
+    parts = name.split(".")
+    if parts[0] != "ray_uv_plugin":
+        return None
+    if len(parts) > 1 and parts[1] in LAYERS:
+        return parts[1]
+    return "top"
+
+
+def test_every_product_module_sits_in_a_layer_or_is_named_here() -> None:
+    """A module added beside the layers is a choice to make here, not by default."""
+    top = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.glob("*.py")}
+    assert top == {"__init__.py", "driver_hook.py", "schema.py"}
+    for layer in LAYERS:
+        assert (PACKAGE / layer / "__init__.py").is_file()
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_lower_layers_import_nothing_above_them(layer: str) -> None:
+    wrong = []
+    for path in modules(PACKAGE / layer):
+        for line, name in imports(path):
+            target = layer_of(name)
+            if target is None or name == "ray_uv_plugin" or target in ALLOWED[layer]:
+                continue
+            # `from ray_uv_plugin import X` is `top` too, a constant as well as a module.
+            wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name} ({target})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_probe_imports_only_the_standard_library_at_module_level() -> None:
+    """It runs in a job's venv, which need not hold ray_uv_plugin (shipped by value)."""
+    tree = ast.parse((PACKAGE / "ops" / "_probe.py").read_text())
+    top_level = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    names = [a.name for n in top_level if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in top_level if isinstance(n, ast.ImportFrom)]
+    assert not [n for n in names if n.split(".")[0] in ("ray_uv_plugin", "worker_groups", "ray")]
+
+
+def test_no_product_code_imports_the_benchmarks() -> None:
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in modules(*PRODUCT)
+        for line, name in imports(path)
+        if name.split(".")[0] == "benchmarks"
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def _climbs(node: ast.AST) -> int | None:
+    """How many directories an expression climbs from `__file__`: `Path(__file__)` with
+    `.resolve()`, `.parent` and `.parents[n]` after it, or `os.path.dirname` around it;
+    None if it does not start from `__file__`."""
+    if isinstance(node, ast.Name) and node.id == "__file__":
+        return 0
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "Path" and node.args:
+            return _climbs(node.args[0])
+        if isinstance(func, ast.Attribute) and func.attr in ("resolve", "absolute"):
+            return _climbs(func.value)
+        if isinstance(func, ast.Attribute) and func.attr in ("dirname", "realpath", "abspath"):
+            inner = _climbs(node.args[0]) if node.args else None
+            return None if inner is None else inner + (func.attr == "dirname")
+    if isinstance(node, ast.Attribute) and node.attr == "parent":
+        inner = _climbs(node.value)
+        return None if inner is None else inner + 1
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute):
+        if node.value.attr == "parents":
+            inner = _climbs(node.value.value)
+            index = node.slice
+            if inner is not None and isinstance(index, ast.Constant):
+                return inner + index.value + 1
+            return None if inner is None else 99  # a computed index: assume the worst
+    return None
+
+
+def test_no_product_code_finds_files_through_the_checkout() -> None:
+    """Paths from `__file__` stay within the module's own top-level package: the package data
+    it ships (schemas/, hook_path/, uv_config/), never the checkout around it."""
+    wrong = []
+    for path in modules(*PRODUCT):
+        depth = len(path.relative_to(ROOT).parts) - 1  # climbs to the checkout's root
+        for node in ast.walk(ast.parse(path.read_text())):
+            climbs = _climbs(node)
+            if climbs is not None and climbs > depth:
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} climbs {climbs} dirs")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_climb_check_sees_what_it_looks_for() -> None:
+    """The checks above pass on the package; here they must fail on what they forbid."""
+
+    def climbs(code: str) -> int | None:
+        return _climbs(ast.parse(code, mode="eval").body)
+
+    assert climbs("Path(__file__).resolve().parents[1]") == 2
+    assert climbs("Path(__file__).parent.parent / 'x'") is None  # the `/` is outside the chain
+    assert climbs("Path(__file__).parent.parent") == 2
+    assert climbs("os.path.dirname(os.path.dirname(__file__))") == 2
+    assert climbs("Path(x).parent") is None
+    path = ROOT / "tests" / "test_layout.py"
+    assert ("tests.test_layout" == dotted(path)) and layer_of("ray_uv_plugin.ops.cli") == "ops"
+    assert layer_of("ray_uv_plugin.driver_hook") == "top" and layer_of("ray") is None
+
+
+@pytest.mark.parametrize(
+    ("literal", "name"),
+    [('"RAY_UV_PLUGIN_VENV"', "VENV_ENV"), ('".ray-uv-ready"', "MARKER"), ("16", "KEY_LENGTH")],
+)
+def test_store_constants_are_defined_once(literal: str, name: str) -> None:
+    """The venv variable, the marker's name and the key's length live in `store.layout`;
+    other modules import them (the probe takes them as arguments)."""
+    where = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in modules(*PRODUCT)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+    ]
+    assert [w.rsplit(":", 1)[0] for w in where] == ["ray_uv_plugin/store/layout.py"], where
+    text = (PACKAGE / "store" / "layout.py").read_text()
+    assert f"{name} = {literal}" in text
+    if literal.startswith('"'):
+        copies = [
+            str(p.relative_to(ROOT))
+            for p in modules(*PRODUCT)
+            if literal in p.read_text() and p.name not in ("layout.py", "_initializer.py")
+        ]
+        assert not copies
+
+
+def test_the_initializers_copy_of_the_venv_variable_agrees() -> None:
+    """worker_groups' initializer runs where ray_uv_plugin may not be installed, so it writes
+    the name out; it must be the plugin's. Read from the source: importing it imports Ray."""
+    from ray_uv_plugin.store.layout import VENV_ENV
+
+    tree = ast.parse((ROOT / "worker_groups" / "_initializer.py").read_text())
+    (value,) = [
+        node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["PLUGIN_VENV_ENV"]
+        and isinstance(node.value, ast.Constant)
+    ]
+    assert value == VENV_ENV

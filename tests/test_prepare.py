@@ -1,0 +1,84 @@
+"""`ops.prepare`'s decisions without a cluster: what each node's result says, what the driver
+asks for, and how shipping folds into a node's result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ray_uv_plugin.ops.prepare import (
+    EXCLUDES,
+    NodeResult,
+    PrepareError,
+    _with_shipping,
+    check_locally,
+    job_runtime_env,
+    outcome_counts,
+    uv_project_value,
+)
+
+NODE = "77aa00ff11223344"
+
+
+def ship_result(node_id: str, outcome: str, **fields: object) -> SimpleNamespace:
+    """`ship.transfer.ShipResult`'s fields, without importing Ray (this module runs without)."""
+    return SimpleNamespace(
+        node_id=node_id, outcome=outcome, **{"bytes": None, "seconds": 0.0, "why": None, **fields}
+    )
+
+
+def result(**fields: object) -> NodeResult:
+    return NodeResult(NODE, "10.0.0.8", **{"ok": True, "seconds": 2.5, **fields})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("fields", "outcome", "summary"),
+    [
+        ({}, "reused", "reused in 2.50s"),
+        ({"built": True}, "built", "built in 2.50s"),
+        ({"built": True, "note": "not shipped: x"}, "built", "built in 2.50s (not shipped: x)"),
+        ({"shipped_bytes": 3 * 1024**3 // 2}, "shipped", "shipped 1.5GiB in 2.50s"),
+        ({"ok": False, "error": "gone"}, "failed", "failed: gone"),
+        ({"ok": False}, "failed", "failed: unknown error"),
+    ],
+)
+def test_a_nodes_outcome_and_summary(fields: dict, outcome: str, summary: str) -> None:
+    r = result(**fields)
+    assert (r.outcome, r.summary) == (outcome, summary)
+    assert r.as_json()["outcome"] == outcome and r.label == "10.0.0.8 (77aa00ff)"
+
+
+def test_outcome_counts_name_every_way_even_at_zero() -> None:
+    results = [result(built=True), result(), result(), result(ok=False)]
+    assert outcome_counts(results) == "1 built, 0 shipped, 2 reused"
+
+
+def test_the_project_is_shipped_as_working_dir_unless_shared(tmp_path: Path) -> None:
+    assert job_runtime_env(tmp_path, shared=False) == {
+        "working_dir": str(tmp_path),
+        "excludes": EXCLUDES,
+    }
+    assert job_runtime_env(tmp_path, shared=True) is None
+    assert uv_project_value(tmp_path, True, ["a"], [], {})["project"] == str(tmp_path)
+    assert "project" not in uv_project_value(tmp_path, False, ["a"], ["g"], {"frozen": True})
+
+
+def test_a_missing_project_fails_here_unless_only_the_nodes_have_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    with pytest.raises(PrepareError, match="does not exist: pass --project DIR"):
+        check_locally(missing, {}, shared=False)
+    check_locally(missing, {}, shared=True)  # it may exist only on the nodes
+
+
+def test_shipping_folds_into_the_nodes_result() -> None:
+    shipped = ship_result(NODE, "shipped", bytes=1024, seconds=1.5)
+    taken = _with_shipping(result(seconds=1.0), shipped)
+    assert (taken.outcome, taken.shipped_bytes, taken.seconds) == ("shipped", 1024, 2.5)
+    refused = ship_result(NODE, "refused", why="another CPU")
+    assert _with_shipping(result(built=True), refused).note == "not shipped: another CPU"
+    assert _with_shipping(result(), refused) == result()  # reused anyway: nothing to say
+    assert _with_shipping(result(), None) == result()
+    # a node whose probe failed stays failed, whatever shipping did there
+    assert _with_shipping(result(ok=False, error="x"), shipped).outcome == "failed"
