@@ -79,6 +79,10 @@ def project(tmp_path: Path) -> Path:
     )
 
 
+# The bin dir of the interpreter this suite runs on, put first on PATH for drivers and raylets.
+SUITE_PYTHON_BIN = str(Path(sys._base_executable).parent)
+
+
 class Counter:
     """The plugin's syncs (`RAY_UV_PLUGIN_UV`) and every `uv run`: the driver is started by
     `self.uv`, which keeps its own path as argv[0], so Ray's hook gives that path to workers."""
@@ -112,8 +116,7 @@ def run_driver(
     # version), and a pyenv shim of uv puts its own version's bin dir first. So the user's pin:
     # UV_PYTHON=<the suite's X.Y> (the hook accepts a request for the driver's own version),
     # found through PATH.
-    base_bin = str(Path(sys._base_executable).parent)
-    env["PATH"] = base_bin + os.pathsep + env.get("PATH", "")
+    env["PATH"] = SUITE_PYTHON_BIN + os.pathsep + env.get("PATH", "")
     env["UV_PYTHON"] = "{}.{}".format(*sys.version_info[:2])
     proc = subprocess.run(
         ["bash", "-c", f'{setup} && exec "$@"', "-", *command],
@@ -141,8 +144,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[C
     """Two raylets, each with a venv dir of its own; uv counted. The suite's interpreter first
     on the raylets' PATH, as a node's own Python is (workers' `uv run` looks there)."""
     counter = Counter(tmp_path / "uvbin")
-    base_bin = str(Path(sys._base_executable).parent)
-    monkeypatch.setenv("PATH", base_bin + os.pathsep + os.environ.get("PATH", ""))
+    monkeypatch.setenv("PATH", SUITE_PYTHON_BIN + os.pathsep + os.environ.get("PATH", ""))
     monkeypatch.setenv(UV_ENV_VAR, str(counter.plugin_uv.path))
     monkeypatch.setenv(VENV_DIR_ENV, str(tmp_path / "venvs-1"))
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
