@@ -109,7 +109,7 @@ def test_fetch_settings_are_not_keyed(six_project, clean_env, where, name):
     value = NOT_KEYED_VARS[name]
     assert key_with(files, where, clean_env, {name: value}) == plain
     # A credential must not even reach the inputs recorded in the venv's marker.
-    inputs = make_request(parse_spec({}), files, {name: value}).inputs
+    inputs = make_request(parse_spec({}), files, {name: value}).inputs.as_json()
     assert "s3cret" not in json.dumps(inputs)
 
 
@@ -264,8 +264,8 @@ def test_editable_source_is_keyed_by_path_not_content(tmp_path):
     proj = write_with_mylib(tmp_path, editable=True)
     assert 'source = { editable = "../mylib" }' in (proj / "uv.lock").read_text()
     request = make_request(parse_spec({}), load_project(proj), {})
-    assert request.inputs["project_path"] == str(proj.resolve())
-    assert request.inputs["copied_sources"] == ()
+    assert request.inputs.project_path == str(proj.resolve())
+    assert request.inputs.copied_sources == ()
     (tmp_path / "mylib" / "mylib" / "__init__.py").write_text("VALUE = 2\n")
     assert venv_key(parse_spec({}), load_project(proj)) == request.key
 
@@ -366,4 +366,4 @@ def test_the_key_of_fixed_inputs_is_pinned(pinned_request):
 
 def test_the_marker_records_the_key_inputs_as_before(pinned_request):
     """`inputs` of the marker: the same JSON, field order included (`write_marker`)."""
-    assert json.dumps(pinned_request.inputs, indent=1) == PINNED_MARKER_INPUTS
+    assert json.dumps(pinned_request.inputs.as_json(), indent=1) == PINNED_MARKER_INPUTS
