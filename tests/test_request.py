@@ -195,6 +195,25 @@ def test_uv_toml_above_is_keyed_only_where_uv_reads_it(six_project, tmp_path):
     assert venv_key(parse_spec({}), load_project(without)) not in (above, keys[without])
 
 
+@pytest.mark.parametrize("where", ["beside", "above"])
+def test_the_scratch_project_of_locked_false_gets_the_keyed_uv_toml(six_project, tmp_path, where):
+    """`locked: false` re-locks in a private copy (`builder._scratch_project`): the uv.toml that
+    the key holds, beside the project or above it, goes with the copy, by the file's path."""
+    from ray_uv_plugin.agent.builder import _scratch_project
+
+    proj = tmp_path / "parent" / "proj"
+    shutil.copytree(six_project, proj)
+    text = (proj / "pyproject.toml").read_text()
+    (proj / "pyproject.toml").write_text(text.split("\n[tool.uv]")[0] + "\n")
+    config = (proj if where == "beside" else proj.parent) / "uv.toml"
+    config.write_text("no-binary-package = ['six']\n")
+    request = make_request(parse_spec({"locked": False}), load_project(proj), {})
+    assert [c.path for c in request.config_files] == [config]
+    scratch = _scratch_project(request, tmp_path)
+    assert (scratch / "uv.toml").read_text() == config.read_text()
+    assert (scratch / "uv.lock").read_bytes() == (proj / "uv.lock").read_bytes()
+
+
 def _uv_wrapper(path: Path, version: str | None) -> Path:
     """A uv that answers `--version` with `version` (the real one if None) and is the real uv
     otherwise. A fresh file: `uv_version` caches per binary path, mtime and size."""

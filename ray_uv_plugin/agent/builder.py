@@ -309,7 +309,7 @@ def _scratch_project(request: VenvRequest, root: Path) -> Path:
     scratch = Path(tempfile.mkdtemp(prefix=f"{request.key}.locked-false-", dir=root))
     (scratch / "pyproject.toml").write_bytes(files.pyproject)
     (scratch / "uv.lock").write_bytes(files.lock)
-    for config in request.config_files:  # a pyproject.toml above is read from where it is
+    for config in request.config_files:  # a uv.toml, beside the project or above it
         if config.path.name == "uv.toml":
             shutil.copyfile(config.path, scratch / "uv.toml")
     return scratch
