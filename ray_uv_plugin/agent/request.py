@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import Any
 
 from ray_uv_plugin.agent import project as project_files
 from ray_uv_plugin.agent.project import ConfigFile, LockedSources, ProjectFiles
@@ -60,10 +60,6 @@ class KeyInputs:
     env: Pairs  # the uv settings that shape the venv: `uv_env.keyed_settings`
     project_path: str | None  # where the venv points into the project dir, else None
 
-    # What the node contributes, not the project: all a node that is offered the venv of
-    # another checks of them (the rest is the same project, by the key).
-    NODE_FIELDS: ClassVar[tuple[str, ...]] = ("interpreter", "uv", "env")
-
     def as_json(self) -> dict[str, Any]:
         """The inputs as the marker records them, in field order."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -89,6 +85,10 @@ class KeyInputs:
         if not isinstance(values["selection"], dict):
             return None
         return cls(**values)
+
+    def differs_on(self, other: KeyInputs) -> list[str]:
+        """The names of the fields whose values differ in `other`, in field order."""
+        return [f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
 
     def on_this_node(self, uv_env: Mapping[str, str], resolves: bool) -> KeyInputs:
         """These inputs with this node's interpreter, uv and the uv settings of `uv_env`: what
