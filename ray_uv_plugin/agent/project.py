@@ -35,6 +35,16 @@ class ProjectFiles:
         """sha256 of uv.lock: in the key, and what its parse is remembered by."""
         return hashlib.sha256(self.lock).hexdigest()
 
+    @cached_property
+    def pyproject_table(self) -> dict:
+        """pyproject.toml, parsed once: a build's checks and its marker read it, a reuse never."""
+        try:
+            return tomllib.loads(self.pyproject.decode("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ProjectError(
+                f"uv_project: {self.path}/pyproject.toml is not valid TOML: {e}"
+            ) from e
+
 
 @dataclass(frozen=True)
 class LockedSources:
@@ -172,16 +182,9 @@ def load_project(path: Path, shipped: bool = False) -> ProjectFiles:
     return ProjectFiles(path, pyproject.read_bytes(), lock.read_bytes())
 
 
-def _pyproject(files: ProjectFiles) -> dict:
-    try:
-        return tomllib.loads(files.pyproject.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ProjectError(f"uv_project: {files.path}/pyproject.toml is not valid TOML: {e}") from e
-
-
 def project_name(files: ProjectFiles) -> str:
     """`[project] name`, which `ray-uv list` shows beside the (often temporary) path."""
-    return str(_pyproject(files).get("project", {}).get("name", "?"))
+    return str(files.pyproject_table.get("project", {}).get("name", "?"))
 
 
 def _check_names(
@@ -198,7 +201,7 @@ def _check_names(
 
 def check_request(files: ProjectFiles, spec: UvProjectSpec) -> None:
     """Fail fast, before uv runs, on what pyproject.toml alone shows is wrong."""
-    data = _pyproject(files)
+    data = files.pyproject_table
     project = data.get("project", {})
     _check_names(
         files,
