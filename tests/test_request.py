@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ray_uv_plugin.agent.project import load_project
-from ray_uv_plugin.agent.request import make_request
+from ray_uv_plugin.agent.request import KeyInputs, make_request
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv import UV_ENV_VAR, find_uv
 from ray_uv_plugin.agent.uv_env import UvEnvError
@@ -386,3 +386,11 @@ def test_the_key_of_fixed_inputs_is_pinned(pinned_request):
 def test_the_marker_records_the_key_inputs_as_before(pinned_request):
     """`inputs` of the marker: the same JSON, field order included (`write_marker`)."""
     assert json.dumps(pinned_request.inputs.as_json(), indent=1) == PINNED_MARKER_INPUTS
+
+
+def test_a_marker_written_before_gives_its_key_again():
+    """A ship receiver reads the inputs of markers that older plugins wrote: they must give the
+    venv's key (`KeyInputs.from_json`), or every venv built before would be refused."""
+    recorded = KeyInputs.from_json(json.loads(PINNED_MARKER_INPUTS))
+    assert recorded is not None and recorded.key == PINNED_KEY
+    assert recorded.interpreter == PINNED_INTERPRETER and recorded.uv == PINNED_UV
