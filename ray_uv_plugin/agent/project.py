@@ -279,7 +279,7 @@ def copied_sources(
     """(source as in uv.lock, content digest) of each non-editable path or directory source
     (`sources`: `local_sources(files)`, where the caller has it)."""
     digests = []
-    for source in (sources or local_sources(files)).copied:
+    for source in (local_sources(files) if sources is None else sources).copied:
         target = (files.path / source).resolve()
         if not target.exists():
             raise ProjectError(
