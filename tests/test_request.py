@@ -1,6 +1,7 @@
 """The content key: what changes it, and what must not. No Ray."""
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ray_uv_plugin.agent.project import load_project
-from ray_uv_plugin.agent.request import make_request
+from ray_uv_plugin.agent.request import KeyInputs, make_request
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv import UV_ENV_VAR, find_uv
 from ray_uv_plugin.agent.uv_env import UvEnvError
@@ -108,7 +109,7 @@ def test_fetch_settings_are_not_keyed(six_project, clean_env, where, name):
     value = NOT_KEYED_VARS[name]
     assert key_with(files, where, clean_env, {name: value}) == plain
     # A credential must not even reach the inputs recorded in the venv's marker.
-    inputs = make_request(parse_spec({}), files, {name: value}).inputs
+    inputs = make_request(parse_spec({}), files, {name: value}).inputs.as_json()
     assert "s3cret" not in json.dumps(inputs)
 
 
@@ -194,6 +195,25 @@ def test_uv_toml_above_is_keyed_only_where_uv_reads_it(six_project, tmp_path):
     assert venv_key(parse_spec({}), load_project(without)) not in (above, keys[without])
 
 
+@pytest.mark.parametrize("where", ["beside", "above"])
+def test_the_scratch_project_of_locked_false_gets_the_keyed_uv_toml(six_project, tmp_path, where):
+    """`locked: false` re-locks in a private copy (`builder._scratch_project`): the uv.toml that
+    the key holds, beside the project or above it, goes with the copy, by the file's path."""
+    from ray_uv_plugin.agent.builder import _scratch_project
+
+    proj = tmp_path / "parent" / "proj"
+    shutil.copytree(six_project, proj)
+    text = (proj / "pyproject.toml").read_text()
+    (proj / "pyproject.toml").write_text(text.split("\n[tool.uv]")[0] + "\n")
+    config = (proj if where == "beside" else proj.parent) / "uv.toml"
+    config.write_text("no-binary-package = ['six']\n")
+    request = make_request(parse_spec({"locked": False}), load_project(proj), {})
+    assert [c.path for c in request.config_files] == [config]
+    scratch = _scratch_project(request, tmp_path)
+    assert (scratch / "uv.toml").read_text() == config.read_text()
+    assert (scratch / "uv.lock").read_bytes() == (proj / "uv.lock").read_bytes()
+
+
 def _uv_wrapper(path: Path, version: str | None) -> Path:
     """A uv that answers `--version` with `version` (the real one if None) and is the real uv
     otherwise. A fresh file: `uv_version` caches per binary path, mtime and size."""
@@ -263,7 +283,114 @@ def test_editable_source_is_keyed_by_path_not_content(tmp_path):
     proj = write_with_mylib(tmp_path, editable=True)
     assert 'source = { editable = "../mylib" }' in (proj / "uv.lock").read_text()
     request = make_request(parse_spec({}), load_project(proj), {})
-    assert request.inputs["project_path"] == str(proj.resolve())
-    assert request.inputs["copied_sources"] == ()
+    assert request.inputs.project_path == str(proj.resolve())
+    assert request.inputs.copied_sources == ()
     (tmp_path / "mylib" / "mylib" / "__init__.py").write_text("VALUE = 2\n")
     assert venv_key(parse_spec({}), load_project(proj)) == request.key
+
+
+# --- The key and the marker's record of its inputs, pinned (issue 19): a venv built before a
+# change of this code must be found again after it. The node-dependent inputs (interpreter, uv)
+# are fixed here, the rest is the project's bytes and the request's settings. ---
+
+PINNED_PYPROJECT = b"""\
+[project]
+name = "pinned"
+version = "0.1.0"
+requires-python = ">=3.11"
+dependencies = ["six"]
+
+[project.optional-dependencies]
+fig = ["pyfiglet"]
+"""
+PINNED_LOCK = b"""\
+version = 1
+requires-python = ">=3.11"
+
+[[package]]
+name = "six"
+version = "1.17.0"
+source = { registry = "https://pypi.org/simple" }
+"""
+PINNED_UV_TOML = b"no-build-isolation-package = ['six']\n"
+PINNED_INTERPRETER = "cpython-3.12.0 (main) [GCC 12]-x86_64-linux-/usr/bin/python3.12"
+PINNED_UV = "uv 0.9.0"
+PINNED_KEY = "58c34c57c3f60838"
+PINNED_MARKER_INPUTS = """\
+{
+ "selection": {
+  "extras": [
+   "fig"
+  ],
+  "all_extras": false,
+  "groups": [
+   "dev"
+  ],
+  "no_default_groups": true,
+  "locked": true,
+  "frozen": false,
+  "install_project": false
+ },
+ "pyproject": "3622d80d0bb63d212507855f0625c0f6f58b14990941ebeed8634e0d0bd65c84",
+ "lock": "de0a4bd2b65bc5f9b157d6cbdcbc8056b460f9273a31fead7d06a9242d25b82f",
+ "config": [
+  [
+   "uv.toml",
+   "ee7e6d4b5c55df6bbfbf5987c86fe2de2dbacb62de11dd5d5d45c57ea133547f"
+  ]
+ ],
+ "copied_sources": [],
+ "interpreter": "cpython-3.12.0 (main) [GCC 12]-x86_64-linux-/usr/bin/python3.12",
+ "uv": "uv 0.9.0",
+ "env": [
+  [
+   "MAX_JOBS",
+   "2"
+  ],
+  [
+   "UV_COMPILE_BYTECODE",
+   "1"
+  ],
+  [
+   "UV_NO_DEV",
+   "1"
+  ]
+ ],
+ "project_path": null
+}"""
+
+
+@pytest.fixture
+def pinned_request(tmp_path, monkeypatch):
+    """A request with fixed inputs: no uv or keyed variable from the node's environment."""
+    from ray_uv_plugin.agent.uv_env import BUILD_VARS
+
+    for name in list(os.environ):
+        if name.startswith("UV_") or name in BUILD_VARS:
+            monkeypatch.delenv(name)
+    monkeypatch.setattr("ray_uv_plugin.agent.request.interpreter_tag", lambda: PINNED_INTERPRETER)
+    monkeypatch.setattr("ray_uv_plugin.agent.request.uv_version", lambda: PINNED_UV)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "pyproject.toml").write_bytes(PINNED_PYPROJECT)
+    (proj / "uv.lock").write_bytes(PINNED_LOCK)
+    (proj / "uv.toml").write_bytes(PINNED_UV_TOML)
+    spec = parse_spec({"extras": ["Fig"], "groups": ["dev"], "no_default_groups": True})
+    return make_request(spec, load_project(proj), {"UV_NO_DEV": "1", "MAX_JOBS": "2"})
+
+
+def test_the_key_of_fixed_inputs_is_pinned(pinned_request):
+    assert pinned_request.key == PINNED_KEY
+
+
+def test_the_marker_records_the_key_inputs_as_before(pinned_request):
+    """`inputs` of the marker: the same JSON, field order included (`write_marker`)."""
+    assert json.dumps(pinned_request.inputs.as_json(), indent=1) == PINNED_MARKER_INPUTS
+
+
+def test_a_marker_written_before_gives_its_key_again():
+    """A ship receiver reads the inputs of markers that older plugins wrote: they must give the
+    venv's key (`KeyInputs.from_json`), or every venv built before would be refused."""
+    recorded = KeyInputs.from_json(json.loads(PINNED_MARKER_INPUTS))
+    assert recorded is not None and recorded.key == PINNED_KEY
+    assert recorded.interpreter == PINNED_INTERPRETER and recorded.uv == PINNED_UV

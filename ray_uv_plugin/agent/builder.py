@@ -23,14 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ray_uv_plugin.agent import failed_builds
-from ray_uv_plugin.agent import project as project_files
 from ray_uv_plugin.agent.project import (
     ProjectError,
     ProjectFiles,
     check_ray_pin,
     check_request,
     project_name,
-    refers_to_project_path,
 )
 from ray_uv_plugin.agent.request import VenvRequest, make_request
 from ray_uv_plugin.agent.spec import UvProjectSpec
@@ -225,7 +223,7 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
     scratch = _scratch_project(request, venv.parent) if spec.resolves else None
     project_dir = scratch or files.path
     args = ["sync", "--project", str(project_dir), *spec.sync_args(), "--python", sys.executable]
-    for name in project_files.copied_source_names(files):  # uv caches their builds by mtime
+    for name in request.sources.copied_names:  # uv caches their builds by mtime
         args += ["--refresh-package", name]
     logger.info("uv_project %s: building: %s %s", venv.name, find_uv(), " ".join(args))
     env = {**request.uv_env, "UV_PROJECT_ENVIRONMENT": str(venv)}
@@ -301,7 +299,7 @@ def _scratch_project(request: VenvRequest, root: Path) -> Path:
     The copy lives in the venv dir, whose ancestors are trusted: uv looks for config files in
     the directories above a project, and anyone may write `/tmp/uv.toml`."""
     files = request.files
-    if refers_to_project_path(files, request.spec):
+    if request.points_into_project:
         raise ProjectError(
             f"uv_project: locked: false would re-lock {files.path}, whose lock has path or "
             "editable sources (or install_project is set) that only resolve in place, and the "
@@ -311,10 +309,9 @@ def _scratch_project(request: VenvRequest, root: Path) -> Path:
     scratch = Path(tempfile.mkdtemp(prefix=f"{request.key}.locked-false-", dir=root))
     (scratch / "pyproject.toml").write_bytes(files.pyproject)
     (scratch / "uv.lock").write_bytes(files.lock)
-    for name, _digest in request.inputs["config"]:  # type: ignore[union-attr]
-        source = files.path / name if name == "uv.toml" else Path(name)
-        if source.name == "uv.toml":
-            shutil.copyfile(source, scratch / "uv.toml")
+    for config in request.config_files:  # a uv.toml, beside the project or above it
+        if config.path.name == "uv.toml":
+            shutil.copyfile(config.path, scratch / "uv.toml")
     return scratch
 
 
@@ -344,6 +341,6 @@ def _write_marker(venv: Path, request: VenvRequest, seconds: float, immutable: b
             "built_at": time.time(),
             "build_seconds": round(seconds, 3),
             "immutable": immutable,  # chattr +i below the top dir (root only), else modes alone
-            "inputs": request.inputs,
+            "inputs": request.inputs.as_json(),
         },
     )

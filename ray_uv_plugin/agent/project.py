@@ -35,6 +35,16 @@ class ProjectFiles:
         """sha256 of uv.lock: in the key, and what its parse is remembered by."""
         return hashlib.sha256(self.lock).hexdigest()
 
+    @cached_property
+    def pyproject_table(self) -> dict:
+        """pyproject.toml, parsed once: a build's checks and its marker read it, a reuse never."""
+        try:
+            return tomllib.loads(self.pyproject.decode("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ProjectError(
+                f"uv_project: {self.path}/pyproject.toml is not valid TOML: {e}"
+            ) from e
+
 
 @dataclass(frozen=True)
 class LockedSources:
@@ -172,16 +182,9 @@ def load_project(path: Path, shipped: bool = False) -> ProjectFiles:
     return ProjectFiles(path, pyproject.read_bytes(), lock.read_bytes())
 
 
-def _pyproject(files: ProjectFiles) -> dict:
-    try:
-        return tomllib.loads(files.pyproject.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ProjectError(f"uv_project: {files.path}/pyproject.toml is not valid TOML: {e}") from e
-
-
 def project_name(files: ProjectFiles) -> str:
     """`[project] name`, which `ray-uv list` shows beside the (often temporary) path."""
-    return str(_pyproject(files).get("project", {}).get("name", "?"))
+    return str(files.pyproject_table.get("project", {}).get("name", "?"))
 
 
 def _check_names(
@@ -198,7 +201,7 @@ def _check_names(
 
 def check_request(files: ProjectFiles, spec: UvProjectSpec) -> None:
     """Fail fast, before uv runs, on what pyproject.toml alone shows is wrong."""
-    data = _pyproject(files)
+    data = files.pyproject_table
     project = data.get("project", {})
     _check_names(
         files,
@@ -270,10 +273,13 @@ def _tree_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def copied_sources(files: ProjectFiles) -> tuple[tuple[str, str], ...]:
-    """(source as in uv.lock, content digest) of each non-editable path or directory source."""
+def copied_sources(
+    files: ProjectFiles, sources: LockedSources | None = None
+) -> tuple[tuple[str, str], ...]:
+    """(source as in uv.lock, content digest) of each non-editable path or directory source
+    (`sources`: `local_sources(files)`, where the caller has it)."""
     digests = []
-    for source in local_sources(files).copied:
+    for source in (local_sources(files) if sources is None else sources).copied:
         target = (files.path / source).resolve()
         if not target.exists():
             raise ProjectError(
@@ -292,9 +298,18 @@ def _has_tool_uv(pyproject: Path) -> bool:
         return False
 
 
-def config_files(files: ProjectFiles) -> tuple[tuple[str, str], ...]:
-    """(path, sha256) of the uv config uv applies to this project beyond pyproject.toml: a
-    `uv.toml` beside it, or, if it has no `[tool.uv]`, the nearest one above, as uv finds it."""
+@dataclass(frozen=True)
+class ConfigFile:
+    """A uv config file that uv applies to the project beyond its pyproject.toml."""
+
+    path: Path  # the file uv reads
+    label: str  # how the key names it: `uv.toml` for the project's own, else `path`
+    digest: str  # sha256 of its bytes
+
+
+def config_files(files: ProjectFiles) -> tuple[ConfigFile, ...]:
+    """The uv config uv applies to this project beyond pyproject.toml: a `uv.toml` beside it,
+    or, if it has no `[tool.uv]`, the nearest one above, as uv finds it."""
     found = []
     for directory in (files.path, *files.path.resolve().parents):
         uv_toml = directory / "uv.toml"
@@ -302,18 +317,15 @@ def config_files(files: ProjectFiles) -> tuple[tuple[str, str], ...]:
             # The project's own by content alone: the same project in another session's
             # working_dir is the same venv.
             label = "uv.toml" if directory == files.path else str(uv_toml)
-            found.append((label, hashlib.sha256(uv_toml.read_bytes()).hexdigest()))
+            digest = hashlib.sha256(uv_toml.read_bytes()).hexdigest()
+            found.append(ConfigFile(uv_toml, label, digest))
             break
         pyproject = directory / "pyproject.toml"
         if directory == files.path:
             if b"[tool.uv" in files.pyproject and _has_tool_uv(pyproject):
                 break  # uv stops here; its bytes are keyed already
         elif pyproject.is_file() and _has_tool_uv(pyproject):
-            found.append((str(pyproject), hashlib.sha256(pyproject.read_bytes()).hexdigest()))
+            digest = hashlib.sha256(pyproject.read_bytes()).hexdigest()
+            found.append(ConfigFile(pyproject, str(pyproject), digest))
             break
     return tuple(found)
-
-
-def copied_source_names(files: ProjectFiles) -> list[str]:
-    """Names of the packages that uv.lock installs from a non-editable path/directory source."""
-    return list(locked_sources(files).copied_names)

@@ -8,6 +8,9 @@ What is in the key, and why (the README's trust table says the same):
   links to) and the uv version;
 - the env vars that steer what uv installs (`uv_env.keyed_settings`);
 - the project's path, only where the venv points into it (editable sources, install_project).
+
+`KeyInputs` holds them: the key is its digest, the marker records it, and a node offered a
+venv built elsewhere takes it only where its own inputs give the venv's key (`on_this_node`).
 """
 
 from __future__ import annotations
@@ -18,14 +21,18 @@ import os
 import platform
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
+from typing import Any
 
 from ray_uv_plugin.agent import project as project_files
-from ray_uv_plugin.agent.project import ProjectFiles
+from ray_uv_plugin.agent.project import ConfigFile, LockedSources, ProjectFiles
 from ray_uv_plugin.agent.spec import UvProjectSpec
 from ray_uv_plugin.agent.uv import uv_version
 from ray_uv_plugin.agent.uv_env import keyed_settings, sync_environment
 from ray_uv_plugin.store.layout import KEY_LENGTH
+
+Pairs = tuple[tuple[str, str], ...]
 
 
 def interpreter_tag() -> str:
@@ -35,12 +42,83 @@ def interpreter_tag() -> str:
 
 
 @dataclass(frozen=True)
+class KeyInputs:
+    """Everything that shapes a venv: equal inputs, the same venv. The key is their digest
+    (`key`), the marker records them (`as_json`), and nothing else decides "the same venv".
+
+    The fields, their order and their JSON are what venvs on the nodes were keyed and marked
+    with: a change makes every venv built before unfindable (tests/test_request.py pins them).
+    """
+
+    selection: Mapping[str, Any]  # `UvProjectSpec.selection()`
+    pyproject: str  # sha256 of pyproject.toml
+    lock: str  # sha256 of uv.lock
+    config: Pairs  # (label, sha256) of the uv config beyond pyproject.toml (`ConfigFile`)
+    copied_sources: Pairs  # (source as in uv.lock, content digest): `project.copied_sources`
+    interpreter: str  # `interpreter_tag()`
+    uv: str  # `uv_version()`
+    env: Pairs  # the uv settings that shape the venv: `uv_env.keyed_settings`
+    project_path: str | None  # where the venv points into the project dir, else None
+
+    def as_json(self) -> dict[str, Any]:
+        """The inputs as the marker records them, in field order."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @cached_property
+    def key(self) -> str:
+        blob = json.dumps(self.as_json(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:KEY_LENGTH]
+
+    @classmethod
+    def from_json(cls, data: object) -> KeyInputs | None:
+        """The inputs a marker recorded (`as_json`, through JSON), or None where `data` is no
+        whole record of them."""
+        names = [f.name for f in fields(cls)]
+        if not isinstance(data, dict) or sorted(data) != sorted(names):
+            return None
+        try:
+            values = {name: data[name] for name in names}
+            for name in ("config", "copied_sources", "env"):
+                values[name] = tuple((str(a), str(b)) for a, b in values[name])
+        except (TypeError, ValueError):
+            return None
+        if not isinstance(values["selection"], dict):
+            return None
+        return cls(**values)
+
+    def differs_on(self, other: KeyInputs) -> list[str]:
+        """The names of the fields whose values differ in `other`, in field order."""
+        return [f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+
+    def on_this_node(self, uv_env: Mapping[str, str], resolves: bool) -> KeyInputs:
+        """These inputs with this node's interpreter, uv and the uv settings of `uv_env`: what
+        this node's plugin keys the same project and selection with."""
+        return replace(
+            self,
+            interpreter=interpreter_tag(),
+            uv=uv_version(),
+            env=keyed_settings(uv_env, resolves=resolves),
+        )
+
+
+@dataclass(frozen=True)
 class VenvRequest:
     spec: UvProjectSpec
     files: ProjectFiles
     uv_env: Mapping[str, str] = field(repr=False)  # the environment uv runs in
-    inputs: Mapping[str, object]  # everything that shapes the venv, as hashed into `key`
-    key: str
+    inputs: KeyInputs  # everything that shapes the venv, as hashed into `key`
+    # What the build needs of the project beyond the key's digests, found while keying it.
+    config_files: tuple[ConfigFile, ...] = field(repr=False)
+    sources: LockedSources = field(repr=False)  # `project.local_sources`
+
+    @property
+    def key(self) -> str:
+        return self.inputs.key
+
+    @property
+    def points_into_project(self) -> bool:
+        """Whether the venv refers to the project's dir (so its path is in the key)."""
+        return self.inputs.project_path is not None
 
     @property
     def what(self) -> str:
@@ -56,18 +134,18 @@ def make_request(
     config_file = uv_env.get("UV_CONFIG_FILE")
     if config_file and not os.path.isabs(config_file):  # uv reads it from the project dir
         uv_env["UV_CONFIG_FILE"] = str(files.path / config_file)
-    refers = project_files.refers_to_project_path(files, spec)
-    inputs = {
-        "selection": spec.selection(),
-        "pyproject": hashlib.sha256(files.pyproject).hexdigest(),
-        "lock": files.lock_digest,
-        "config": project_files.config_files(files),
-        "copied_sources": project_files.copied_sources(files),
-        "interpreter": interpreter_tag(),
-        "uv": uv_version(),
-        "env": keyed_settings(uv_env, resolves=spec.resolves),
-        "project_path": str(files.path.resolve()) if refers else None,
-    }
-    blob = json.dumps(inputs, sort_keys=True).encode()
-    key = hashlib.sha256(blob).hexdigest()[:KEY_LENGTH]
-    return VenvRequest(spec, files, uv_env, inputs, key)
+    sources = project_files.local_sources(files)
+    configs = project_files.config_files(files)
+    refers = spec.install_project or sources.refers_to_paths
+    inputs = KeyInputs(
+        selection=spec.selection(),
+        pyproject=hashlib.sha256(files.pyproject).hexdigest(),
+        lock=files.lock_digest,
+        config=tuple((c.label, c.digest) for c in configs),
+        copied_sources=project_files.copied_sources(files, sources),
+        interpreter=interpreter_tag(),
+        uv=uv_version(),
+        env=keyed_settings(uv_env, resolves=spec.resolves),
+        project_path=str(files.path.resolve()) if refers else None,
+    )
+    return VenvRequest(spec, files, uv_env, inputs, configs, sources)

@@ -14,9 +14,8 @@ from typing import Any
 
 import ray
 
-from ray_uv_plugin.agent.request import interpreter_tag
-from ray_uv_plugin.agent.uv import uv_version
-from ray_uv_plugin.agent.uv_env import keyed_settings, sync_environment
+from ray_uv_plugin.agent.request import KeyInputs
+from ray_uv_plugin.agent.uv_env import sync_environment
 from ray_uv_plugin.ship import archive
 from ray_uv_plugin.ship.build_target import build_target, local_builds, target_differs
 from ray_uv_plugin.ship.install import install_received
@@ -32,6 +31,8 @@ from ray_uv_plugin.store.layout import (
 )
 
 WATCH_INTERVAL = 1.0  # how often a receiver checks how long it has held the lock
+# How a refusal names what a node contributes to a venv's key (`KeyInputs.on_this_node`).
+NODE_INPUTS = {"interpreter": "Python interpreter", "uv": "uv", "env": "set of uv settings"}
 
 
 class ShipError(RuntimeError):
@@ -53,8 +54,8 @@ def _where() -> str:
 def _keyed_env(marker: dict[str, Any]) -> dict[str, str]:
     """The uv settings the venv was built with (its key's), over this process's environment:
     the environment its build saw, as far as the build target goes."""
-    inputs = marker.get("inputs") or {}
-    return {**os.environ, **{name: value for name, value in inputs.get("env") or []}}
+    inputs = KeyInputs.from_json(marker.get("inputs"))
+    return {**os.environ, **dict(inputs.env if inputs is not None else ())}
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -142,19 +143,26 @@ class VenvReceiver:
             raise self._fail("checking the offer", e) from e
 
     def _refusal(self, source: dict[str, Any], env: dict[str, str], resolves: bool) -> str | None:
-        """Why this node's plugin would not use the source's venv; None if it would."""
+        """Why this node's plugin would not use the source's venv; None if it would: where the
+        venv's key inputs, with this node's interpreter, uv and uv settings, give its key."""
         marker = source["marker"]
-        inputs = marker.get("inputs") or {}
-        uv_settings = [list(item) for item in keyed_settings(env, resolves)]
-        for what, theirs, mine in (
+        for what, venvs, ours in (
             ("Ray", marker.get("ray"), ray.__version__),
-            ("Python interpreter", inputs.get("interpreter"), interpreter_tag()),
             ("platform", source["platform"], platform_tag()),
-            ("uv", inputs.get("uv"), uv_version()),
-            ("set of uv settings", inputs.get("env"), uv_settings),
         ):
-            if theirs != mine:
-                return f"another {what} here ({mine}; the venv's: {theirs})"
+            if venvs != ours:
+                return f"another {what} here ({ours}; the venv's: {venvs})"
+        theirs = KeyInputs.from_json(marker.get("inputs"))
+        if theirs is None:
+            return "its marker does not record the inputs of its key"
+        mine = theirs.on_this_node(env, resolves)
+        if mine.key != source["key"]:
+            differs = mine.differs_on(theirs)  # of NODE_INPUTS alone: the rest is the venv's
+            if not differs:
+                return f"its marker's inputs make key {mine.key}, not {source['key']}"
+            name = differs[0]
+            here, there = getattr(mine, name), getattr(theirs, name)
+            return f"another {NODE_INPUTS[name]} here ({here}; the venv's: {there})"
         if source.get("built_here"):
             return target_differs(source["target"], build_target(env), source["built_here"])
         return None

@@ -18,8 +18,9 @@ What is checked, and what may go where:
 - The sender holds the key's build lock shared for its whole life, so that neither `gc` nor a
   rebuild touches the venv while it is read; the stream itself is checked chunk by chunk and
   whole (`archive`), and a venv changed under the sender fails the receive.
-- A receiver takes a venv only where the node's own plugin would use it: the same Ray, Python
-  interpreter, platform, uv version and uv settings, and no ready venv of the key there yet.
+- A receiver takes a venv only where the node's own plugin would use it: the same Ray and
+  platform, the venv's key inputs (`KeyInputs`, in its marker) giving its key with the node's
+  own Python interpreter, uv version and uv settings, and no ready venv of the key there yet.
 - A venv holding wheels that uv built on the source node for its platform (`build_target`)
   goes only to nodes with the same build target: CPU instruction set, GPUs (unless
   TORCH_CUDA_ARCH_LIST is set), CUDA driver and toolkit. Other nodes build it themselves.

@@ -1,0 +1,95 @@
+"""A ship receiver's answer to an offer: it takes a venv built on another node only where the
+venv's key inputs, with this node's interpreter, uv and uv settings, give the venv's key (one
+definition of "the same venv": `KeyInputs`). The actor's class is used as a plain object: no
+Ray is started."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import ray
+
+from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.request import KeyInputs, make_request
+from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.agent.uv_env import sync_environment
+from ray_uv_plugin.ship.actors import VenvReceiver, platform_tag
+from tests.test_request import PINNED_LOCK, PINNED_PYPROJECT
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    for name in ("UV_NO_DEV", "UV_INDEX_URL", "MAX_JOBS"):
+        monkeypatch.delenv(name, raising=False)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "pyproject.toml").write_bytes(PINNED_PYPROJECT)
+    (proj / "uv.lock").write_bytes(PINNED_LOCK)
+    return load_project(proj)
+
+
+def offered(inputs: KeyInputs, key: str | None = None) -> dict[str, Any]:
+    """What a sender describes of a venv built with `inputs` (its marker, through JSON)."""
+    marker = {"key": inputs.key, "ray": ray.__version__, "inputs": inputs.as_json()}
+    marker = json.loads(json.dumps(marker))
+    return {"key": key or inputs.key, "marker": marker, "platform": platform_tag()}
+
+
+def refusal(source: dict[str, Any], env_vars: dict[str, str], resolves: bool = False):
+    receiver = VenvReceiver.__ray_metadata__.modified_class()
+    return receiver._refusal(source, sync_environment(env_vars), resolves)
+
+
+def test_the_inputs_a_marker_records_are_the_inputs(project):
+    inputs = make_request(parse_spec({"extras": ["fig"]}), project, {"UV_NO_DEV": "1"}).inputs
+    recorded = KeyInputs.from_json(json.loads(json.dumps(inputs.as_json())))
+    assert recorded == inputs and recorded.key == inputs.key
+    assert KeyInputs.from_json({**inputs.as_json(), "extra": 1}) is None
+    assert KeyInputs.from_json({"env": []}) is None
+    assert KeyInputs.from_json(None) is None
+
+
+def test_a_node_with_the_same_inputs_takes_the_venv(project):
+    request = make_request(parse_spec({}), project, {"UV_NO_DEV": "1"})
+    assert request.inputs.on_this_node(request.uv_env, resolves=False) == request.inputs
+    assert refusal(offered(request.inputs), {"UV_NO_DEV": "1"}) is None
+
+
+def test_a_node_with_other_uv_settings_refuses_it(project):
+    source = offered(make_request(parse_spec({}), project, {"UV_NO_DEV": "1"}).inputs)
+    why = refusal(source, {})
+    assert why.startswith("another set of uv settings here ((('UV_COMPILE_BYTECODE', "), why
+    assert "('UV_NO_DEV', '1')" in why.split("the venv's: ")[1]
+
+
+def test_index_settings_count_only_where_the_venv_resolves(project):
+    """`locked: false` keys the indexes it resolves from; a locked venv does not."""
+    env = {"UV_INDEX_URL": "https://mirror.invalid/simple"}
+    resolving = make_request(parse_spec({"locked": False}), project, env).inputs
+    assert refusal(offered(resolving), env, resolves=True) is None
+    assert refusal(offered(resolving), {}, resolves=True).startswith("another set of uv")
+    locked = make_request(parse_spec({}), project, env).inputs
+    assert refusal(offered(locked), {}) is None
+
+
+def test_another_interpreter_or_uv_is_named(project):
+    inputs = make_request(parse_spec({}), project, {}).inputs
+    elsewhere = replace(inputs, interpreter="cpython-3.99.0-x86_64-linux-/opt/python")
+    why = refusal(offered(elsewhere), {})
+    assert why.startswith("another Python interpreter here ("), why
+    assert why.endswith("; the venv's: cpython-3.99.0-x86_64-linux-/opt/python)"), why
+    assert refusal(offered(replace(inputs, uv="uv 0.0.1")), {}).startswith("another uv here")
+
+
+def test_a_venv_whose_marker_does_not_give_its_key_is_refused(project):
+    inputs = make_request(parse_spec({}), project, {}).inputs
+    source = offered(inputs, key="0123456789abcdef")
+    assert refusal(source, {}) == f"its marker's inputs make key {inputs.key}, not 0123456789abcdef"
+    source = offered(inputs)
+    del source["marker"]["inputs"]["uv"]
+    assert refusal(source, {}) == "its marker does not record the inputs of its key"
+    source["marker"]["ray"] = "0.0.1"
+    assert refusal(source, {}).startswith("another Ray here (")
