@@ -211,7 +211,7 @@ SHIP_WITHOUT_CAP = """
 import io, json, logging, sys
 from pathlib import Path
 from ray_uv_plugin.store import trust
-from ray_uv_plugin.ship import archive
+from ray_uv_plugin.ship import archive, relocation, unpack
 from ray_uv_plugin.store.build_lock import BuildLock
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
@@ -236,7 +236,7 @@ while not chunks[-1].last:
 receiver.mkdir(mode=0o700)
 lock = BuildLock(lock_path(receiver, built.key))
 assert lock.try_acquire()
-unpacker = archive.Unpacker(receiver, built.key, "test", sender_venv=str(built.path))
+unpacker = unpack.Unpacker(receiver, built.key, "test", sender_venv=str(built.path))
 for c in chunks:
     unpacker.add(c.index, c.sha256, c.data)
 tree = unpacker.finish(len(chunks), packer.total, packer.whole_sha256)

@@ -30,9 +30,10 @@ from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.ops.prepare import alive_nodes, prepare_nodes
-from ray_uv_plugin.ship import archive
-from ray_uv_plugin.ship.archive import ArchiveError, Packer, Unpacker
+from ray_uv_plugin.ship import archive, relocation
+from ray_uv_plugin.ship.archive import ArchiveError, Packer
 from ray_uv_plugin.ship.install import install_received
+from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store.build_lock import is_held
 from ray_uv_plugin.store.disk import venv_size
 from ray_uv_plugin.store.layout import check_ready, read_marker
@@ -74,7 +75,7 @@ def import_all(python: Path) -> dict:
 
 def works_where_it_is(venv: Path) -> None:
     """The venv runs from its own path: a console script and every package import."""
-    assert archive.relocate(venv, "/nowhere/else", str(venv)) == 0
+    assert relocation.relocate(venv, "/nowhere/else", str(venv)) == 0
     script = venv / "bin" / "ray"
     assert script.read_text().splitlines()[0] == f"#!{venv}/bin/python"
     out = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=120)

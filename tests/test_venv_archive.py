@@ -1,7 +1,7 @@
-"""The ship stream's format without Ray (`ship.archive`): hostile streams, built by hand with
-`tarfile` and correctly hashed, fed to a real `Unpacker`; the packer on trees that change under
-it; and relocation of real uv venvs (real uv, a real console script) between paths of each of
-uv's shebang forms. Ray's side of shipping is in tests/test_ship.py.
+"""The ship stream without Ray (`ship.archive`, `ship.unpack`, `ship.relocation`): hostile
+streams, built by hand with `tarfile` and correctly hashed, fed to a real `Unpacker`; the packer
+on trees that change under it; and relocation of real uv venvs (real uv, a real console script)
+between paths of each of uv's shebang forms. Ray's side of shipping is in tests/test_ship.py.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 
 from ray_uv_plugin.agent.uv import find_uv
-from ray_uv_plugin.ship import archive
-from ray_uv_plugin.ship.archive import ArchiveError, Packer, Unpacker
+from ray_uv_plugin.ship import archive, relocation
+from ray_uv_plugin.ship.archive import ArchiveError, Packer
 from ray_uv_plugin.ship.install import install_received
+from ray_uv_plugin.ship.unpack import Unpacker
 
 KEY = "0123456789abcdef"
 OTHER_KEY = "fedcba9876543210"
@@ -216,7 +217,7 @@ def test_a_venv_dir_whose_path_uv_would_quote_receives_nothing(tmp_path: Path) -
         Unpacker(root, KEY, "test")
     assert os.listdir(root) == []
     with pytest.raises(ArchiveError, match="the venv's new path"):
-        archive.relocate(tmp_path, f"/old/{KEY}", str(root / KEY))
+        relocation.relocate(tmp_path, f"/old/{KEY}", str(root / KEY))
 
 
 def test_relocate_never_follows_a_link_out_of_the_venv(tmp_path: Path) -> None:
@@ -228,11 +229,11 @@ def test_relocate_never_follows_a_link_out_of_the_venv(tmp_path: Path) -> None:
     venv.mkdir()
     (venv / "bin").symlink_to(outside)
     with pytest.raises(ArchiveError, match="bin is not a directory"):
-        archive.relocate(venv, old, new)
+        relocation.relocate(venv, old, new)
     (venv / "bin").unlink()
     (venv / "bin").mkdir()
     (venv / "bin" / "script").symlink_to(outside / "script")
-    assert archive.relocate(venv, old, new) == 0
+    assert relocation.relocate(venv, old, new) == 0
     assert (outside / "script").read_text() == f"#!{old}/bin/python\n"
 
 
@@ -490,6 +491,6 @@ def test_a_relocated_venv_has_the_scripts_uv_writes_for_its_new_path(
 
 def test_shebang_takes_uv_s_form_at_its_limit() -> None:
     exe = b"/" + b"x" * 123
-    assert archive.shebang(exe) == b"#!" + exe  # 2 + 124 + 1 = 127 bytes: still plain
-    assert archive.shebang(exe + b"y").startswith(b"#!/bin/sh\n'''exec' '/xxx")
-    assert archive.shebang(b"/a b/python").startswith(b"#!/bin/sh\n")
+    assert relocation.shebang(exe) == b"#!" + exe  # 2 + 124 + 1 = 127 bytes: still plain
+    assert relocation.shebang(exe + b"y").startswith(b"#!/bin/sh\n'''exec' '/xxx")
+    assert relocation.shebang(b"/a b/python").startswith(b"#!/bin/sh\n")

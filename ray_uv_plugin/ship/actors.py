@@ -16,7 +16,7 @@ import ray
 
 from ray_uv_plugin.agent.request import KeyInputs
 from ray_uv_plugin.agent.uv_env import sync_environment
-from ray_uv_plugin.ship import archive
+from ray_uv_plugin.ship import archive, unpack
 from ray_uv_plugin.ship.build_target import build_target, local_builds, target_differs
 from ray_uv_plugin.ship.install import install_received
 from ray_uv_plugin.store import trust
@@ -123,7 +123,7 @@ class VenvReceiver:
     def __init__(self) -> None:
         self.root = venv_root()
         self.lock: BuildLock | None = None
-        self.unpacker: archive.Unpacker | None = None
+        self.unpacker: unpack.Unpacker | None = None
         self.source: dict[str, Any] = {}
         self.start = time.monotonic()
         self.gave_up: str | None = None
@@ -185,7 +185,7 @@ class VenvReceiver:
             self.abort()
             return {"decision": "reused"}
         remove_leftovers(self.root, key)
-        self.unpacker = archive.Unpacker(self.root, key, source["host"], sender_venv=source["venv"])
+        self.unpacker = unpack.Unpacker(self.root, key, source["host"], sender_venv=source["venv"])
         self.start = time.monotonic()
         limit = build_timeout()
         threading.Thread(
@@ -209,7 +209,7 @@ class VenvReceiver:
             )
             self.abort()
 
-    def _receiving(self, step: str) -> archive.Unpacker:
+    def _receiving(self, step: str) -> unpack.Unpacker:
         if self.unpacker is None:
             why = self.gave_up or "not receiving (failed before)"
             raise ShipError(f"node {_where()}: {step}: {why}")

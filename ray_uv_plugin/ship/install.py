@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.ship import archive
+from ray_uv_plugin.ship import relocation
 from ray_uv_plugin.store import trust
 from ray_uv_plugin.store.layout import write_marker
 
@@ -15,11 +15,11 @@ from ray_uv_plugin.store.layout import write_marker
 def install_received(root: Path, key: str, tree: Path, meta: Mapping[str, Any]) -> None:
     """Make a venv unpacked from another node (`ship`, checked whole) the ready `<key>`: the
     caller holds the key's build lock. Renamed into place, frozen, then marked, as builds are."""
-    old = archive.check_sender_venv(str(meta["venv"]), key)  # the sender's say: checked
+    old = relocation.check_sender_venv(str(meta["venv"]), key)  # the sender's say: checked
     venv = root / key
     if os.path.lexists(venv):  # not ready, or the caller would not have unpacked it
         trust.remove_tree(venv)
-    archive.relocate(tree, old, str(venv))
+    relocation.relocate(tree, old, str(venv))
     os.rename(tree, venv)
     try:
         immutable = trust.freeze(venv)
