@@ -62,7 +62,7 @@ import ray
 import ray_uv_plugin
 from benchmarks import netns
 from ray_uv_plugin.agent.uv import find_uv, uv_version
-from ray_uv_plugin.store.trust import thaw
+from ray_uv_plugin.store.freezing import thaw
 
 BIN = Path(sys.executable).parent
 WHEEL_CACHE = Path(tempfile.gettempdir()) / "ruv-bench-wheels"

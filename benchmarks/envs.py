@@ -228,7 +228,7 @@ def sync_by_hand(
 def remove_tree(path: Path) -> None:
     """Remove a dir that may hold the plugin's venvs: they are frozen once built (read-only,
     and immutable dirs where the plugin runs as root), so thaw them first."""
-    from ray_uv_plugin.store.trust import remove_tree as remove_frozen
+    from ray_uv_plugin.store.freezing import remove_tree as remove_frozen
 
     remove_frozen(path)
 

@@ -33,7 +33,7 @@ def _plugin_registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
     os.environ["RAY_UV_PLUGIN_VENV_DIR"] = str(tmp_path_factory.mktemp("venvs"))
     yield
     # Venvs built as root are immutable below their top dir: let pytest remove old runs.
-    from ray_uv_plugin.store.trust import thaw
+    from ray_uv_plugin.store.freezing import thaw
 
     thaw(tmp_path_factory.getbasetemp())
     for k, v in saved.items():

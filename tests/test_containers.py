@@ -27,7 +27,7 @@ from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv_env import sync_environment
 from ray_uv_plugin.ops import gc, inventory, processes, removal
-from ray_uv_plugin.store import trust
+from ray_uv_plugin.store import freezing
 from ray_uv_plugin.store.layout import MARKER, check_ready, lock_path, read_marker
 from tests.uvproject import write_project
 
@@ -210,7 +210,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 SHIP_WITHOUT_CAP = """
 import io, json, logging, sys
 from pathlib import Path
-from ray_uv_plugin.store import trust
+from ray_uv_plugin.store import freezing
 from ray_uv_plugin.ship import archive, relocation, unpack
 from ray_uv_plugin.store.build_lock import BuildLock
 from ray_uv_plugin.agent.project import load_project
@@ -243,7 +243,7 @@ tree = unpacker.finish(len(chunks), packer.total, packer.whole_sha256)
 install_received(receiver, built.key, tree, {**read_marker(built.path), "venv": str(built.path)})
 lock.release()
 print(json.dumps({
-    "can_change_immutable": trust.can_change_immutable(),
+    "can_change_immutable": freezing.can_change_immutable(),
     "built": built.built, "reused": not reused.built, "key": built.key, "log": log.getvalue(),
 }))
 """
@@ -397,4 +397,4 @@ def test_a_build_beside_the_uv_cache_on_another_volume_says_so(project: Path, tm
         out.stdout,
         re.MULTILINE,
     ), out.stdout
-    trust.remove_tree(outcome.path)  # frozen: the unmount would not mind, but be tidy
+    freezing.remove_tree(outcome.path)  # frozen: the unmount would not mind, but be tidy

@@ -49,7 +49,7 @@ def test_a_venv_dir_or_key_that_is_a_file(project, tmp_path):
         ensure_venv(parse_spec({}), load_project(project), root=root)
     root = tmp_path / "venvs"
     first = ensure_venv(parse_spec({}), load_project(project), root=root)
-    from ray_uv_plugin.store.trust import remove_tree
+    from ray_uv_plugin.store.freezing import remove_tree
 
     remove_tree(first.path)
     first.path.write_text("someone's file\n")

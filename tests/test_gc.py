@@ -25,7 +25,7 @@ from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.ops import gc, inventory, processes, units
 from ray_uv_plugin.ops.inventory import BUILDING, INCOMPLETE, READY, UNTRUSTED, VenvEntry
-from ray_uv_plugin.store import build_lock, disk, trust
+from ray_uv_plugin.store import build_lock, disk, freezing
 from ray_uv_plugin.store.layout import MARKER, VenvDirError, lock_path
 from tests.uvproject import write_project
 
@@ -304,7 +304,7 @@ def test_a_build_that_ends_while_scanned_is_ready_not_dead(
 
 
 def freeze_like_a_build(venv: Path) -> None:
-    """Directories below the top one read-only, as `trust.freeze` leaves them (without the
+    """Directories below the top one read-only, as `freezing.freeze` leaves them (without the
     immutable flag, which `rm -rf` by root then stops at)."""
     for dirpath, _dirnames, _filenames in os.walk(venv, topdown=False):
         if dirpath != str(venv):
@@ -715,7 +715,7 @@ def test_gc_racing_the_plugin_never_breaks_a_request(project: Path, tmp_path: Pa
 def kill_build(venv: Path, hours: float = 0) -> None:
     """Make a built venv look like a build killed before its marker, `hours` ago: never
     frozen, so its directories are writable."""
-    trust.thaw(venv)
+    freezing.thaw(venv)
     (venv / MARKER).unlink(missing_ok=True)
     t = time.time() - hours * 3600
     for path in (venv, lock_path(venv.parent, venv.name)):
@@ -924,7 +924,7 @@ def shared_venv_dir(base: Path, gid: int, mode: int = 0o2770) -> Path:
 
 
 def member_venv(root: Path, key: str, owner: tuple[int, int], days_idle: float) -> Path:
-    """A ready venv as `trust.freeze` and `write_marker` leave it for the plugin's checks (a
+    """A ready venv as `freezing.freeze` and `write_marker` leave it for the plugin's checks (a
     site-packages dir, a bin/python), group-readable, marker and lock unused for `days_idle`."""
     venv = made_by_plugin(root, key, {"project": "/p", "site_packages": "lib/site-packages"})
     (venv / "lib" / "site-packages").mkdir(parents=True)

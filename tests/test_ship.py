@@ -389,7 +389,7 @@ def test_a_sender_killed_mid_way_fails_cleanly_and_the_next_attempt_ships(
     assert on_b.outcome == "built", results
     assert "the source node" in on_b.note and "sending chunk 3" in on_b.note, on_b.note
     assert not list(b.venvs.glob("*.ship-*"))
-    from ray_uv_plugin.store.trust import remove_tree
+    from ray_uv_plugin.store.freezing import remove_tree
 
     remove_tree(b.venvs / on_b.key)
     again = prepare_nodes(value, live_nodes(), 600, chunk_bytes=4 * MiB)
@@ -524,7 +524,7 @@ def test_the_building_node_dying_mid_way_fails_cleanly(two_nodes, tmp_path: Path
     on_d = by_dir(ids.values(), d)
     on_b = by_dir(ids.values(), b)
     assert on_d.built and on_b.built  # every node built it; B's goes, to be shipped again
-    from ray_uv_plugin.store.trust import remove_tree
+    from ray_uv_plugin.store.freezing import remove_tree
 
     remove_tree(b.venvs / on_b.key)
 

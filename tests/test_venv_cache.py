@@ -128,7 +128,7 @@ def test_checks_before_uv_runs(project, tmp_path, counting_uv):
 
 def _break(venv: Path, how: str) -> None:
     """Damage a ready venv the way an operator or a crashed disk might."""
-    from ray_uv_plugin.store.trust import remove_tree, thaw
+    from ray_uv_plugin.store.freezing import remove_tree, thaw
 
     site = next(venv.glob("lib/python*/site-packages"))
     thaw(venv)  # the plugin leaves venvs read-only

@@ -33,7 +33,7 @@ from ray_uv_plugin.agent.project import (
 from ray_uv_plugin.agent.request import VenvRequest, make_request
 from ray_uv_plugin.agent.spec import UvProjectSpec
 from ray_uv_plugin.agent.uv import UvSyncError, UvTimeout, find_uv, run_uv, sync_failure
-from ray_uv_plugin.store import trust
+from ray_uv_plugin.store import freezing, trust
 from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, LOCK_MARGIN, BuildLock, build_timeout
 from ray_uv_plugin.store.layout import (
     MARKER_FORMAT,
@@ -217,7 +217,7 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
     check_request(files, spec)
     check_ray_pin(files, ray.__version__)
     if os.path.lexists(venv):
-        trust.remove_tree(venv)
+        freezing.remove_tree(venv)
     remove_leftovers(venv.parent, venv.name)  # of a receive that died
     project_fd = os.open(files.path, os.O_RDONLY | os.O_DIRECTORY)  # to tell if it is replaced
     scratch = _scratch_project(request, venv.parent) if spec.resolves else None
@@ -264,17 +264,17 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
                 f"=={ray.__version__} a dependency of the environment you ask for and run "
                 "`uv lock`."
             )
-        immutable = trust.freeze(venv)
+        immutable = freezing.freeze(venv)
         if os.geteuid() == 0 and not immutable:
-            logger.warning("uv_project %s: %s.", venv.name, trust.unfrozen_note())
+            logger.warning("uv_project %s: %s.", venv.name, freezing.unfrozen_note())
         _write_marker(venv, request, result.seconds, immutable)
     except OSError as e:
-        trust.remove_tree(venv)
+        freezing.remove_tree(venv)
         if e.errno == errno.ENOSPC:
             raise UvSyncError(_no_space(venv)) from e
         raise
     except BaseException:
-        trust.remove_tree(venv)
+        freezing.remove_tree(venv)
         raise
     finally:
         os.close(project_fd)

@@ -165,7 +165,7 @@ def node_notes(venv: Path, project: Path) -> list[str]:
 
     from ray_uv_plugin.agent.builder import cache_split_note
     from ray_uv_plugin.agent.uv_env import sync_environment
-    from ray_uv_plugin.store import trust
+    from ray_uv_plugin.store import freezing
     from ray_uv_plugin.store.layout import read_marker
 
     notes = []
@@ -173,7 +173,7 @@ def node_notes(venv: Path, project: Path) -> list[str]:
     if split:
         notes.append(split)
     if os.geteuid() == 0 and (read_marker(venv) or {}).get("immutable") is False:
-        notes.append(trust.unfrozen_note())
+        notes.append(freezing.unfrozen_note())
     return notes
 
 

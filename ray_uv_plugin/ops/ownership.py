@@ -3,8 +3,8 @@
 A key-named directory without a (valid) marker is ours, in a venv dir that
 the trust rules already make private to this user (or the trusted group): uv's `pyvenv.cfg`
 in it and the plugin's `<key>.lock` beside it, or, once those are gone (`rm -rf` by root
-deletes them and stops at the directories `trust.freeze` made immutable), the state that only
-`trust.freeze` leaves: a `lib/` and no directory below the top one with a write bit, all of
+deletes them and stops at the directories `freezing.freeze` made immutable), the state that only
+`freezing.freeze` leaves: a `lib/` and no directory below the top one with a write bit, all of
 one owner. Nothing else writes there, and nobody makes a whole tree read-only by accident.
 """
 
@@ -104,7 +104,7 @@ def lock_form(lock: Path) -> tuple[bool, str | None]:
 
 
 def frozen_as_built(venv: Path) -> bool:
-    """Whether `venv` is as `trust.freeze` leaves a built venv (see the module docstring): a
+    """Whether `venv` is as `freezing.freeze` leaves a built venv (see the module docstring): a
     `lib/`, and no directory below the top one with a write bit, all of one owner."""
     try:
         owner = os.lstat(venv).st_uid

@@ -13,7 +13,7 @@ a dry run promises only what the real run can do.
      then rebuild);
   4. check the marker, the lock and `/proc` once more, for a request that found it just before
      the rename, and put it back if so;
-  5. delete it (venvs are read-only: `trust.remove_tree`) and its lock file, still holding the
+  5. delete it (venvs are read-only: `freezing.remove_tree`) and its lock file, still holding the
      lock (a waiter then sees an unlinked inode and retries on a new file).
 """
 
@@ -30,11 +30,11 @@ from ray_uv_plugin.ops import inventory
 from ray_uv_plugin.ops.inventory import INCOMPLETE, Other, VenvEntry
 from ray_uv_plugin.ops.ownership import lock_form_problem, lstat
 from ray_uv_plugin.ops.processes import processes
-from ray_uv_plugin.store import trust
+from ray_uv_plugin.store import freezing, trust
 from ray_uv_plugin.store.layout import MARKER, lock_path
 
 # chattr +i / +a: nobody, root included, may rename or remove such an entry, or one inside
-# such a directory, until root clears the flag (`trust.thaw` does, for directories, as root).
+# such a directory, until root clears the flag (`freezing.thaw` does, for directories, as root).
 _FS_IOC_GETFLAGS, _IMMUTABLE_OR_APPEND = 0x80086601, 0x10 | 0x20
 
 
@@ -60,7 +60,7 @@ def chattr_flags(path: Path) -> int:
 
 
 def _tree_blocker(tree: Path) -> str | None:
-    """What keeps this process from deleting `tree`: `trust.remove_tree` makes each directory
+    """What keeps this process from deleting `tree`: `freezing.remove_tree` makes each directory
     writable first, which needs its owner or root, and cannot clear chattr flags without
     CAP_LINUX_IMMUTABLE (root in a container usually lacks it)."""
     me = os.geteuid()
@@ -122,7 +122,7 @@ def removal_blocker(root: Path, path: Path, lock: Path | None = None) -> str | N
     st = lstat(path)
     if st is None or not stat.S_ISDIR(st.st_mode):
         return None
-    if me != 0 or not trust.can_change_immutable():
+    if me != 0 or not freezing.can_change_immutable():
         return _tree_blocker(path)
     return None
 
@@ -231,7 +231,7 @@ def _remove_locked(root: Path, entry: VenvEntry, fd: int, lock_mtime: float) -> 
         os.rename(trash, entry.path)  # nobody can have rebuilt it: we hold its lock
         return why or "in use"
     try:
-        trust.remove_tree(trash)
+        freezing.remove_tree(trash)
     except OSError as e:  # the trash is garbage for the next gc, once this one is gone
         return f"removal failed: {e}"
     _unlink_held(lock, fd)
@@ -270,7 +270,7 @@ def remove_garbage(root: Path, paths: Sequence[Path]) -> tuple[list[Path], list[
             if why is None and path.suffix == ".lock":
                 why = _remove_lock(path)
             elif why is None:
-                trust.remove_tree(path)
+                freezing.remove_tree(path)
         except OSError as e:
             why = f"removal failed: {e}"
         if why is None:

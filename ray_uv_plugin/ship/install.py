@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_uv_plugin.ship import relocation
-from ray_uv_plugin.store import trust
+from ray_uv_plugin.store import freezing
 from ray_uv_plugin.store.layout import write_marker
 
 
@@ -18,13 +18,13 @@ def install_received(root: Path, key: str, tree: Path, meta: Mapping[str, Any]) 
     old = relocation.check_sender_venv(str(meta["venv"]), key)  # the sender's say: checked
     venv = root / key
     if os.path.lexists(venv):  # not ready, or the caller would not have unpacked it
-        trust.remove_tree(venv)
+        freezing.remove_tree(venv)
     relocation.relocate(tree, old, str(venv))
     os.rename(tree, venv)
     try:
-        immutable = trust.freeze(venv)
+        immutable = freezing.freeze(venv)
         marker = {k: v for k, v in meta.items() if k != "venv"}
         write_marker(venv, {**marker, "key": key, "immutable": immutable})
     except BaseException:
-        trust.remove_tree(venv)
+        freezing.remove_tree(venv)
         raise

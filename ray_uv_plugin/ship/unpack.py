@@ -39,7 +39,7 @@ from ray_uv_plugin.ship.archive import (
     manifest_entry,
 )
 from ray_uv_plugin.ship.relocation import check_script_path, check_sender_venv
-from ray_uv_plugin.store import trust
+from ray_uv_plugin.store import freezing
 from ray_uv_plugin.store.layout import MARKER, SHIP_INFIX
 
 _POLL_SECONDS = 0.2  # how often a waiting thread looks for an error or an abort
@@ -353,4 +353,4 @@ class Unpacker:
         """Stop unpacking (the thread stops at its next read) and remove the tree."""
         self._aborted.set()
         self._thread.join(timeout=min(self.stall_s, 30.0))
-        trust.remove_tree(self.tmp)
+        freezing.remove_tree(self.tmp)

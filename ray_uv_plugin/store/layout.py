@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.store import trust
+from ray_uv_plugin.store import freezing, trust
 
 VENV_DIR_ENV = "RAY_UV_PLUGIN_VENV_DIR"
 DEFAULT_VENV_DIR = Path("~/.cache/ray-uv-plugin/venvs")
@@ -159,7 +159,7 @@ def remove_leftovers(root: Path, key: str) -> int:
     removed = 0
     for entry in os.scandir(root):
         if entry.name.startswith(f"{key}{SHIP_INFIX}"):
-            trust.remove_tree(Path(entry.path))
+            freezing.remove_tree(Path(entry.path))
             removed += 1
     return removed
 
