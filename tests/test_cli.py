@@ -305,7 +305,7 @@ def test_prepare_reports_a_failing_ray_init_as_what_it_is(
     import ray
     from ray._private import ray_constants
 
-    from ray_uv_plugin.ops import prepare
+    from ray_uv_plugin.ops import connect
 
     seen: dict[str, object] = {}
 
@@ -315,8 +315,8 @@ def test_prepare_reports_a_failing_ray_init_as_what_it_is(
 
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", True, raising=False)
-    with pytest.raises(prepare.PrepareError) as e:
-        prepare.connect("auto", {"working_dir": "/p"})
+    with pytest.raises(connect.ConnectError) as e:
+        connect.connect("auto", {"working_dir": "/p"})
     assert str(e.value).startswith(message)
     assert seen["_skip_env_hook"] is True and seen["ray_uv_hook"] is False
     assert seen["runtime_env"] == {"working_dir": "/p"}

@@ -43,6 +43,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from ray_uv_plugin.agent.project import ProjectError
     from ray_uv_plugin.agent.spec import UvProjectSpecError
     from ray_uv_plugin.ops import prepare
+    from ray_uv_plugin.ops.connect import ConnectError
 
     console = Console(stderr=True, soft_wrap=True)  # log-friendly: no hard wraps in pipes
     project = Path(args.project).expanduser().resolve()
@@ -124,7 +125,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                 **watching,
                 **selection_flags(args),
             )
-        except (UvProjectSpecError, ProjectError, prepare.PrepareError) as e:
+        except (UvProjectSpecError, ProjectError, prepare.PrepareError, ConnectError) as e:
             raise CliError(str(e)) from e
     if args.watch:
         console.print("Stopped watching", markup=False)
@@ -275,7 +276,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     except Exception as e:
         if type(e).__name__ == "RuntimeEnvSetupError":
-            from ray_uv_plugin.ops.prepare import clean_error
+            from ray_uv_plugin.ops.connect import clean_error
 
             raise CliError(clean_error(e)) from e
         raise

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ray_uv_plugin import PLUGINS_ENV, plugins_setting
-from ray_uv_plugin.ops.prepare import EXCLUDES, init_unhooked
+from ray_uv_plugin.ops.connect import init_unhooked
+from ray_uv_plugin.ops.prepare import EXCLUDES
 from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
 from ray_uv_plugin.store.layout import MARKER, VENV_ENV
 

@@ -16,8 +16,6 @@ nothing: `ship` gives up on it alone, so their probes keep their time.
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -26,6 +24,7 @@ from typing import Any
 
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.ops.connect import clean_error, connect
 
 # Not shipped with the project: Ray's working_dir upload has a size limit and needs none of it.
 EXCLUDES = [".venv", ".git", "__pycache__", "*.pyc", ".ruff_cache", ".pytest_cache"]
@@ -133,15 +132,6 @@ def check_locally(project: Path, value: Mapping[str, Any], shared: bool) -> None
     check_request(load_project(project), parse_spec(value))
 
 
-def clean_error(exc: BaseException) -> str:
-    """The useful part of a Ray error: from our plugin's message on, without Ray's preamble."""
-    text = str(exc)
-    start = text.find("uv_project")
-    if start > 0:
-        text = text[start:]
-    return text.strip()
-
-
 def lacks_plugin(address: str, python: str) -> str:
     """What to say of a node whose worker ran in the node's own Python despite `uv_project`."""
     return (
@@ -150,67 +140,6 @@ def lacks_plugin(address: str, python: str) -> str:
         'Restart that node with the plugin registered: `eval "$(ray-uv plugin-config --shell)"` '
         "before `ray start` (and ray-uv-plugin installed in its Python)."
     )
-
-
-def init_unhooked(**kwargs: Any) -> None:
-    """`ray.init(**kwargs)` for a driver of this package's own (`prepare`, the demo), whose
-    job runtime_env is exactly `kwargs["runtime_env"]`: no driver hook may rewrite it.
-
-    Under `uv run` (`uv run ray-uv prepare --project P` in another uv project), Ray's own hook
-    would give the job that project's `uv run` as py_executable and refuse a working_dir P
-    without its pyproject.toml; a RAY_RUNTIME_ENV_HOOK (ours makes the `uv run` project the
-    job's uv_project) would change the job as well. Ray reads RAY_ENABLE_UV_RUN_RUNTIME_ENV
-    when it is imported, so setting the env var here would come too late: its constant is off
-    for this call only (a caller's own later `ray.init` keeps its hook), and
-    `_skip_env_hook` skips RAY_RUNTIME_ENV_HOOK (Ray 2.44.1 has only that one).
-    """
-    import ray
-    from ray._private import ray_constants
-
-    missing = object()
-    saved = getattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", missing)
-    ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
-    try:
-        ray.init(_skip_env_hook=True, **kwargs)
-    finally:
-        if saved is missing:
-            del ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV
-        else:
-            ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = saved
-
-
-def connect(address: str | None, runtime_env: dict[str, Any] | None) -> None:
-    target = address or os.environ.get("RAY_ADDRESS") or "auto"
-    hint = (
-        'start one with `eval "$(ray-uv plugin-config --shell)"; ray start --head`, '
-        "or pass --address (the GCS address `host:6379`, or set RAY_ADDRESS)."
-    )
-    reachable_or_die(target, hint)
-    try:
-        init_unhooked(
-            address=target,
-            runtime_env=runtime_env,
-            log_to_driver=False,
-            logging_level="WARNING",
-            namespace="ray-uv-prepare",
-        )
-    except ConnectionError as e:
-        raise PrepareError(f"cannot connect to a Ray cluster at {target!r} ({e}): {hint}") from e
-    except Exception as e:  # noqa: BLE001 - connected or not, Ray refused the job: say why
-        raise PrepareError(f"ray.init(address={target!r}) failed: {type(e).__name__}: {e}") from e
-
-
-def reachable_or_die(address: str, hint: str, timeout: float = 5.0) -> None:
-    """Ray retries an unreachable GCS for minutes; a `host:port` we can check at once."""
-    host, sep, port = address.rpartition(":")
-    if not sep or "://" in address or not port.isdigit():
-        return  # "auto", "ray://...": Ray answers those quickly itself
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
-    except OSError as e:
-        raise PrepareError(
-            f"no Ray cluster answers at {address} ({e.strerror or e}): {hint}"
-        ) from e
 
 
 def alive_nodes() -> list[tuple[str, str]]:
@@ -442,8 +371,9 @@ def prepare_env(
     RAY_UV_PLUGIN_SHIP=0), or let every node build it (`ship=False`).
 
     Connects to the cluster at `address` and disconnects after; `flags` are the uv_project
-    flags (`locked`, `frozen`, `all_extras`, ...). Raises `PrepareError` (or the spec's and
-    project's errors) for what keeps it from starting; each node's failure is in its result.
+    flags (`locked`, `frozen`, `all_extras`, ...). Raises `ConnectError`, `PrepareError` (or
+    the spec's and project's errors) for what keeps it from starting; each node's failure is in
+    its result.
     `on_start(value, nodes)` is called once connected, with the uv_project value and how many
     nodes there are; `on_result` as each node is done; `on_progress` with each shipped chunk.
     """

@@ -27,6 +27,7 @@ from time import sleep
 from typing import Any, NoReturn
 
 from ray_uv_plugin.ops import prepare
+from ray_uv_plugin.ops.connect import clean_error
 from ray_uv_plugin.ops.prepare import NodeResult
 
 DEFAULT_INTERVAL = 10.0
@@ -108,7 +109,7 @@ def watch_nodes(
                     on_progress=on_progress,
                 )
         except Exception as e:  # noqa: BLE001 - the round's nodes failed, not the watch
-            error = f"{type(e).__name__}: {prepare.clean_error(e)}"
+            error = f"{type(e).__name__}: {clean_error(e)}"
             for node_id, address in new:
                 if node_id not in results:
                     report(NodeResult(node_id, address, False, 0.0, error=error))

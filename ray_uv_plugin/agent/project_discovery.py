@@ -1,0 +1,75 @@
+"""Where uv finds a project from a directory, as `uv run` does from the driver's: the nearest
+pyproject.toml at or above it, the workspace above that which lists it, and whether uv installs
+the project itself. No Ray.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+
+def _pyproject(directory: Path) -> dict[str, Any] | None:
+    try:
+        return tomllib.loads((directory / "pyproject.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return None
+
+
+def project_name(directory: Path) -> str | None:
+    """`[project] name` of the pyproject.toml in `directory`, if it has one."""
+    data = _pyproject(directory) or {}
+    name = data.get("project", {}).get("name")
+    return name if isinstance(name, str) else None
+
+
+def is_package(directory: Path) -> bool:
+    """Whether uv installs this project itself: `tool.uv.package` if set, else whether it has a
+    `[build-system]` (and is a `[project]` at all)."""
+    data = _pyproject(directory) or {}
+    if "project" not in data:
+        return False
+    declared = data.get("tool", {}).get("uv", {}).get("package")
+    return declared if isinstance(declared, bool) else "build-system" in data
+
+
+def _workspace_members(root: Path) -> set[Path]:
+    """The member directories a workspace root's `tool.uv.workspace` globs name, and itself."""
+    table = ((_pyproject(root) or {}).get("tool", {}).get("uv", {}).get("workspace")) or {}
+
+    def expand(key: str) -> set[Path]:
+        return {
+            p.resolve()
+            for pattern in table.get(key, [])
+            for p in root.glob(pattern)
+            if (p / "pyproject.toml").is_file()
+        }
+
+    return {root, *(expand("members") - expand("exclude"))}
+
+
+def workspace_member(root: Path, package: str) -> Path | None:
+    """The member directory of the workspace at `root` whose project is named `package`."""
+    for member in _workspace_members(root):
+        name = project_name(member)
+        if name is not None and canonicalize_name(name) == canonicalize_name(package):
+            return member
+    return None
+
+
+def find_project(start: Path) -> tuple[Path, Path] | None:
+    """(the dir holding uv.lock, the project's own dir) as uv discovers them from `start`: the
+    nearest pyproject.toml at or above it, and the workspace above that which lists it."""
+    member = next((d for d in (start, *start.parents) if (d / "pyproject.toml").is_file()), None)
+    if member is None:
+        return None
+    for directory in (member, *member.parents):
+        data = _pyproject(directory) or {}
+        if "workspace" in data.get("tool", {}).get("uv", {}):
+            # The nearest workspace decides: its member, or a project of its own.
+            root = directory if member in _workspace_members(directory) else member
+            return root, member
+    return member, member
