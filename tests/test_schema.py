@@ -19,7 +19,7 @@ import ray_uv_plugin
 from ray_uv_plugin.agent.spec import (
     FIELD,
     FIELD_NAMES,
-    UvProjectSpec,
+    ParsedUvProject,
     UvProjectSpecError,
     parse_spec,
 )
@@ -52,8 +52,8 @@ def test_schema_names_the_field_and_lists_exactly_the_spec_fields() -> None:
 
 def test_schema_types_match_the_spec_dataclass() -> None:
     props = load_schema()["properties"]
-    hints = typing.get_type_hints(UvProjectSpec)
-    for field in dataclasses.fields(UvProjectSpec):
+    hints = typing.get_type_hints(ParsedUvProject)
+    for field in dataclasses.fields(ParsedUvProject):
         declared = props[field.name]["type"]
         declared = set(declared) if isinstance(declared, list) else {declared}
         assert declared == _json_types(hints[field.name]), field.name

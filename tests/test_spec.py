@@ -4,8 +4,8 @@ import pytest
 
 from ray_uv_plugin.agent.spec import (
     FIELD_NAMES,
+    ParsedUvProject,
     UvProject,
-    UvProjectSpec,
     UvProjectSpecError,
     UvProjectTypeError,
     parse_spec,
@@ -14,7 +14,7 @@ from ray_uv_plugin.agent.spec import (
 
 def test_defaults_are_locked_default_groups_no_project_install():
     spec = parse_spec({})
-    assert spec == UvProjectSpec()
+    assert spec == ParsedUvProject()
     assert spec.sync_args() == ["--locked", "--no-install-project"]
 
 

@@ -31,7 +31,7 @@ from ray_uv_plugin.agent.project import (
     project_name,
 )
 from ray_uv_plugin.agent.request import VenvRequest, make_request
-from ray_uv_plugin.agent.spec import UvProjectSpec
+from ray_uv_plugin.agent.spec import ParsedUvProject
 from ray_uv_plugin.agent.uv import UvSyncError, UvTimeout, find_uv, run_uv, sync_failure
 from ray_uv_plugin.store import freezing, trust
 from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, LOCK_MARGIN, BuildLock, build_timeout
@@ -142,7 +142,7 @@ async def ensure_venv_async(
 
 
 def ensure_venv(
-    spec: UvProjectSpec,
+    spec: ParsedUvProject,
     files: ProjectFiles,
     extra_env: Mapping[str, str] | None = None,
     root: Path | None = None,

@@ -15,7 +15,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
-from ray_uv_plugin.agent.spec import UvProjectSpec
+from ray_uv_plugin.agent.spec import ParsedUvProject
 
 
 class ProjectError(ValueError):
@@ -124,7 +124,7 @@ def local_sources(files: ProjectFiles) -> LockedSources:
     return locked_sources(files)
 
 
-def resolve_project_dir(spec: UvProjectSpec, working_dir: str | None) -> Path:
+def resolve_project_dir(spec: ParsedUvProject, working_dir: str | None) -> Path:
     """`project` if given (relative to the working_dir), else the working_dir itself."""
     if spec.project is not None:
         project = Path(spec.project).expanduser()
@@ -199,7 +199,7 @@ def _check_names(
         )
 
 
-def check_request(files: ProjectFiles, spec: UvProjectSpec) -> None:
+def check_request(files: ProjectFiles, spec: ParsedUvProject) -> None:
     """Fail fast, before uv runs, on what pyproject.toml alone shows is wrong."""
     data = files.pyproject_table
     project = data.get("project", {})
@@ -248,7 +248,7 @@ def check_ray_pin(files: ProjectFiles, node_ray: str) -> None:
 _SKIPPED = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", "build"}
 
 
-def refers_to_project_path(files: ProjectFiles, spec: UvProjectSpec) -> bool:
+def refers_to_project_path(files: ProjectFiles, spec: ParsedUvProject) -> bool:
     """Whether the venv will point into the project directory (so its path belongs in the key)."""
     return spec.install_project or local_sources(files).refers_to_paths
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from ray_uv_plugin.agent import project as project_files
 from ray_uv_plugin.agent.project import ConfigFile, LockedSources, ProjectFiles
-from ray_uv_plugin.agent.spec import UvProjectSpec
+from ray_uv_plugin.agent.spec import ParsedUvProject
 from ray_uv_plugin.agent.uv import uv_version
 from ray_uv_plugin.agent.uv_env import keyed_settings, sync_environment
 from ray_uv_plugin.store.layout import KEY_LENGTH
@@ -50,7 +50,7 @@ class KeyInputs:
     with: a change makes every venv built before unfindable (tests/test_request.py pins them).
     """
 
-    selection: Mapping[str, Any]  # `UvProjectSpec.selection()`
+    selection: Mapping[str, Any]  # `ParsedUvProject.selection()`
     pyproject: str  # sha256 of pyproject.toml
     lock: str  # sha256 of uv.lock
     config: Pairs  # (label, sha256) of the uv config beyond pyproject.toml (`ConfigFile`)
@@ -103,7 +103,7 @@ class KeyInputs:
 
 @dataclass(frozen=True)
 class VenvRequest:
-    spec: UvProjectSpec
+    spec: ParsedUvProject
     files: ProjectFiles
     uv_env: Mapping[str, str] = field(repr=False)  # the environment uv runs in
     inputs: KeyInputs  # everything that shapes the venv, as hashed into `key`
@@ -127,7 +127,7 @@ class VenvRequest:
 
 
 def make_request(
-    spec: UvProjectSpec, files: ProjectFiles, env_vars: Mapping[str, str]
+    spec: ParsedUvProject, files: ProjectFiles, env_vars: Mapping[str, str]
 ) -> VenvRequest:
     """Gather and key one request; `env_vars` are the runtime_env's."""
     uv_env = sync_environment(env_vars)

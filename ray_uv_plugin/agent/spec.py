@@ -1,4 +1,4 @@
-"""The `uv_project` runtime_env value: parsed once, at the edge, into a frozen `UvProjectSpec`."""
+"""The `uv_project` runtime_env value: parsed once, at the edge, into a frozen `ParsedUvProject`."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ class UvProjectTypeError(UvProjectSpecError, TypeError):
 
 
 @dataclass(frozen=True)
-class UvProjectSpec:
-    """What a worker asks for: which project, and which of its extras and groups."""
+class ParsedUvProject:
+    """What a worker asks for: which project, and which of its extras and groups; the
+    `uv_project` value as `parse_spec` checked it (a user writes it as a dict or `UvProject`)."""
 
     project: str | None = None
     extras: tuple[str, ...] = ()
@@ -119,7 +120,7 @@ _BOOL_FIELDS = (
     "job_default",
 )
 _LIST_FIELDS = ("extras", "no_extras", "groups", "only_groups", "no_groups")
-FIELD_NAMES = tuple(f.name for f in fields(UvProjectSpec))
+FIELD_NAMES = tuple(f.name for f in fields(ParsedUvProject))
 
 
 def _names(field: str, value: Any) -> tuple[str, ...]:
@@ -138,9 +139,9 @@ def _names(field: str, value: Any) -> tuple[str, ...]:
     return tuple(names[name] for name in sorted(names))
 
 
-def parse_spec(value: Any) -> UvProjectSpec:
-    """Check a user's `uv_project` value and turn it into a `UvProjectSpec`."""
-    if isinstance(value, UvProjectSpec):
+def parse_spec(value: Any) -> ParsedUvProject:
+    """Check a user's `uv_project` value and turn it into a `ParsedUvProject`."""
+    if isinstance(value, ParsedUvProject):
         return value
     if not isinstance(value, dict):
         raise UvProjectTypeError(
@@ -196,7 +197,7 @@ def parse_spec(value: Any) -> UvProjectSpec:
             "dependencies); it cannot go with 'groups' or 'all_groups'. Put every group you "
             "want into 'only_groups', or drop it."
         )
-    return UvProjectSpec(**kwargs)
+    return ParsedUvProject(**kwargs)
 
 
 # Other runtime_env fields that also decide the worker's Python or packages, and what to do.
@@ -223,7 +224,7 @@ def is_uv_run_interpreter(py_executable: str) -> bool:
 OWN_CHOICE_FIELDS = ("py_executable", "pip", "uv", "conda")
 
 
-def yields_to(spec: UvProjectSpec, runtime_env: Mapping[str, Any]) -> str | None:
+def yields_to(spec: ParsedUvProject, runtime_env: Mapping[str, Any]) -> str | None:
     """The field for which a job-default `uv_project` (the `uv run` driver hook's) steps aside,
     or None. A `py_executable` counts even when empty: `{"py_executable": ""}` is how the
     plugin's own shipping actors and helper tasks ask for the node's Ray Python."""
@@ -262,7 +263,7 @@ class UvProject(dict):
     """A typed builder of the `uv_project` value: `runtime_env={"uv_project": UvProject(...)}`.
 
     It is a plain dict (Ray serializes runtime_envs as JSON), checked when it is made, holding
-    only the fields that differ from the defaults.
+    only the fields that differ from the defaults. The plugin reads it as a `ParsedUvProject`.
     """
 
     def __init__(

@@ -17,7 +17,7 @@ from ray_uv_plugin.agent.ray_libraries import BY_NAME, LIBRARIES, Status, librar
 
 if TYPE_CHECKING:
     from ray_uv_plugin.agent.project import ProjectFiles
-    from ray_uv_plugin.agent.spec import UvProjectSpec
+    from ray_uv_plugin.agent.spec import ParsedUvProject
 
 
 class CheckError(ValueError):
@@ -62,7 +62,7 @@ def _env(
     extras: Sequence[str],
     groups: Sequence[str],
     flags: Mapping[str, bool] | None,
-) -> tuple[UvProjectSpec, ProjectFiles]:
+) -> tuple[ParsedUvProject, ProjectFiles]:
     """The `uv_project` value these flags make, parsed, and the project's files."""
     from ray_uv_plugin.agent.project import load_project
     from ray_uv_plugin.agent.spec import UvProject, parse_spec
