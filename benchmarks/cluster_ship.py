@@ -50,9 +50,9 @@ import tomllib
 import urllib.parse
 import urllib.request
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -375,6 +375,33 @@ def write_project(
 class Cluster:
     gcs: str  # the head's GCS address
     driver: list[str]  # the command prefix a driver runs under: the head's namespace, or none
+    roots: tuple[int, ...] = ()  # each node's `ray start --block`: every Ray process is below it
+
+
+def tree_cpu_seconds(roots: Sequence[int]) -> list[float]:
+    """CPU seconds (user + system) used so far by each root and every process below it, those
+    that exited included: a parent's cutime and cstime hold its reaped children's."""
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()  # after the command's name
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        ticks[int(entry)] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    totals = []
+    for root in roots:
+        total, todo = 0, [root]
+        while todo:
+            pid = todo.pop()
+            total += ticks.get(pid, 0)
+            todo += children.get(pid, [])
+        totals.append(total / os.sysconf("SC_CLK_TCK"))
+    return totals
 
 
 def free_ports(n: int) -> list[int]:
@@ -437,7 +464,8 @@ def raylets(
                 )
             )
             wait_for_nodes(cluster, i + 1)  # one at a time: they share the head's session dir
-        yield cluster
+        assert cluster is not None
+        yield replace(cluster, roots=tuple(proc.pid for proc in procs))
     finally:
         for proc in reversed(procs):
             try:
@@ -580,9 +608,9 @@ def netns_scenario(
     # stop here missed (one that renamed itself) writes to it until the namespaces go.
     with raylets(nodes, work, hosts, 800_000_000, base) as cluster:
         index.reset()
-        before = net.counters()
+        before, cpu_before = net.counters(), tree_cpu_seconds(cluster.roots)
         ready, per_node = prepare(cluster, project, ship)
-        after = net.counters()
+        after, cpu_after = net.counters(), tree_cpu_seconds(cluster.roots)
         served = index.served
     links = {
         host: {way: after[host][way] - before[host][way] for way in ("sent", "received")}
@@ -602,6 +630,8 @@ def netns_scenario(
         "failed": sum(n["outcome"] == "failed" for n in per_node),
         "source_sent_bytes": links[source]["sent"],
         "links": links,
+        # Each node's processes' CPU seconds during `prepare` (the head's GCS included).
+        "node_cpu_seconds": [round(b - a, 2) for a, b in zip(cpu_before, cpu_after, strict=True)],
         "per_node": per_node,
         "venv_du_bytes": [du(p) for p in work.glob("node*/venvs/*") if p.is_dir()],
     }
@@ -631,6 +661,9 @@ def summarize_netns(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["ship_index_bytes"] = ship["index_bytes"]
             row["ship_builds"] = ship["builds"]
             row["source_sent_bytes"] = ship["source_sent_bytes"]
+            receivers = ship.get("node_cpu_seconds", [])[1:]
+            if receivers:
+                row["receiver_cpu_seconds"] = round(sum(receivers) / len(receivers), 2)
             row["stream_bytes"] = ship.get("stream_bytes")
             row["bound_seconds"] = ship.get("bound_seconds")
             if ship.get("bound_seconds"):

@@ -169,7 +169,7 @@ def evil_stream(member: tarfile.TarInfo, data: bytes = b"") -> tuple[list, int, 
         archive.write_manifest(tar, [bin_dir, lib_dir, python, member])
     payload = buf.getvalue()
     sha = hashlib.sha256(payload).hexdigest()
-    return [archive.Chunk(0, payload, sha, True)], len(payload), sha
+    return [archive.Chunk(0, payload, sha, True)], len(payload), archive.stream_sha256([sha])
 
 
 def _link(name: str, target: str, hard: bool = False) -> tarfile.TarInfo:

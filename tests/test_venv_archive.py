@@ -77,7 +77,7 @@ def feed(root: Path, payload: bytes, chunk: int = 4096, key: str = KEY, **limits
     try:
         for n, piece in enumerate(pieces):
             unpacker.add(n, hashlib.sha256(piece).hexdigest(), piece)
-        whole = hashlib.sha256(payload).hexdigest()
+        whole = archive.stream_sha256(hashlib.sha256(piece).hexdigest() for piece in pieces)
         return unpacker.finish(len(pieces), len(payload), whole)
     except BaseException:
         unpacker.abort()
@@ -391,6 +391,46 @@ def test_a_packed_tree_arrives_whole_with_its_links_and_times(tmp_path: Path) ->
     assert (got / "a" / "big").read_bytes() == (venv / "a" / "big").read_bytes()
     assert os.stat(got / "b" / "pkg.py").st_ino == os.stat(got / "b" / "same.py").st_ino
     assert os.stat(got / "b" / "pkg.py").st_mtime == 1_000_000_000
+
+
+def test_the_stream_has_no_header_per_member_beyond_tars_own(tmp_path: Path) -> None:
+    """A pax header per member (a fractional mtime, an owner's name) would double what the
+    receiver parses: members carry whole-second mtimes and no owner; a name over tar's 100
+    characters still gets its pax header."""
+    venv = fake_venv(tmp_path / "src" / KEY)
+    os.utime(venv / "b" / "pkg.py", (1_000_000_000.75, 1_000_000_000.75))
+    long_name = "n" * 120
+    (venv / "b" / long_name).write_text("")
+    stream = b"".join(c.data for c in pack_all(Packer(venv, 64 * 1024)))
+    with tarfile.open(fileobj=io.BytesIO(stream), mode="r|") as tar:
+        members = {m.name: m for m in tar}
+    with_pax = sorted(name for name, m in members.items() if m.pax_headers)
+    assert with_pax == [f"b/{long_name}"], with_pax
+    assert members["b/pkg.py"].mtime == 1_000_000_000
+    assert {(m.uid, m.gid, m.uname, m.gname) for m in members.values()} == {(0, 0, "", "")}
+    assert members["b/same.py"].islnk() and members["b/same.py"].linkname == "b/pkg.py"
+
+
+def test_chunks_each_right_but_not_the_senders_whole_are_refused(tmp_path: Path) -> None:
+    venv = fake_venv(tmp_path / "src" / KEY)
+    packer = Packer(venv, 4096)
+    chunks = pack_all(packer)
+    assert len(chunks) > 2
+    assert packer.whole_sha256 == archive.stream_sha256(c.sha256 for c in chunks)
+    root = tmp_path / "dst"
+    root.mkdir(mode=0o700)
+    unpacker = Unpacker(root, KEY, "test")
+    try:
+        for c in chunks:
+            unpacker.add(c.index, c.sha256, c.data)
+        reordered = archive.stream_sha256(
+            [chunks[1].sha256, chunks[0].sha256] + [c.sha256 for c in chunks[2:]]
+        )
+        with pytest.raises(ArchiveError, match="the whole stream's sha256 differs"):
+            unpacker.finish(len(chunks), packer.total, reordered)
+    finally:
+        unpacker.abort()
+    assert list(root.iterdir()) == []
 
 
 def changed_mid_pack(venv: Path, change: Callable[[], None]) -> ArchiveError:

@@ -1,7 +1,8 @@
 """A ready venv as a stream of verified chunks: what `ship` moves between nodes.
 
 The stream is an uncompressed tar of the venv's tree (its marker left out: the receiver writes
-its own), cut into fixed-size chunks, each with its sha256, and a sha256 of the whole. Files that
+its own), cut into fixed-size chunks, each with its sha256, and the stream's sha256: of its
+chunks' sha256s in order, so that checking the whole costs no second pass over it. Files that
 uv hardlinked from its cache go as content (tar links only files within the stream), so the
 receiver needs no uv cache. The packer fails on any error walking the tree, and on a venv that
 was renamed, replaced or re-marked while it was packed; it ends the tar with a manifest (every
@@ -62,6 +63,15 @@ def check_key(key: str) -> str:
     return key
 
 
+def stream_sha256(chunk_sha256s: Iterable[str]) -> str:
+    """The whole stream's sha256: of its chunks' sha256s (binary, in order). With each chunk
+    checked against its own, it says that the chunks are the sender's, all and in order."""
+    whole = hashlib.sha256()
+    for digest in chunk_sha256s:
+        whole.update(bytes.fromhex(digest))
+    return whole.hexdigest()
+
+
 def manifest_entry(member: tarfile.TarInfo) -> list[Any]:
     """A member as the manifest lists it: name, kind, size (of a file), link text."""
     if member.isreg():
@@ -87,22 +97,31 @@ def write_manifest(tar: tarfile.TarFile, members: Iterable[tarfile.TarInfo]) -> 
 
 
 class _ChunkWriter:
-    """A file object for tarfile's stream mode that hands out fixed-size chunks."""
+    """A file object for tarfile's stream mode that hands out fixed-size chunks. tarfile
+    writes a few KB at a time: each piece is copied once, into a chunk-sized buffer."""
 
     def __init__(self, put: Callable[[bytes], None], size: int) -> None:
-        self.put, self.size, self.buf = put, size, bytearray()
+        self.put, self.size = put, size
+        self.buf = bytearray(size)
+        self.view = memoryview(self.buf)
+        self.fill = 0
 
     def write(self, data: bytes) -> int:
-        self.buf += data
-        while len(self.buf) >= self.size:
-            self.put(bytes(self.buf[: self.size]))
-            del self.buf[: self.size]
+        piece = memoryview(data)
+        while piece:
+            take = min(self.size - self.fill, len(piece))
+            self.view[self.fill : self.fill + take] = piece[:take]
+            self.fill += take
+            piece = piece[take:]
+            if self.fill == self.size:
+                self.put(bytes(self.buf))
+                self.fill = 0
         return len(data)
 
     def flush_rest(self) -> None:
-        if self.buf:
-            self.put(bytes(self.buf))
-        self.buf = bytearray()
+        if self.fill:
+            self.put(bytes(self.view[: self.fill]))
+        self.fill = 0
 
 
 def _walk_error(error: OSError) -> None:
@@ -135,10 +154,35 @@ def _identity(venv: Path) -> tuple[int, int, bytes | None]:
         return st.st_dev, st.st_ino, f.read(1024 * 1024)
 
 
-def _add(tar: tarfile.TarFile, path: str, arcname: str) -> tarfile.TarInfo:
-    info = tar.gettarinfo(path, arcname)
-    if info is None or not (info.isdir() or info.isreg() or info.issym() or info.islnk()):
+def _tarinfo(path: str, arcname: str, seen: dict[tuple[int, int], str]) -> tarfile.TarInfo:
+    """The member for `path`: its kind, permission bits and size, a file met before in the
+    stream (uv hardlinks from its cache) as a link to it. The mtime in whole seconds (what a
+    .pyc checks of its source; a fraction would cost a pax header per member) and no owner:
+    the receiver writes every file as itself."""
+    st = os.lstat(path)
+    info = tarfile.TarInfo(arcname)
+    info.mode, info.mtime = stat.S_IMODE(st.st_mode), int(st.st_mtime)
+    if stat.S_ISREG(st.st_mode):
+        inode = (st.st_dev, st.st_ino)
+        if st.st_nlink > 1 and inode in seen:
+            info.type, info.linkname = tarfile.LNKTYPE, seen[inode]
+        else:
+            info.size = st.st_size
+            if st.st_nlink > 1:
+                seen[inode] = arcname
+    elif stat.S_ISDIR(st.st_mode):
+        info.type = tarfile.DIRTYPE
+    elif stat.S_ISLNK(st.st_mode):
+        info.type, info.linkname = tarfile.SYMTYPE, os.readlink(path)
+    else:
         raise ArchiveError(f"cannot pack {path}: a venv holds only files, dirs and links")
+    return info
+
+
+def _add(
+    tar: tarfile.TarFile, path: str, arcname: str, seen: dict[tuple[int, int], str]
+) -> tarfile.TarInfo:
+    info = _tarinfo(path, arcname, seen)
     if info.isreg():
         with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
             tar.addfile(info, f)
@@ -178,7 +222,8 @@ class Packer:
         try:
             before = _identity(self.venv)
             with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                packed = [_add(tar, path, arcname) for path, arcname in _members(self.venv)]
+                seen: dict[tuple[int, int], str] = {}
+                packed = [_add(tar, p, name, seen) for p, name in _members(self.venv)]
                 try:
                     same = _identity(self.venv) == before
                 except OSError:
@@ -220,9 +265,10 @@ class Packer:
         chunk = Chunk(self._index, data, hashlib.sha256(data).hexdigest(), self._next is None)
         self._index += 1
         self.total += len(data)
-        self._whole.update(data)
+        self._whole.update(bytes.fromhex(chunk.sha256))
         return chunk
 
     @property
     def whole_sha256(self) -> str:
+        """The stream's sha256 (`stream_sha256`) of the chunks made so far."""
         return self._whole.hexdigest()

@@ -68,6 +68,9 @@ class _ChunkReader:
         raise ArchiveError("the receive was aborted")
 
     def read(self, n: int = -1) -> bytes:
+        if 0 <= n <= len(self.current) - self.pos:  # tarfile's usual read: within one chunk
+            self.pos += n
+            return self.current[self.pos - n : self.pos]
         out = bytearray()
         while n < 0 or len(out) < n:
             if self.pos >= len(self.current):
@@ -324,7 +327,7 @@ class Unpacker:
             raise ArchiveError(f"chunk {index}: the stream is longer than a venv's may be")
         self._index += 1
         self.total += len(data)
-        self._whole.update(data)
+        self._whole.update(bytes.fromhex(got))  # as `stream_sha256` does
         self._put(data)
 
     def finish(self, chunks: int, total: int, whole_sha256: str) -> Path:
