@@ -257,3 +257,22 @@ def test_uv_run_driver_benchmark_runs(tmp_path: Path) -> None:
     assert by_way["ours-ready"]["job_runtime_env"]["uv_project"]["extras"] == ["small"]
     assert "py_executable" in by_way["ray-hook"]["job_runtime_env"]
     assert (tmp_path / "driver.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_ship_stream_measures_both_sides_of_a_real_stream(tmp_path: Path) -> None:
+    from benchmarks.ship_stream import KEY, main, measure
+
+    venv = tmp_path / "src" / KEY
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#")
+    (venv / "lib" / "pkg").mkdir(parents=True)
+    for n in range(50):
+        (venv / "lib" / "pkg" / f"m{n}.py").write_bytes(bytes(1000 + n))
+    sample = measure(venv, tmp_path)
+    assert sample["members"] == 2 + 1 + 1 + 50  # bin, lib, bin/python, lib/pkg, 50 files
+    assert sample["stream_bytes"] >= sum(1000 + n for n in range(50))
+    for side in ("pack", "receive"):
+        assert set(sample[side]) == {"user_s", "system_s", "wall_s"}
+        assert sample[side]["wall_s"] > 0
+    assert [p.name for p in tmp_path.iterdir()] == ["src"]  # the receive left nothing
+    assert main(["--venv", str(tmp_path / "nowhere")]) == 2
