@@ -203,7 +203,7 @@ class Packer:
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._error: BaseException | None = None
         self._index = 0
-        self._whole = hashlib.sha256()
+        self._digests: list[str] = []  # each chunk's sha256, in order
         self.total = 0
         self._next: bytes | None = None
         self._started = False
@@ -265,10 +265,10 @@ class Packer:
         chunk = Chunk(self._index, data, hashlib.sha256(data).hexdigest(), self._next is None)
         self._index += 1
         self.total += len(data)
-        self._whole.update(bytes.fromhex(chunk.sha256))
+        self._digests.append(chunk.sha256)
         return chunk
 
     @property
     def whole_sha256(self) -> str:
         """The stream's sha256 (`stream_sha256`) of the chunks made so far."""
-        return self._whole.hexdigest()
+        return stream_sha256(self._digests)

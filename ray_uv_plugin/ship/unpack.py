@@ -37,6 +37,7 @@ from ray_uv_plugin.ship.archive import (
     ArchiveError,
     check_key,
     manifest_entry,
+    stream_sha256,
 )
 from ray_uv_plugin.ship.relocation import check_script_path, check_sender_venv
 from ray_uv_plugin.store import freezing
@@ -163,7 +164,7 @@ class Unpacker:
         self.tmp = Path(tempfile.mkdtemp(prefix=f"{key}{SHIP_INFIX}", dir=root))
         self._aborted = threading.Event()
         self._reader = _ChunkReader(stall_s, self._aborted)
-        self._whole = hashlib.sha256()
+        self._digests: list[str] = []  # each chunk's checked sha256, in order
         self._index = 0
         self.total = 0
         self._kinds: dict[str, str] = {}  # every member unpacked so far: name -> kind
@@ -327,7 +328,7 @@ class Unpacker:
             raise ArchiveError(f"chunk {index}: the stream is longer than a venv's may be")
         self._index += 1
         self.total += len(data)
-        self._whole.update(bytes.fromhex(got))  # as `stream_sha256` does
+        self._digests.append(got)
         self._put(data)
 
     def finish(self, chunks: int, total: int, whole_sha256: str) -> Path:
@@ -338,7 +339,7 @@ class Unpacker:
                 f"the stream ended after {self._index} chunks ({self.total} bytes); the sender "
                 f"sent {chunks} ({total} bytes)"
             )
-        if self._whole.hexdigest() != whole_sha256:
+        if stream_sha256(self._digests) != whole_sha256:
             raise ArchiveError("the whole stream's sha256 differs from the sender's")
         self._put(END)
         self._thread.join(timeout=self.stall_s)
