@@ -228,11 +228,22 @@ def test_uv_run_driver_targets_read_off_the_medians() -> None:
     found = {t.name: t for t in driver_targets(summarize_driver(samples))}
     share = found["big, 32 actors: ours (venv ready) above the floor <= 10% of Ray's hook's"]
     assert (share.met, share.measured) == (True, "+2.00s against +30.00s (floor 100.00s)")
+    assert not any("without the plugin" in name for name in found)  # no ray-env sample
+    samples.append(sample("ray-env", 32, 101.5))
+    found = {t.name: t for t in driver_targets(summarize_driver(samples))}
+    ours_alone = found[
+        "big, 32 actors: ours (venv ready) above a runtime_env without the plugin <= 10% of "
+        "Ray's hook's above it"
+    ]
+    assert (ours_alone.met, ours_alone.measured) == (
+        True,
+        "+0.50s against +28.50s (ray-env 101.50s)",
+    )
     assert found["one `uv sync` per node per env (first session 1, later sessions 0)"].met
     assert found["no `uv run` by any worker of ours"].met
     table = driver_markdown(summarize_driver(samples), list(found.values()))
     assert "| big | 32 | Ray's `uv run` hook: `uv run` per worker | 130.00 |" in table
-    samples[2] = sample("ours-ready", 32, 104.0, syncs=1, runs=1)
+    samples[2] = sample("ours-ready", 32, 105.0, syncs=1, runs=1)
     found = {t.name: t for t in driver_targets(summarize_driver(samples))}
     assert not any(t.met for t in found.values())
 
@@ -249,13 +260,14 @@ def test_uv_run_driver_benchmark_runs(tmp_path: Path) -> None:
     assert driver_main(argv) == 0
     data = json.loads(out.read_text())
     by_way = {s["way"]: s for s in data["samples"]}
-    assert set(by_way) == {"floor", "ray-hook", "ours-ready", "ours-first"}
+    assert set(by_way) == {"floor", "ray-hook", "ours-ready", "ours-first", "ray-env"}
     assert all(s["ok"] for s in by_way.values()), by_way
     assert (by_way["ours-first"]["syncs"], by_way["ours-ready"]["syncs"]) == (1, 0)
     assert by_way["ray-hook"]["worker_uv_runs"] == 1
     assert by_way["ours-ready"]["worker_uv_runs"] == 0
     assert by_way["ours-ready"]["job_runtime_env"]["uv_project"]["extras"] == ["small"]
     assert "py_executable" in by_way["ray-hook"]["job_runtime_env"]
+    assert by_way["ray-env"]["job_runtime_env"]["py_executable"].endswith("/.venv/bin/python")
     assert (tmp_path / "driver.png").read_bytes()[:4] == b"\x89PNG"
 
 
