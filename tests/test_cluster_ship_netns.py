@@ -224,7 +224,7 @@ def test_a_stalled_relaying_receiver_costs_the_one_it_relays_to_nothing_but_time
         cluster.wait_for_nodes()
         key = build_on_driver_node(new_project(tmp_path))
         b_id = other_node(node_c.node_id)
-        assert relay_parents([node_c.node_id, b_id])[b_id] == node_c.node_id
+        assert relay_parents([node_c.node_id, b_id], 1)[b_id] == node_c.node_id
 
         def stop_c(p) -> None:
             if p.chunk == 1 and not stopped:
@@ -249,22 +249,46 @@ def test_a_stalled_relaying_receiver_costs_the_one_it_relays_to_nothing_but_time
         remove(cluster, node_c)
 
 
-def test_the_relay_tree_sends_each_chunk_out_of_a_node_at_most_twice() -> None:
-    """The sender passes a chunk to one receiver, each receiver to at most two more; every
-    receiver's parent comes before it (it holds the chunk first); the depth grows as log2."""
-    from ray_uv_plugin.ship.transfer import relay_parents
+def test_the_relay_tree_sends_each_chunk_out_of_a_node_at_most_fanout_times() -> None:
+    """The sender passes a chunk to one receiver, each receiver to at most `fanout` more;
+    every receiver's parent comes before it (it holds the chunk first); `relay_depth` is the
+    depth of the last one."""
+    from ray_uv_plugin.ship.transfer import relay_depth, relay_parents
 
-    for count in (1, 2, 3, 7, 127):
-        receivers = [f"r{i}" for i in range(count)]
-        parents = relay_parents(receivers)
-        assert list(parents) == receivers
-        children = list(parents.values())  # each receiver once per child
-        assert children.count(None) == 1
-        assert all(children.count(r) <= 2 for r in receivers)
-        assert all(
-            receivers.index(p) < receivers.index(r) for r, p in parents.items() if p is not None
-        )
-        depth = {}
-        for r, p in parents.items():
-            depth[r] = 1 if p is None else depth[p] + 1
-        assert max(depth.values()) <= 1 + count.bit_length()
+    for fanout in (1, 2, 3):
+        for count in (1, 2, 3, 7, 127):
+            receivers = [f"r{i}" for i in range(count)]
+            parents = relay_parents(receivers, fanout)
+            assert list(parents) == receivers
+            children = list(parents.values())  # each receiver once per child
+            assert children.count(None) == 1
+            assert all(children.count(r) <= fanout for r in receivers)
+            assert all(
+                receivers.index(p) < receivers.index(r) for r, p in parents.items() if p is not None
+            )
+            depth: dict[str, int] = {}
+            for r, p in parents.items():
+                depth[r] = 1 if p is None else depth[p] + 1
+            assert max(depth.values()) == relay_depth(count, fanout), (fanout, count)
+    assert [relay_depth(n, 1) for n in (1, 7)] == [1, 7]  # a chain
+    assert [relay_depth(n, 2) for n in (1, 2, 3, 4, 7, 8, 127)] == [1, 2, 2, 3, 3, 4, 7]
+
+
+def test_the_relay_shape_is_a_chain_unless_it_would_be_much_deeper_than_the_stream() -> None:
+    """A chain carries the venv once on every link, a chunk per hop behind; a receiver that
+    passes each chunk to two others sends the venv twice. The shape that finishes first by
+    (chunks + depth - 1) * fanout, within the window's limit; the window covers the depth."""
+    from ray_uv_plugin.ship.transfer import MAX_WINDOW, WINDOW, relay_depth, relay_fanout, window
+
+    assert relay_fanout(10, 1) == 1
+    assert relay_fanout(10, 7) == 1  # 16 chunk-times, against 2 * 12 for a binary tree
+    assert relay_fanout(1, 7) == 2  # one chunk: 7 chunk-times against 2 * 3
+    assert relay_fanout(100, 14) == 1  # a long one: a chain as deep as the window allows
+    assert relay_fanout(100, 127) == 2  # too deep for the window: the binary tree
+    for chunks in (1, 10, 100, 1000):
+        for receivers in (1, 2, 7, 15, 16, 127, 1000):
+            fanout = relay_fanout(chunks, receivers)
+            depth = relay_depth(receivers, fanout)
+            assert depth + 1 <= MAX_WINDOW or fanout == 4, (chunks, receivers)
+            assert window(depth) >= min(depth + 1, MAX_WINDOW), (chunks, receivers)
+    assert window(1) == WINDOW and window(7) == 8 and window(100) == MAX_WINDOW

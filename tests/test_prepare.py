@@ -73,12 +73,41 @@ def test_a_missing_project_fails_here_unless_only_the_nodes_have_it(tmp_path: Pa
 
 
 def test_shipping_folds_into_the_nodes_result() -> None:
-    shipped = ship_result(NODE, "shipped", bytes=1024, seconds=1.5)
-    taken = _with_shipping(result(seconds=1.0), shipped)
+    phases = {"check": 0.1, "open": 0.5, "offer": 0.2, "stream": 1.5, "install": 0.25}
+    shipped = ship_result(NODE, "shipped", bytes=1024, seconds=1.75, phases=phases)
+    # the probe was submitted when the node took the offer: its 2.5 s cover the receive
+    taken = _with_shipping(result(seconds=2.5), shipped)
     assert (taken.outcome, taken.shipped_bytes, taken.seconds) == ("shipped", 1024, 2.5)
+    assert taken.ship_phases == {**phases, "probe": 0.75}
+    assert taken.as_json()["ship_phases"] == taken.ship_phases
     refused = ship_result(NODE, "refused", why="another CPU")
     assert _with_shipping(result(built=True), refused).note == "not shipped: another CPU"
     assert _with_shipping(result(), refused) == result()  # reused anyway: nothing to say
     assert _with_shipping(result(), None) == result()
     # a node whose probe failed stays failed, whatever shipping did there
     assert _with_shipping(result(ok=False, error="x"), shipped).outcome == "failed"
+
+
+def test_a_received_venv_is_never_counted_as_built_on_its_node() -> None:
+    """A probe submitted when its node took a shipped venv may answer long after the source's
+    build (whose `built_at` a received marker keeps): still not a build there."""
+    from ray_uv_plugin.ops._probe import was_built_within
+
+    now = 1000.0
+    built = {"now": now, "marker": {"built_at": now - 5}}
+    assert was_built_within(built, 10) and not was_built_within(built, 3)
+    received = {"now": now, "marker": {"built_at": now - 5, "received_at": now - 1}}
+    assert not was_built_within(received, 10)
+
+
+def test_a_probe_may_take_as_long_as_the_whole_prepare_to_set_up() -> None:
+    """Ray's runtime_env setup timeout (600 s by default) would fail a probe waiting for a long
+    build or receive: probes get the prepare's timeout, unless the env sets its own."""
+    from ray_uv_plugin.ops.prepare import Probes
+
+    assert Probes({"uv_project": {}}, 1800.0).env == {
+        "uv_project": {},
+        "config": {"setup_timeout_seconds": 1800},
+    }
+    own = {"uv_project": {}, "config": {"setup_timeout_seconds": 60, "eager_install": True}}
+    assert Probes(own, 1800.0).env == own

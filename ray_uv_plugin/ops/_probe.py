@@ -48,8 +48,11 @@ def environment_report(
 
 def was_built_within(report: dict[str, Any], seconds: float) -> bool:
     """Whether the venv's build finished within the last `seconds` of the report's own clock
-    (the node's clock, so that skew between driver and node does not matter)."""
+    (the node's clock, so that skew between driver and node does not matter); never for a
+    venv received from another node (its `built_at` is the source's)."""
     marker = report.get("marker") or {}
+    if marker.get("received_at") is not None:
+        return False
     built_at = marker.get("built_at")
     return built_at is not None and built_at >= report["now"] - seconds
 

@@ -39,7 +39,9 @@ class NodeResult:
     node_id: str
     address: str
     ok: bool
-    seconds: float  # from submitting the task to its result: env setup plus worker start
+    # from submitting the probe task to its result: env setup (for a node that takes a shipped
+    # venv: its receive, the probe is submitted once the node took the offer) and worker start
+    seconds: float
     built: bool = False
     build_seconds: float | None = None  # uv sync time, from the venv's marker
     key: str | None = None
@@ -47,6 +49,8 @@ class NodeResult:
     error: str | None = None
     shipped_bytes: int | None = None  # received from another node, this many stream bytes
     note: str | None = None  # why the venv was not shipped here, when it was built instead
+    # shipped: seconds of each step of the ship (`ShipResult.phases`), then of the probe
+    ship_phases: dict[str, float] | None = None
 
     @property
     def label(self) -> str:
@@ -85,6 +89,7 @@ class NodeResult:
             "key": self.key,
             "note": self.note,
             "error": self.error,
+            "ship_phases": self.ship_phases,
         }
 
 
@@ -162,31 +167,45 @@ def prepare_nodes(
     """Make the env ready on each node (connected already), reporting as each finishes.
 
     `ship` (default: on unless RAY_UV_PLUGIN_SHIP=0): build on one node, send that venv to
-    the others. `runtime_env`: for the shipping actors, which need the node's Ray Python.
-    `probe_env`: the whole runtime_env the env's workers will have (its env_vars may shape the
-    venv), default `{"uv_project": value}`."""
+    the others (the ship's actors start while it builds). `runtime_env`: for the shipping
+    actors, which need the node's Ray Python. `probe_env`: the whole runtime_env the env's
+    workers will have (its env_vars may shape the venv), default `{"uv_project": value}`."""
     from ray_uv_plugin.ship import transfer as shipping
 
-    probe_env = probe_env or {"uv_project": dict(value)}
+    probes = Probes(probe_env or {"uv_project": dict(value)}, timeout)
     ship = shipping.shipping_enabled() if ship is None else ship
     if not ship or len(nodes) < 2:
-        return probe_nodes(probe_env, nodes, timeout, on_result)
-    start = time.perf_counter()
+        for node in nodes:
+            probes.submit(node)
+        return probes.collect(on_result)
     source, rest = _source_first(nodes)
-    first = probe_nodes(probe_env, [source], timeout, on_result)
+    probes.submit(source)
+    # The sender and the receivers start while the first node builds.
+    actors = shipping.start_actors(source[0], [node_id for node_id, _ in rest], runtime_env)
+    try:
+        first = probes.collect(on_result)
+    except BaseException:
+        if actors is not None:
+            actors.stop()
+        raise
     if not first[0].ok or first[0].key is None:
+        if actors is not None:
+            actors.stop()
         note = f"not shipped: the first node {source[1]} failed"
-        return first + probe_nodes(probe_env, rest, _left(timeout, start), on_result, note=note)
+        for node in rest:
+            probes.submit(node)
+        return first + probes.collect(on_result, note=note)
     return first + ship_and_probe(
         value,
         first[0],
         rest,
-        _left(timeout, start),
+        probes.left(),
         on_result,
         runtime_env=runtime_env,
         chunk_bytes=chunk_bytes,
         on_progress=on_progress,
-        probe_env=probe_env,
+        probe_env=probes.env,
+        actors=actors,
     )
 
 
@@ -201,33 +220,43 @@ def ship_and_probe(
     chunk_bytes: int | None = None,
     on_progress: Callable[[Any], None] = lambda p: None,
     probe_env: dict[str, Any] | None = None,
+    actors: Any = None,
 ) -> list[NodeResult]:
     """Send the venv that `source` (a node's result with the env ready: its `key`) has to
-    `nodes`, then probe each: a node that took it finds it ready, one that could not (another
-    build target, other uv settings, a failed receive) builds its own and its result says why.
-    `prepare` ships from the node it built on; `ray-uv prepare --watch` from any node that
-    has the env, to the nodes that joined since."""
+    `nodes`, and probe each as soon as its part is decided: a node that took it finds it ready
+    once installed (its probe's request waits for the receiver's lock), one that could not
+    (another build target, other uv settings, a failed receive) builds its own and its result
+    says why. `prepare` ships from the node it built on; `ray-uv prepare --watch` from any node
+    that has the env, to the nodes that joined since. `actors`: the ship's, started before
+    (`transfer.start_actors`) from `source`'s node to `nodes`."""
     from ray_uv_plugin.ship import transfer as shipping
 
     if source.key is None:
+        if actors is not None:
+            actors.stop()
         raise ValueError(f"no venv to ship from {source.label}: {source}")
-    probe_env = probe_env or {"uv_project": dict(value)}
-    start = time.perf_counter()
+    probes = Probes(probe_env or {"uv_project": dict(value)}, timeout)
     spec = parse_spec(value)
+    addresses = dict(nodes)
     shipped = shipping.ship(
         source.key,
         source.node_id,
         [node_id for node_id, _ in nodes],
         settings={
-            "env_vars": probe_env.get("env_vars") or {},
+            "env_vars": probes.env.get("env_vars") or {},
             "resolves": spec.resolves,
         },
         runtime_env=runtime_env,
         chunk_bytes=chunk_bytes or shipping.archive.CHUNK_BYTES,
         timeout=timeout,
         on_progress=on_progress,
+        actors=actors,
+        on_decided=lambda node_id, _: probes.submit((node_id, addresses[node_id])),
     )
-    return probe_nodes(probe_env, nodes, _left(timeout, start), on_result, shipped)
+    for node in nodes:  # any the ship did not decide on (it always does; to be sure)
+        if node[0] not in probes.submitted:
+            probes.submit(node)
+    return probes.collect(on_result, shipped)
 
 
 def _left(timeout: float, start: float) -> float:
@@ -244,16 +273,122 @@ def _source_first(nodes: list[tuple[str, str]]) -> tuple[tuple[str, str], list[t
 
 
 def _with_shipping(result: NodeResult, shipped: Any) -> NodeResult:
-    """A probe's result with what shipping did on its node."""
+    """A probe's result with what shipping did on its node. The probe of a node that took the
+    venv was submitted when it did, so its seconds cover the receive; what is left of them
+    after the stream and the install is the probe's own (`ship_phases["probe"]`)."""
     if shipped is None:
         return result
     if shipped.outcome == "shipped" and result.ok and not result.built:
-        return replace(
-            result, shipped_bytes=shipped.bytes, seconds=result.seconds + shipped.seconds
-        )
+        receive = sum(shipped.phases.get(step, 0.0) for step in ("stream", "install"))
+        phases = {**shipped.phases, "probe": round(max(result.seconds - receive, 0.0), 3)}
+        return replace(result, shipped_bytes=shipped.bytes, ship_phases=phases)
     if result.built and shipped.outcome in ("refused", "failed"):
         return replace(result, note=f"not shipped: {shipped.why}")
     return result
+
+
+class Probes:
+    """The probe tasks of a prepare, each run with the runtime_env `env` on its node: submitted
+    one by one (a node's as soon as its venv is built, shipped or being received there: its
+    request waits for the receiver), collected as they finish, all within `timeout` seconds.
+
+    Ray gives a runtime_env `setup_timeout_seconds` (600 by default) to be set up; a probe's
+    may take as long as the whole prepare (a long build, a long ship), so it gets that, unless
+    `env` sets its own."""
+
+    def __init__(self, env: Mapping[str, Any], timeout: float) -> None:
+        import ray
+
+        from ray_uv_plugin.ops import _probe
+
+        self.start = time.perf_counter()
+        self.timeout = timeout
+        config = dict(env.get("config") or {})
+        config.setdefault("setup_timeout_seconds", max(int(timeout), 1))
+        self.env = {**env, "config": config}
+        _probe.ship_by_value()
+        self._remote = ray.remote(_probe.environment_report)
+        self._pending: dict[Any, tuple[str, str, float]] = {}  # ref -> node id, address, submitted
+        self.submitted: set[str] = set()
+
+    def left(self) -> float:
+        return _left(self.timeout, self.start)
+
+    def submit(self, node: tuple[str, str]) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from ray_uv_plugin.store.layout import MARKER, VENV_ENV
+
+        node_id, address = node
+        ref = self._remote.options(
+            num_cpus=0,
+            max_retries=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+            runtime_env=dict(self.env),
+        ).remote((), VENV_ENV, MARKER)
+        self._pending[ref] = (node_id, address, time.perf_counter())
+        self.submitted.add(node_id)
+
+    def collect(
+        self,
+        on_result: Callable[[NodeResult], None] = lambda r: None,
+        shipped: Mapping[str, Any] | None = None,
+        note: str | None = None,
+    ) -> list[NodeResult]:
+        """The result of every probe submitted and not collected yet, reported as each
+        finishes (`shipped`: what shipping did per node id, folded into the results)."""
+        import ray
+
+        results = []
+
+        def report(result: NodeResult) -> None:
+            result = _with_shipping(result, (shipped or {}).get(result.node_id))
+            if note and result.built:
+                result = replace(result, note=note)
+            results.append(result)
+            on_result(result)
+
+        while self._pending:
+            left = self.timeout - (time.perf_counter() - self.start)
+            ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=max(left, 0))
+            now = time.perf_counter()
+            if not ready:
+                for ref, (node_id, address, since) in self._pending.items():
+                    ray.cancel(ref, force=True)
+                    error = f"timed out after {self.timeout:.0f}s"
+                    report(NodeResult(node_id, address, False, now - since, error=error))
+                self._pending.clear()
+                break
+            ref = ready[0]
+            node_id, address, since = self._pending.pop(ref)
+            report(self._result(ref, node_id, address, now - since))
+        return results
+
+    @staticmethod
+    def _result(ref: Any, node_id: str, address: str, took: float) -> NodeResult:
+        import ray
+
+        from ray_uv_plugin.ops import _probe
+
+        try:
+            env_report = ray.get(ref)
+        except Exception as e:  # RuntimeEnvSetupError, node died, ...
+            return NodeResult(node_id, address, False, took, error=clean_error(e))
+        if not env_report.get("venv"):  # the node ignored the field: no plugin there
+            error = lacks_plugin(address, env_report["python"])
+            return NodeResult(node_id, address, False, took, error=error)
+        marker = env_report.get("marker") or {}
+        built = _probe.was_built_within(env_report, took + 1.0)
+        return NodeResult(
+            node_id,
+            address,
+            True,
+            took,
+            built=built,
+            build_seconds=marker.get("build_seconds") if built else None,
+            key=marker.get("key"),
+            python=env_report["python"],
+        )
 
 
 def probe_nodes(
@@ -261,77 +396,13 @@ def probe_nodes(
     nodes: list[tuple[str, str]],
     timeout: float,
     on_result: Callable[[NodeResult], None] = lambda r: None,
-    shipped: Mapping[str, Any] | None = None,
-    note: str | None = None,
 ) -> list[NodeResult]:
     """Run the probe, with the runtime_env `probe_env`, on each node and report as each
-    finishes (`shipped`: what shipping did per node id, folded into the results)."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from ray_uv_plugin.ops import _probe
-    from ray_uv_plugin.store.layout import MARKER, VENV_ENV
-
-    _probe.ship_by_value()
-    probe = ray.remote(_probe.environment_report)
-    start = time.perf_counter()
-    pending: dict[Any, tuple[str, str]] = {}
-    for node_id, address in nodes:
-        ref = probe.options(
-            num_cpus=0,
-            max_retries=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-            runtime_env=dict(probe_env),
-        ).remote((), VENV_ENV, MARKER)
-        pending[ref] = (node_id, address)
-    results = []
-
-    def report(result: NodeResult) -> None:
-        result = _with_shipping(result, (shipped or {}).get(result.node_id))
-        if note and result.built:
-            result = replace(result, note=note)
-        results.append(result)
-        on_result(result)
-
-    while pending:
-        left = timeout - (time.perf_counter() - start)
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(left, 0))
-        took = time.perf_counter() - start
-        if not ready:
-            for ref, (node_id, address) in pending.items():
-                ray.cancel(ref, force=True)
-                report(
-                    NodeResult(
-                        node_id, address, False, took, error=f"timed out after {timeout:.0f}s"
-                    )
-                )
-            break
-        ref = ready[0]
-        node_id, address = pending.pop(ref)
-        try:
-            env_report = ray.get(ref)
-        except Exception as e:  # RuntimeEnvSetupError, node died, ...
-            report(NodeResult(node_id, address, False, took, error=clean_error(e)))
-            continue
-        if not env_report.get("venv"):  # the node ignored the field: no plugin there
-            error = lacks_plugin(address, env_report["python"])
-            report(NodeResult(node_id, address, False, took, error=error))
-            continue
-        marker = env_report.get("marker") or {}
-        built = _probe.was_built_within(env_report, took + 1.0)
-        report(
-            NodeResult(
-                node_id,
-                address,
-                True,
-                took,
-                built=built,
-                build_seconds=marker.get("build_seconds") if built else None,
-                key=marker.get("key"),
-                python=env_report["python"],
-            )
-        )
-    return results
+    finishes."""
+    probes = Probes(probe_env, timeout)
+    for node in nodes:
+        probes.submit(node)
+    return probes.collect(on_result)
 
 
 def connect_for(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import platform
+import queue
 import sysconfig
 import threading
 import time
@@ -31,6 +32,7 @@ from ray_uv_plugin.store.layout import (
 )
 
 WATCH_INTERVAL = 1.0  # how often a receiver checks how long it has held the lock
+UNPACK_QUEUE = 2  # chunks a receiver holds, pulled but not yet unpacked, while it pulls the next
 # How a refusal names what a node contributes to a venv's key (`KeyInputs.on_this_node`).
 NODE_INPUTS = {"interpreter": "Python interpreter", "uv": "uv", "env": "set of uv settings"}
 
@@ -60,12 +62,14 @@ def _keyed_env(marker: dict[str, Any]) -> dict[str, str]:
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class VenvSender:
-    """On the node that has the ready venv `key`: its description, then its chunks in order.
+    """On the node that has the ready venv: once `open`ed for a key, its description, then its
+    chunks in order. It may be started before the venv is ready (while it is built).
 
-    It holds the key's build lock shared from start to end (the kernel drops it when the actor
-    dies): `gc` skips the venv and no build replaces it while it is read."""
+    It holds the key's build lock shared from `open` to its end (the kernel drops it when the
+    actor dies): `gc` skips the venv and no build replaces it while it is read."""
 
-    def __init__(self, key: str, chunk_bytes: int) -> None:
+    def open(self, key: str, chunk_bytes: int) -> dict[str, Any]:
+        """Take the ready venv `key` to send, in chunks of `chunk_bytes`; its `describe`."""
         self.key = key
         root = venv_root()
         trust.check_root(root)
@@ -82,6 +86,7 @@ class VenvSender:
         self.venv = root / key
         self.marker = read_marker(self.venv)
         self.packer = archive.Packer(self.venv, chunk_bytes)
+        return self.describe()
 
     def describe(self) -> dict[str, Any]:
         size, on_disk = venv_size(self.venv)
@@ -117,8 +122,10 @@ class VenvSender:
 class VenvReceiver:
     """On a target node: decides whether to take the venv, then unpacks and installs it.
 
-    Its methods run one at a time on the actor's thread; a watchdog thread gives the lock up
-    once it has been held as long as a build may hold it. `_guard` keeps the two apart."""
+    Its methods run one at a time on the actor's thread. Two threads of its own beside: one
+    unpacks the chunks `relay` pulled, in order, while the next one is pulled (and passed on);
+    a watchdog gives the lock up once it has been held as long as a build may hold it.
+    `_guard` keeps them apart."""
 
     def __init__(self) -> None:
         self.root = venv_root()
@@ -128,6 +135,8 @@ class VenvReceiver:
         self.start = time.monotonic()
         self.gave_up: str | None = None
         self._guard = threading.RLock()
+        self._chunks: queue.Queue[tuple[int, str, bytes] | None] = queue.Queue(UNPACK_QUEUE)
+        self._unpack_failed: BaseException | None = None
 
     def _fail(self, step: str, e: BaseException) -> ShipError:
         self.abort()
@@ -191,7 +200,27 @@ class VenvReceiver:
         threading.Thread(
             target=self._watch, args=(limit,), name="ship watchdog", daemon=True
         ).start()
+        threading.Thread(target=self._unpack_chunks, name="ship unpack", daemon=True).start()
         return {"decision": "take"}
+
+    def _unpack_chunks(self) -> None:
+        """Add the chunks `relay` queued, in order; the first failure is kept for `relay` or
+        `finish` to raise (`add` has aborted the receive), the rest are dropped."""
+        while True:
+            item = self._chunks.get()
+            try:
+                if item is None:
+                    return
+                if self._unpack_failed is None:
+                    self.add(*item)
+            except BaseException as e:  # noqa: BLE001 - raised by the next relay or finish
+                self._unpack_failed = e
+            finally:
+                self._chunks.task_done()
+
+    def _raise_unpack_failure(self) -> None:
+        if self._unpack_failed is not None:
+            raise self._unpack_failed
 
     def _watch(self, limit: float) -> None:
         """Give the lock up once it has been held `limit` seconds: waiting requests wait that
@@ -227,14 +256,21 @@ class VenvReceiver:
     def relay(
         self, index: int, sha256: str, sources: list[Any], forward: bool, wait: float
     ) -> tuple[None, bytes]:
-        """`add` chunk `index` from the first of `sources` (object refs: the copy of the
-        receiver that passes it on to this one, then the sender's) that delivers it; returns
-        (None, this node's copy for the receivers it passes the chunk on to, if `forward`)."""
+        """Pull chunk `index` from the first of `sources` (object refs: the copy of the
+        receiver that passes it on to this one, then the sender's) that delivers it and queue it
+        to be added (unpacked by `_unpack_chunks` while the next one is pulled); returns
+        (None, this node's copy for the receivers it passes the chunk on to, if `forward`):
+        they need not wait for the unpack. Each of them checks the chunk's sha256 itself."""
+        self._raise_unpack_failure()
+        self._receiving(f"chunk {index}")
         data = _first_copy(sources, wait)
-        self.add(index, sha256, data)
+        self._raise_unpack_failure()
+        self._chunks.put((index, sha256, data))  # waits while UNPACK_QUEUE chunks wait
         return None, data if forward else b""
 
     def finish(self, chunks: int, total: int, whole_sha256: str) -> dict[str, Any]:
+        self._chunks.join()  # every chunk queued is added
+        self._raise_unpack_failure()
         with self._guard:
             unpacker = self._receiving("finishing")
             try:

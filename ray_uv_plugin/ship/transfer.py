@@ -5,14 +5,19 @@ This module is the driver's side. It starts a `VenvSender` actor on the source n
 driver's interpreter, nor a job's `py_executable` or job-default `uv_project`: see `ship`). It
 pulls the venv's chunks (`archive`) from the sender one at a time and passes each on through a
 tree of the receivers still taking it (`relay_parents`): the sender's copy goes to the first
-receiver alone, and each receiver hands its own copy to at most `RELAY_FANOUT` others. Ray
-moves the bytes; left to itself, it would not spread them: receivers that pull one object at
-once all pull it from the one node that holds it, and the sender's link would carry the venv
-once per receiver. Through the tree it carries it once, and the last node is a few chunks
-behind the first. A receiver whose relay fails, dies or stalls takes the sender's copy instead
-(after `RELAY_WAIT_SHARE` of `stall_timeout`, so that it never looks stalled itself). At most
-`WINDOW` chunks are in flight, so the object store holds a few chunks per node (twice that on a
-node that passes them on), never the venv.
+receiver alone, and each receiver hands its own copy on to the next ones. Ray moves the bytes;
+left to itself, it would not spread them: receivers that pull one object at once all pull it
+from the one node that holds it, and the sender's link would carry the venv once per receiver.
+Through the tree it carries it once. The tree's shape is the one that should finish soonest
+(`relay_fanout`): a chain, where every link carries the venv once and the last node is a chunk
+per hop behind the first, unless it would be much deeper than the stream is long; then a tree
+whose receivers pass each chunk to a few others. A receiver whose relay fails, dies or stalls
+takes the sender's copy instead (after `RELAY_WAIT_SHARE` of `stall_timeout`, so that it never
+looks stalled itself). At most `window(depth)` chunks are in flight (`MAX_WINDOW` at most), so
+the object store holds a few chunks per node (the sender's, up to the window), never the venv.
+The actors may be started before the venv is ready (`start_actors`: `prepare` starts them
+while the first node builds), and the caller hears each node's part as soon as its offer
+is answered (`on_decided`), to start what waits for that node's venv.
 
 What is checked, and what may go where:
 - The sender holds the key's build lock shared for its whole life, so that neither `gc` nor a
@@ -38,11 +43,12 @@ What is checked, and what may go where:
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -52,8 +58,9 @@ from ray_uv_plugin.ship import archive
 from ray_uv_plugin.ship.actors import VenvReceiver, VenvSender, is_ready
 
 SHIP_ENV = "RAY_UV_PLUGIN_SHIP"  # "0" on the driver: `prepare` and worker groups never ship
-WINDOW = 4  # chunks in flight to each receiver
-RELAY_FANOUT = 2  # receivers a receiver passes each chunk on to (the sender: one)
+WINDOW = 4  # chunks in flight to each receiver, at least (a deep chain needs more: `window`)
+MAX_WINDOW = 16  # at most: the sender's node holds this many chunks in its object store
+MAX_FANOUT = 4  # receivers a receiver passes each chunk on to, at most (the sender: one)
 RELAY_WAIT_SHARE = 0.25  # of `stall_timeout`: how long a receiver waits for its relay's copy
 STALL_TIMEOUT = 300.0  # a node that does not answer for this long is given up on, alone
 ACTOR_START = 60.0  # besides, for an actor's first answer: its worker process starts first
@@ -81,14 +88,46 @@ def shipping_enabled() -> bool:
     return os.environ.get(SHIP_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def relay_parents(receivers: list[str]) -> dict[str, str | None]:
+def relay_parents(receivers: list[str], fanout: int) -> dict[str, str | None]:
     """Who passes each chunk to whom: the sender (None) to the first receiver, and each
-    receiver to the next `RELAY_FANOUT` not yet served, in order: a tree as deep as the log
-    of their number, in which each node's link carries a chunk out at most that often."""
+    receiver to the next `fanout` not yet served, in order (a chain for `fanout` 1)."""
     return {
-        node: None if i == 0 else receivers[(i - 1) // RELAY_FANOUT]
-        for i, node in enumerate(receivers)
+        node: None if i == 0 else receivers[(i - 1) // fanout] for i, node in enumerate(receivers)
     }
+
+
+def relay_depth(count: int, fanout: int) -> int:
+    """How many hops from the sender the last of `count` receivers is in `relay_parents`."""
+    depth, served, level = 0, 0, 1
+    while served < count:
+        served, depth, level = served + level, depth + 1, level * fanout
+    return depth
+
+
+def relay_fanout(chunks: int, receivers: int) -> int:
+    """The `relay_parents` fanout that should get `chunks` chunks to `receivers` nodes soonest.
+
+    A receiver passes a chunk on once it holds all of it, so each hop adds about the time one
+    chunk takes over one link; a receiver that passes every chunk to f others sends f times the
+    venv, f chunk-times for each. The last receiver is done after about (chunks + depth - 1) * f
+    chunk-times: a chain (f = 1: every link carries the venv once) wins unless it is much
+    deeper than the stream is long. Trees too deep for `MAX_WINDOW` chunks in flight are out.
+    """
+    best: tuple[int, int] | None = None
+    for fanout in range(1, MAX_FANOUT + 1):
+        depth = relay_depth(receivers, fanout)
+        if depth + 1 > MAX_WINDOW and fanout < MAX_FANOUT:
+            continue
+        cost = (chunks + depth - 1) * fanout
+        if best is None or cost < best[0]:
+            best = (cost, fanout)
+    return best[1] if best else MAX_FANOUT
+
+
+def window(depth: int) -> int:
+    """Chunks in flight for a tree `depth` deep: the deepest receiver is about `depth` chunks
+    behind the first, and the sender may be one more ahead without waiting for it."""
+    return min(MAX_WINDOW, max(WINDOW, depth + 1))
 
 
 def _already_there(
@@ -117,6 +156,10 @@ class ShipResult:
     bytes: int | None = None
     seconds: float = 0.0
     why: str | None = None  # refused or failed: on which node, at which step, and why
+    # shipped: seconds of each step, in order: `check` (is it there, and the actors' start,
+    # unless started before: `start_actors`), `open` (the sender takes the venv and describes
+    # it), `offer`, `stream` (to the last chunk of every receiver), `install` (on every one)
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -156,6 +199,56 @@ def _left(deadline: float) -> float:
     return max(deadline - time.monotonic(), 0.0)
 
 
+@dataclass
+class ShipActors:
+    """The sender and the receivers of a ship, started ahead of it (`start_actors`), e.g.
+    while the source node builds the venv: their worker processes start meanwhile. `ship`
+    stops them when it is done."""
+
+    source_node: str
+    sender: Any
+    receivers: dict[str, Any]  # node id -> its receiver
+    runtime_env: dict[str, Any] | None  # theirs
+
+    @classmethod
+    def start(
+        cls, source_node: str, targets: list[str], runtime_env: dict[str, Any] | None
+    ) -> ShipActors:
+        sender = VenvSender.options(**_pinned(source_node, runtime_env)).remote()
+        receivers = {n: VenvReceiver.options(**_pinned(n, runtime_env)).remote() for n in targets}
+        return cls(source_node, sender, receivers, runtime_env)
+
+    def stop(self) -> None:
+        for actor in [self.sender, *self.receivers.values()]:
+            ray.kill(actor)
+
+
+def _refused_by_job() -> str | None:
+    """Why this job's actors cannot ship, or None."""
+    job_env = ray.get_runtime_context().runtime_env
+    if "uv_project" in job_env and node_python_env(job_env) is None:
+        # Every actor of the job runs in that venv, and none may leave it for the node's Python.
+        return "the job's own runtime_env has uv_project (ask for it per actor to ship it)"
+    return None
+
+
+def _actors_env(runtime_env: dict[str, Any] | None) -> dict[str, Any] | None:
+    if runtime_env is None:
+        return node_python_env(ray.get_runtime_context().runtime_env)
+    return runtime_env
+
+
+def start_actors(
+    source_node: str, targets: list[str], runtime_env: dict[str, Any] | None = None
+) -> ShipActors | None:
+    """The sender on `source_node` and a receiver on each of `targets` (node ids), for a
+    `ship` to come; None where this job cannot ship (`ship` then says why). `runtime_env`: as
+    for `ship`."""
+    if _refused_by_job() is not None:
+        return None
+    return ShipActors.start(source_node, targets, _actors_env(runtime_env))
+
+
 def ship(
     key: str,
     source_node: str,
@@ -166,6 +259,8 @@ def ship(
     timeout: float = 1800.0,
     on_progress: Callable[[Progress], None] = lambda p: None,
     stall_timeout: float = STALL_TIMEOUT,
+    actors: ShipActors | None = None,
+    on_decided: Callable[[str, str], None] = lambda node, decision: None,
 ) -> dict[str, ShipResult]:
     """Send the ready venv `key` from `source_node` to each of `targets` (node ids); returns
     each target's result. Never raises for one node's failure: it is that node's result.
@@ -174,53 +269,88 @@ def ship(
     locked); `runtime_env`: for the actors, whose interpreter must have this package (default:
     the job's, but the node's own Python where the job sets a `py_executable` or a job-default
     `uv_project`: see `node_python_env`). `timeout` bounds the whole ship; `stall_timeout`
-    each node's wait for its next answer."""
+    each node's wait for its next answer. `actors`: started before (`start_actors`) from
+    `source_node` to the targets. `on_decided(node, decision)` as soon as a node's part is
+    known, before the stream: `take` (its receiver holds the key's build lock until it
+    installed the venv or failed), `reused`, `refused` or `failed`."""
     settings = settings or {"env_vars": {}, "resolves": False}
-    job_env = ray.get_runtime_context().runtime_env
-    node_python = node_python_env(job_env)
-    if "uv_project" in job_env and node_python is None:
-        # Every actor of the job runs in that venv, and none may leave it for the node's Python.
-        why = "the job's own runtime_env has uv_project (ask for it per actor to ship it)"
-        return {n: ShipResult(n, "refused", why=why) for n in targets}
-    if runtime_env is None:
-        runtime_env = node_python
+    if actors is not None and actors.source_node != source_node:
+        actors.stop()
+        raise ValueError(f"the actors were started to send from {actors.source_node}")
+    refused = _refused_by_job()
+    if refused is not None:
+        if actors is not None:
+            actors.stop()
+        for n in targets:
+            on_decided(n, "refused")
+        return {n: ShipResult(n, "refused", why=refused) for n in targets}
     deadline = time.monotonic() + timeout
     first_answer = min(stall_timeout + ACTOR_START, timeout)
     where = _addresses()
-    results = _already_there(key, targets, runtime_env, first_answer)
-    targets = [n for n in targets if n not in results]
-    if not targets:
-        return results  # a group whose nodes have the venv pays for no sender and receivers
-    sender = VenvSender.options(**_pinned(source_node, runtime_env)).remote(key, chunk_bytes)
-    receivers = {n: VenvReceiver.options(**_pinned(n, runtime_env)).remote() for n in targets}
+    marks = [time.monotonic()]  # when each of the steps before the stream ended
+    if actors is None:
+        runtime_env = _actors_env(runtime_env)
+        results = _already_there(key, targets, runtime_env, first_answer)
+        for n in results:
+            on_decided(n, "reused")
+        targets = [n for n in targets if n not in results]
+        if not targets:
+            return results  # a group whose nodes have the venv pays for no sender and receivers
+        actors = ShipActors.start(source_node, targets, runtime_env)
+    else:
+        results = {}  # a receiver's offer says whether its node has the venv already
+    targets = list(actors.receivers)
+    marks.append(time.monotonic())
     try:
         try:
-            source = ray.get(sender.describe.remote(), timeout=first_answer)
+            source = ray.get(actors.sender.open.remote(key, chunk_bytes), timeout=first_answer)
         except Exception as e:
             why = "the source " + _error(e, where[source_node], "describing the venv")
+            for n in targets:
+                on_decided(n, "failed")
             return {**results, **{n: ShipResult(n, "failed", why=why) for n in targets}}
         source["node_id"] = source_node
-        offers = {n: r.offer.remote(source, settings) for n, r in receivers.items()}
+        marks.append(time.monotonic())
+        offers = {n: r.offer.remote(source, settings) for n, r in actors.receivers.items()}
         answers, stalled = _each(
             offers, dict.fromkeys(offers, time.monotonic()), first_answer, deadline
         )
+        marks.append(time.monotonic())
         takers: dict[str, Any] = {}
         for n, answer in answers.items():
             if isinstance(answer, BaseException):
                 results[n] = ShipResult(n, "failed", why=_error(answer, where[n], "the offer"))
             elif answer["decision"] == "take":
-                takers[n] = receivers[n]
+                takers[n] = actors.receivers[n]
             else:
                 results[n] = ShipResult(n, answer["decision"], why=answer.get("why"))
         for n, waited in stalled.items():  # killed now: it may hold the lock
-            ray.kill(receivers[n])
+            ray.kill(actors.receivers[n])
             why = f"node {where[n]}: the offer: stalled: no answer for {waited:.0f}s"
             results[n] = ShipResult(n, "failed", why=why)
-        _Stream(sender, source, takers, results, where, deadline, stall_timeout).run(on_progress)
+        for n in targets:
+            on_decided(n, "take" if n in takers else results[n].outcome)
+        stream = _Stream(
+            actors.sender, source, takers, results, where, deadline, stall_timeout, chunk_bytes
+        )
+        stream.run(on_progress)
+        before = dict(zip(("check", "open", "offer"), _steps(marks), strict=True))
+        for node, ends in stream.ends.items():
+            if results[node].outcome == "shipped":
+                stream_end, install_end = ends
+                results[node].phases = {
+                    **before,
+                    "stream": round(stream_end - stream.start, 3),
+                    "install": round(install_end - stream_end, 3),
+                }
         return results
     finally:
-        for actor in [sender, *receivers.values()]:
-            ray.kill(actor)
+        actors.stop()
+
+
+def _steps(marks: list[float]) -> list[float]:
+    """The seconds between consecutive time marks."""
+    return [round(b - a, 3) for a, b in itertools.pairwise(marks)]
 
 
 def _each(
@@ -263,11 +393,16 @@ class _Stream:
         where: dict[str, str],
         deadline: float,
         stall_timeout: float,
+        chunk_bytes: int,
     ) -> None:
         self.sender, self.source, self.takers, self.results = sender, source, takers, results
         self.where, self.deadline, self.stall = where, deadline, stall_timeout
+        chunks = max(1, -(-int(source["size"]) // chunk_bytes))  # about: the stream's size
+        self.fanout = relay_fanout(chunks, len(takers))
+        self.window = window(relay_depth(len(takers), self.fanout))
         self.start = time.monotonic()
         self.progress = dict.fromkeys(takers, self.start)  # each receiver's last answer
+        self.ends: dict[str, tuple[float, float]] = {}  # shipped: its last chunk, its install
         self.aborts: list[Any] = []
 
     def fail(self, node: str, why: str, stalled: bool = False) -> None:
@@ -303,7 +438,7 @@ class _Stream:
         return done
 
     def run(self, on_progress: Callable[[Progress], None]) -> None:
-        source, window = self.source, deque()
+        source, in_flight = self.source, deque()
         meta: dict[str, Any] = {"index": -1}
         while self.takers:
             meta_ref, data_ref = self.sender.next_chunk.remote()
@@ -316,7 +451,8 @@ class _Stream:
                 for node in list(self.takers):
                     self.fail(node, why)
                 break
-            parents = relay_parents(list(self.takers))  # parents first: a dict keeps order
+            # Parents first (a dict keeps order); a receiver that failed is left out from here on.
+            parents = relay_parents(list(self.takers), self.fanout)
             wait = max(self.stall * RELAY_WAIT_SHARE, 1.0)
             acks, copies = {}, {}
             for n, r in self.takers.items():
@@ -326,28 +462,30 @@ class _Stream:
                     meta["index"], meta["sha256"], sources, forward, wait
                 )
             del data_ref, copies  # the pending `relay`s hold the copies; freed when done
-            window.append((meta["index"], acks))
+            in_flight.append((meta["index"], acks))
             on_progress(
                 Progress(
                     meta["index"], meta["total"], source["size"], len(self.takers), source["pid"]
                 )
             )
-            while window and (len(window) > WINDOW or meta["last"]):
-                chunk, acks = window.popleft()
+            while in_flight and (len(in_flight) > self.window or meta["last"]):
+                chunk, acks = in_flight.popleft()
                 self.settle(f"receiving chunk {chunk}", acks)
             if meta["last"]:
                 break
-        while window:  # what is still in flight to receivers that failed meanwhile
-            chunk, acks = window.popleft()
+        while in_flight:  # what is still in flight to receivers that failed meanwhile
+            chunk, acks = in_flight.popleft()
             self.settle(f"receiving chunk {chunk}", acks)
         if self.takers:
             finishes = {
                 n: r.finish.remote(meta["index"] + 1, meta["total"], meta["whole_sha256"])
                 for n, r in self.takers.items()
             }
+            streamed = dict(self.progress)
             self.progress = dict.fromkeys(self.takers, time.monotonic())
             for node, done in self.settle("installing the venv", finishes).items():
                 seconds = time.monotonic() - self.start
+                self.ends[node] = (streamed[node], self.progress[node])
                 self.results[node] = ShipResult(node, "shipped", done["bytes"], seconds)
                 del self.takers[node]
         if self.aborts:  # before `ship` kills the actors
