@@ -135,7 +135,7 @@ class VenvReceiver:
         self.start = time.monotonic()
         self.gave_up: str | None = None
         self._guard = threading.RLock()
-        self._chunks: queue.Queue[tuple[int, str, bytes] | None] = queue.Queue(UNPACK_QUEUE)
+        self._chunks: queue.Queue[tuple[int, str, bytes]] = queue.Queue(UNPACK_QUEUE)
         self._unpack_failed: BaseException | None = None
 
     def _fail(self, step: str, e: BaseException) -> ShipError:
@@ -206,11 +206,9 @@ class VenvReceiver:
     def _unpack_chunks(self) -> None:
         """Add the chunks `relay` queued, in order; the first failure is kept for `relay` or
         `finish` to raise (`add` has aborted the receive), the rest are dropped."""
-        while True:
+        while True:  # until the actor ends (a daemon thread)
             item = self._chunks.get()
             try:
-                if item is None:
-                    return
                 if self._unpack_failed is None:
                     self.add(*item)
             except BaseException as e:  # noqa: BLE001 - raised by the next relay or finish
