@@ -238,9 +238,8 @@ def way_env(way: str, bench: Bench, set_name: str) -> tuple[dict[str, str], str]
     if way == "ray-hook":
         return {**env, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "1"}, "true"
     if way == "ray-env":
-        hook = "benchmarks.ray_env_hook.hook"
-        env.update(PYTHONPATH=str(ROOT), RAY_RUNTIME_ENV_HOOK=hook)
-        return {**env, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}, "true"
+        hook = {"RAY_RUNTIME_ENV_HOOK": "benchmarks.ray_env_hook.hook", "PYTHONPATH": str(ROOT)}
+        return {**env, **hook, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}, "true"
     # The README's set-up. A local Ray runs its runtime-env agent in the driver's Python, which
     # needs the plugin: PYTHONPATH stands in for a project that depends on ray-uv-plugin.
     env["PYTHONPATH"] = str(ROOT)

@@ -113,15 +113,12 @@ def relay_fanout(chunks: int, receivers: int) -> int:
     chunk-times: a chain (f = 1: every link carries the venv once) wins unless it is much
     deeper than the stream is long. Trees too deep for `MAX_WINDOW` chunks in flight are out.
     """
-    best: tuple[int, int] | None = None
-    for fanout in range(1, MAX_FANOUT + 1):
-        depth = relay_depth(receivers, fanout)
-        if depth + 1 > MAX_WINDOW and fanout < MAX_FANOUT:
-            continue
-        cost = (chunks + depth - 1) * fanout
-        if best is None or cost < best[0]:
-            best = (cost, fanout)
-    return best[1] if best else MAX_FANOUT
+    allowed = [
+        f
+        for f in range(1, MAX_FANOUT + 1)
+        if relay_depth(receivers, f) + 1 <= MAX_WINDOW or f == MAX_FANOUT
+    ]
+    return min(allowed, key=lambda f: (chunks + relay_depth(receivers, f) - 1) * f)
 
 
 def window(depth: int) -> int:
@@ -208,7 +205,6 @@ class ShipActors:
     source_node: str
     sender: Any
     receivers: dict[str, Any]  # node id -> its receiver
-    runtime_env: dict[str, Any] | None  # theirs
 
     @classmethod
     def start(
@@ -216,7 +212,7 @@ class ShipActors:
     ) -> ShipActors:
         sender = VenvSender.options(**_pinned(source_node, runtime_env)).remote()
         receivers = {n: VenvReceiver.options(**_pinned(n, runtime_env)).remote() for n in targets}
-        return cls(source_node, sender, receivers, runtime_env)
+        return cls(source_node, sender, receivers)
 
     def stop(self) -> None:
         for actor in [self.sender, *self.receivers.values()]:
