@@ -17,13 +17,15 @@ wall time until every node is ready, the group's first call.
 With `--netns` (root): a simulated cluster with real links (`benchmarks.netns`). Each raylet
 and the index get a network namespace and a shaped link of their own (nodes 1 Gbit/s each way,
 the index's uplink 200 Mbit/s, shared by every node that downloads: a NAT gateway's or a proxy's
-share); the driver runs in the head's namespace, and nothing can reach beyond these hosts, so
-the index also serves Ray and its dependencies (mirrored once from PyPI for this interpreter)
-and `slowbuild`, an sdist whose build backend sleeps `--build-seconds` (a package built from
-source on every node that syncs). For each N of `--nodes`: the time until every node is ready,
-the index's bytes, the bytes each host sent (the bridge ports' counters: the source node's
-show whether receivers pull from each other), and the lower bound for shipping: the first
-node's build plus the venv's stream over one node's link.
+share), and each raylet a disk of its own for its venv dir and uv cache (`benchmarks.node_disks`;
+`--shared-fs` for the host's filesystem); the driver runs in the head's namespace, and nothing
+can reach beyond these hosts, so the index also serves Ray and its dependencies (mirrored once
+from PyPI for this interpreter) and `slowbuild`, an sdist whose build backend sleeps
+`--build-seconds` (a package built from source on every node that syncs). For each N of
+`--nodes`: the time until every node is ready, the index's bytes, the bytes each host sent (the
+bridge ports' counters: the source node's show whether receivers pull from each other), how busy
+the host's cores were, and the lower bound for shipping: the first node's build plus the venv's
+stream over one node's link.
 
     uv run python -m benchmarks.cluster_ship --netns --nodes 2,4,8 --json out.json --plot out.png
 """
@@ -60,7 +62,7 @@ from typing import Any
 import ray
 
 import ray_uv_plugin
-from benchmarks import netns
+from benchmarks import netns, node_disks
 from ray_uv_plugin.agent.uv import find_uv, uv_version
 from ray_uv_plugin.store.freezing import thaw
 
@@ -404,6 +406,44 @@ def tree_cpu_seconds(roots: Sequence[int]) -> list[float]:
     return totals
 
 
+class HostCpu:
+    """How busy the host's cores are while a block runs: each second's busy share of all of
+    them (`/proc/stat`: everything but idle and iowait; kernel work that no process is charged
+    for, such as the links' packet processing, included)."""
+
+    def __init__(self, every: float = 1.0) -> None:
+        self.every, self.shares = every, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    @staticmethod
+    def _ticks() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            values = [int(x) for x in f.readline().split()[1:]]
+        idle = values[3] + values[4]  # idle, iowait
+        return sum(values[:8]) - idle, sum(values[:8])
+
+    def _sample(self) -> None:
+        busy, total = self._ticks()
+        while not self._stop.wait(self.every):
+            now_busy, now_total = self._ticks()
+            self.shares.append(round((now_busy - busy) / max(now_total - total, 1), 2))
+            busy, total = now_busy, now_total
+
+    def __enter__(self) -> HostCpu:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def mean(self, start: float, end: float) -> float | None:
+        """The mean busy share from `start` to `end` seconds into the block."""
+        window = self.shares[int(start / self.every) : int(end / self.every)]
+        return round(sum(window) / len(window), 2) if window else None
+
+
 def free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
     for s in socks:
@@ -596,22 +636,35 @@ def du(path: Path) -> int:
 
 
 def netns_scenario(
-    ship: bool, nodes: int, project: Path, index: CountingIndex, net: netns.Network, base: Path
+    ship: bool,
+    nodes: int,
+    project: Path,
+    index: CountingIndex,
+    net: netns.Network,
+    base: Path,
+    disks: bool = True,
 ) -> dict[str, Any]:
-    """One fresh cluster of `nodes` raylets in their namespaces, empty venv dirs and caches;
-    `ray-uv prepare` with or without shipping; what it took and what each link carried."""
+    """One fresh cluster of `nodes` raylets in their namespaces, empty venv dirs and caches
+    (each node's on a disk of its own where `disks`: `node_disks`); `ray-uv prepare` with or
+    without shipping; what it took and what each link carried."""
     work = base / f"{'ship' if ship else 'sync'}-{nodes}"
     remove(work)
     work.mkdir(parents=True)
     hosts = [net.hosts[f"n{i}"] for i in range(nodes)]
+    node_dirs = [work / f"node{i}" for i in range(nodes)] if disks else []
     # Ray's temp dir in the run's own: removed at the end even if a Ray process that the
     # stop here missed (one that renamed itself) writes to it until the namespaces go.
-    with raylets(nodes, work, hosts, 800_000_000, base) as cluster:
+    with (
+        node_disks.mounted(node_dirs, work),
+        raylets(nodes, work, hosts, 800_000_000, base) as cluster,
+    ):
         index.reset()
         before, cpu_before = net.counters(), tree_cpu_seconds(cluster.roots)
-        ready, per_node = prepare(cluster, project, ship)
+        with HostCpu() as host_cpu:
+            ready, per_node = prepare(cluster, project, ship)
         after, cpu_after = net.counters(), tree_cpu_seconds(cluster.roots)
         served = index.served
+        venv_sizes = [du(p) for p in work.glob("node*/venvs/*") if p.is_dir()]
     links = {
         host: {way: after[host][way] - before[host][way] for way in ("sent", "received")}
         for host in after
@@ -632,8 +685,10 @@ def netns_scenario(
         "links": links,
         # Each node's processes' CPU seconds during `prepare` (the head's GCS included).
         "node_cpu_seconds": [round(b - a, 2) for a, b in zip(cpu_before, cpu_after, strict=True)],
+        # The host's busy share of its cores, each second of `prepare`.
+        "host_cpu_busy": host_cpu.shares,
         "per_node": per_node,
-        "venv_du_bytes": [du(p) for p in work.glob("node*/venvs/*") if p.is_dir()],
+        "venv_du_bytes": venv_sizes,
     }
     if ship and shipped:
         stream = shipped[0]["bytes"]
@@ -641,6 +696,8 @@ def netns_scenario(
         run["stream_bytes"] = stream
         run["first_build_seconds"] = first_build
         run["bound_seconds"] = round(first_build + stream * 8 / (NODE_MBIT * 1e6), 2)
+        # How busy the host was after the first build: the ship's share of the run.
+        run["host_cpu_busy_after_build"] = host_cpu.mean(first_build, ready)
     remove(work)
     return run
 
@@ -665,6 +722,7 @@ def summarize_netns(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if receivers:
                 row["receiver_cpu_seconds"] = round(sum(receivers) / len(receivers), 2)
             row["stream_bytes"] = ship.get("stream_bytes")
+            row["host_cpu_busy_after_build"] = ship.get("host_cpu_busy_after_build")
             row["bound_seconds"] = ship.get("bound_seconds")
             if ship.get("bound_seconds"):
                 row["ship_over_bound"] = round(ship["ready_seconds"] / ship["bound_seconds"], 2)
@@ -709,6 +767,12 @@ def run_netns(args: argparse.Namespace) -> dict[str, Any]:
         "build_seconds": args.build_seconds,
         "runs": [],
     }
+    no_disks = "--shared-fs" if args.shared_fs else node_disks.unavailable()
+    results["node_disks"] = (
+        f"each node's own ext4 with a journal ({node_disks.SIZE} sparse, a loop device)"
+        if no_disks is None
+        else f"one filesystem for every node: the host's ({no_disks})"
+    )
     base = Path(tempfile.mkdtemp(prefix=f"{netns.PREFIX}w", dir="/tmp"))  # short: sockets
     results["workdir"] = str(base)
     try:
@@ -725,7 +789,9 @@ def run_netns(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 for nodes in node_counts:
                     for ship in args.modes:
-                        run = netns_scenario(ship, nodes, project, index, net, base)
+                        run = netns_scenario(
+                            ship, nodes, project, index, net, base, no_disks is None
+                        )
                         print(json.dumps({k: v for k, v in run.items() if k != "per_node"}))
                         results["runs"].append(run)
             finally:
@@ -849,6 +915,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--modes", default="sync,ship", help="--netns: sync, ship or both (in that order)"
+    )
+    parser.add_argument(
+        "--shared-fs",
+        action="store_true",
+        help="--netns: every node's venv dir and uv cache on the host's filesystem, not on a "
+        "disk of its own (benchmarks.node_disks)",
     )
     args = parser.parse_args(argv)
     if args.netns:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import netns
+from benchmarks import netns, node_disks
 from tests.test_ship import (  # noqa: F401 - two_nodes: the fixture, for this module too
     MiB,
     Node,
@@ -128,7 +128,7 @@ def test_a_failing_or_interrupted_run_removes_its_own_namespaces_only() -> None:
         script = textwrap.dedent(
             """\
             import signal, subprocess, time
-            from benchmarks import netns
+            from benchmarks import netns, node_disks
             signal.signal(signal.SIGTERM, netns.interrupted)
             signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started ignoring it
             with netns.network() as net:
@@ -158,7 +158,14 @@ def test_a_failing_or_interrupted_run_removes_its_own_namespaces_only() -> None:
 
 def args(nodes: str) -> argparse.Namespace:
     return argparse.Namespace(
-        nodes=nodes, wheels=2, wheel_mb=1, build_seconds=3, modes=[True], json=None, plot=None
+        nodes=nodes,
+        wheels=2,
+        wheel_mb=1,
+        build_seconds=3,
+        modes=[True],
+        json=None,
+        plot=None,
+        shared_fs=False,
     )
 
 
@@ -185,8 +192,13 @@ def test_two_simulated_nodes_ship_the_env_built_once() -> None:
     assert run["source_sent_bytes"] >= run["stream_bytes"] > 0
     assert run["links"]["n1"]["received"] >= run["stream_bytes"]
     assert run["bound_seconds"] > run["first_build_seconds"] >= 3
+    assert 0 < len(run["host_cpu_busy"]) and all(0 <= s <= 1 for s in run["host_cpu_busy"])
+    if node_disks.unavailable() is None:
+        assert results["node_disks"].startswith("each node's own ext4"), results["node_disks"]
     assert ours(results["network"]) == []
     assert not Path(results["workdir"]).exists()
+    with open("/proc/mounts") as f:
+        assert results["workdir"] not in f.read()
     assert processes_mentioning(results["workdir"]) == []
 
 
