@@ -872,6 +872,12 @@ def plot_netns(results: dict[str, Any], path: Path) -> None:
             color="#2a9d4b",
             label="bound: one build + the venv over one link",
         )
+        axes[0].plot(
+            *zip(*[(n, 1.5 * b) for n, b in bound], strict=True),
+            ":",
+            color="#2a9d4b",
+            label="1.5 x the bound (the target)",
+        )
     axes[0].set(xlabel="nodes", ylabel="seconds until every node is ready")
     draw(axes[1], "index_bytes", 1e9)
     axes[1].set(xlabel="nodes", ylabel="GB served by the index")
@@ -894,7 +900,9 @@ def plot_netns(results: dict[str, Any], path: Path) -> None:
     fig.suptitle(
         f"Simulated cluster: nodes at {links['node_mbit']} Mbit/s, the index's uplink "
         f"{links['index_uplink_mbit']} Mbit/s shared; {results['wheels']['bytes'] / 1e9:.2f} GB "
-        f"of wheels + an sdist that builds in {results['build_seconds']} s; one run each",
+        f"of wheels + an sdist that builds in {results['build_seconds']} s; one run each\n"
+        f"{results.get('node_disks', 'one filesystem for every node')}; "
+        f"{results['machine']}, shared by every node",
         fontsize=9,
     )
     fig.tight_layout()
