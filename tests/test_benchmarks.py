@@ -207,6 +207,28 @@ def test_the_shipping_benchmarks_index_serves_and_counts_real_wheels(tmp_path: P
         index.server.shutdown()
 
 
+def test_the_host_cpu_sampler_sees_a_busy_core_and_reads_a_window(tmp_path: Path) -> None:
+    """`cluster_ship.HostCpu`: each interval's busy share of the host's cores, from
+    /proc/stat; a window's mean; the simulated-cluster chart from a committed run."""
+    import os
+    import time
+
+    from benchmarks.cluster_ship import HostCpu, plot_netns
+
+    with HostCpu(every=0.1) as cpu:
+        end = time.monotonic() + 0.6
+        while time.monotonic() < end:  # one core busy: at least 1/cores of the host
+            pass
+    assert len(cpu.shares) >= 3 and all(0 <= s <= 1 for s in cpu.shares)
+    assert max(cpu.shares) >= 0.9 / (os.cpu_count() or 1), cpu.shares
+    seconds = HostCpu()  # every second, as the benchmark samples
+    seconds.shares = [0.1, 0.5, 1.0, 1.0]
+    assert seconds.mean(1.0, 3.0) == 0.75 and seconds.mean(10.0, 20.0) is None
+    committed = Path(__file__).parents[1] / "benchmarks/results/cluster-ship-netns-node-disks.json"
+    plot_netns(json.loads(committed.read_text()), tmp_path / "netns.png")
+    assert (tmp_path / "netns.png").stat().st_size > 10_000
+
+
 def test_uv_run_driver_targets_read_off_the_medians() -> None:
     """Ours above the floor against Ray's hook above it, at the largest N of the set; one sync
     in the session that builds the venv and none later; no worker `uv run` of ours."""
