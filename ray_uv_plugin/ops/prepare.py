@@ -204,7 +204,7 @@ def prepare_nodes(
         runtime_env=runtime_env,
         chunk_bytes=chunk_bytes,
         on_progress=on_progress,
-        probe_env=probes.env,
+        probes=probes,
         actors=actors,
     )
 
@@ -219,7 +219,7 @@ def ship_and_probe(
     runtime_env: dict[str, Any] | None = None,
     chunk_bytes: int | None = None,
     on_progress: Callable[[Any], None] = lambda p: None,
-    probe_env: dict[str, Any] | None = None,
+    probes: Probes | None = None,
     actors: Any = None,
 ) -> list[NodeResult]:
     """Send the venv that `source` (a node's result with the env ready: its `key`) has to
@@ -227,15 +227,17 @@ def ship_and_probe(
     once installed (its probe's request waits for the receiver's lock), one that could not
     (another build target, other uv settings, a failed receive) builds its own and its result
     says why. `prepare` ships from the node it built on; `ray-uv prepare --watch` from any node
-    that has the env, to the nodes that joined since. `actors`: the ship's, started before
-    (`transfer.start_actors`) from `source`'s node to `nodes`."""
+    that has the env, to the nodes that joined since. `probes`: the prepare's, whose runtime_env
+    and time limit the probes share (default: new ones for `{"uv_project": value}` within
+    `timeout`); `actors`: the ship's, started before (`transfer.start_actors`) from `source`'s
+    node to `nodes`."""
     from ray_uv_plugin.ship import transfer as shipping
 
     if source.key is None:
         if actors is not None:
             actors.stop()
         raise ValueError(f"no venv to ship from {source.label}: {source}")
-    probes = Probes(probe_env or {"uv_project": dict(value)}, timeout)
+    probes = probes or Probes({"uv_project": dict(value)}, timeout)
     spec = parse_spec(value)
     addresses = dict(nodes)
     shipped = shipping.ship(
@@ -252,10 +254,7 @@ def ship_and_probe(
         on_progress=on_progress,
         actors=actors,
         on_decided=lambda node_id, _: probes.submit((node_id, addresses[node_id])),
-    )
-    for node in nodes:  # any the ship did not decide on (it always does; to be sure)
-        if node[0] not in probes.submitted:
-            probes.submit(node)
+    )  # it decides on every node, each once
     return probes.collect(on_result, shipped)
 
 
@@ -309,7 +308,6 @@ class Probes:
         _probe.ship_by_value()
         self._remote = ray.remote(_probe.environment_report)
         self._pending: dict[Any, tuple[str, str, float]] = {}  # ref -> node id, address, submitted
-        self.submitted: set[str] = set()
 
     def left(self) -> float:
         return _left(self.timeout, self.start)
@@ -327,7 +325,6 @@ class Probes:
             runtime_env=dict(self.env),
         ).remote((), VENV_ENV, MARKER)
         self._pending[ref] = (node_id, address, time.perf_counter())
-        self.submitted.add(node_id)
 
     def collect(
         self,

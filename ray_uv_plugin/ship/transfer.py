@@ -266,13 +266,19 @@ def ship(
     the job's, but the node's own Python where the job sets a `py_executable` or a job-default
     `uv_project`: see `node_python_env`). `timeout` bounds the whole ship; `stall_timeout`
     each node's wait for its next answer. `actors`: started before (`start_actors`) from
-    `source_node` to the targets. `on_decided(node, decision)` as soon as a node's part is
-    known, before the stream: `take` (its receiver holds the key's build lock until it
-    installed the venv or failed), `reused`, `refused` or `failed`."""
+    `source_node` to the targets, no others. `on_decided(node, decision)`, once for each
+    target, as soon as its part is known, before the stream: `take` (its receiver holds the
+    key's build lock until it installed the venv or failed), `reused`, `refused` or
+    `failed`."""
     settings = settings or {"env_vars": {}, "resolves": False}
-    if actors is not None and actors.source_node != source_node:
+    if actors is not None and (
+        actors.source_node != source_node or set(actors.receivers) != set(targets)
+    ):
         actors.stop()
-        raise ValueError(f"the actors were started to send from {actors.source_node}")
+        raise ValueError(
+            f"the actors were started to send from {actors.source_node} to "
+            f"{sorted(actors.receivers)}, not from {source_node} to {sorted(targets)}"
+        )
     refused = _refused_by_job()
     if refused is not None:
         if actors is not None:
