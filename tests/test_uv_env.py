@@ -9,6 +9,7 @@ import pytest
 from ray_uv_plugin.agent.uv_env import (
     EMPTY_CONFIG_DIR,
     UvEnvError,
+    job_variables,
     keyed_settings,
     sync_environment,
 )
@@ -31,10 +32,90 @@ def test_defaults_give_way_to_the_node_and_the_job_over_it() -> None:
     assert env["UV_COMPILE_BYTECODE"] == "1"
 
 
-def test_the_jobs_values_expand_variables_as_ray_does(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MIRROR_HOST", "mirror.internal")
-    env = sync_environment({"UV_INDEX_URL": "https://${MIRROR_HOST}/simple"}, {})
-    assert env["UV_INDEX_URL"] == "https://mirror.internal/simple"
+def test_a_jobs_value_expands_the_nodes_paths_and_no_other_variable() -> None:
+    node = {"HOME": "/home/ray", "PATH": "/usr/bin", "AWS_SECRET_ACCESS_KEY": "s3cr3t"}
+    job = {
+        "UV_CACHE_DIR": "${HOME}/uv-cache",
+        "UV_INDEX_URL": "https://user:$AWS_SECRET_ACCESS_KEY@mirror/simple",
+        "UV_INDEX_PRIVATE_PASSWORD": "pa$$word$HOME",
+    }
+    env = sync_environment(job, node)
+    assert env["UV_CACHE_DIR"] == "/home/ray/uv-cache"
+    # A secret of the node's (the agent's) environment is never carried into uv's settings, its
+    # key or its log: the reference stays as the job wrote it.
+    assert env["UV_INDEX_URL"] == "https://user:$AWS_SECRET_ACCESS_KEY@mirror/simple"
+    assert "s3cr3t" not in repr(keyed_settings(env, resolves=True))
+    assert env["UV_INDEX_PRIVATE_PASSWORD"] == "pa$$word/home/ray"
+
+
+def test_a_jobs_variables_reach_uv_only_where_keyed_or_harmless() -> None:
+    node = {"PATH": "/usr/bin", "LD_PRELOAD": "/usr/lib/libjemalloc.so", "PYTHONPATH": "/hook"}
+    job = {
+        "PYTHONPATH": "/job/site",  # runs the job's sitecustomize in uv's bytecode step
+        "PYTHONHOME": "/job/home",
+        "LD_PRELOAD": "/job/evil.so",
+        "LD_LIBRARY_PATH": "/job/lib",
+        "PATH": "/job/bin:/usr/bin",  # picks another compiler
+        "MYLIB_FLAVOR": "cuda",  # read by a build hook no list knows
+        "WANDB_API_KEY": "k",  # a worker's
+        "CMAKE_ARGS": "-DGPU=ON",  # a known build variable: keyed
+        "HTTPS_PROXY": "http://proxy:3128",  # network: passed, not keyed
+        "UV_NO_DEV": "1",  # uv's: keyed
+    }
+    env = sync_environment(job, node)
+    assert env["PATH"] == "/usr/bin" and env["LD_PRELOAD"] == "/usr/lib/libjemalloc.so"
+    for absent in ("PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "MYLIB_FLAVOR", "WANDB_API_KEY"):
+        assert absent not in env, absent  # the node's PYTHONPATH neither: uv runs Pythons
+    assert env["CMAKE_ARGS"] == "-DGPU=ON" and env["HTTPS_PROXY"] == "http://proxy:3128"
+    keyed = dict(keyed_settings(env))
+    assert keyed == {"CMAKE_ARGS": "-DGPU=ON", "UV_COMPILE_BYTECODE": "1", "UV_NO_DEV": "1"}
+    split = job_variables(job, node_env=node)
+    assert split.withheld == (
+        "LD_LIBRARY_PATH",
+        "LD_PRELOAD",
+        "MYLIB_FLAVOR",
+        "PATH",
+        "PYTHONHOME",
+        "PYTHONPATH",
+        "WANDB_API_KEY",
+    )
+
+
+def test_build_env_vars_pass_a_jobs_variable_to_uv_and_key_it() -> None:
+    job = {"MYLIB_FLAVOR": "cuda", "PATH": "/opt/cuda/bin:$PATH"}
+    env = sync_environment(job, {"PATH": "/usr/bin"}, build_env_vars=["MYLIB_FLAVOR", "PATH"])
+    assert env["MYLIB_FLAVOR"] == "cuda" and env["PATH"] == "/opt/cuda/bin:/usr/bin"
+    keyed = dict(keyed_settings(env, build_env_vars=["MYLIB_FLAVOR", "PATH"]))
+    assert keyed["MYLIB_FLAVOR"] == "cuda" and keyed["PATH"] == "/opt/cuda/bin:/usr/bin"
+    assert "MYLIB_FLAVOR" not in dict(keyed_settings(env))  # not named: not keyed
+
+
+@pytest.mark.parametrize(
+    "name", ["PYTHONPATH", "PYTHONHOME", "LD_PRELOAD", "UV_PROJECT_ENVIRONMENT", "VIRTUAL_ENV"]
+)
+def test_build_env_vars_refuse_what_decides_the_builds_interpreter(name: str) -> None:
+    with pytest.raises(UvEnvError, match=f"build_env_vars names {name}"):
+        sync_environment({name: "/x"}, {}, build_env_vars=[name])
+
+
+def test_an_unknown_uv_variable_of_a_job_is_refused_as_a_typo() -> None:
+    with pytest.raises(UvEnvError, match=r"env_vars sets UV_JUNK, which uv does not read") as e:
+        sync_environment({"UV_JUNK": "1"}, {})
+    assert '"build_env_vars": ["UV_JUNK"]' in str(e.value)  # and how to pass it on purpose
+    # ...unless named: then it reaches uv and is keyed (a setting of a newer uv).
+    env = sync_environment({"UV_JUNK": "1"}, {}, build_env_vars=["UV_JUNK"])
+    assert ("UV_JUNK", "1") in keyed_settings(env, build_env_vars=["UV_JUNK"])
+    # Known names and index credentials pass; the node's own unknown ones stay keyed, as before.
+    sync_environment({"UV_NO_DEV": "1", "UV_INDEX_CORP_PASSWORD": "p"}, {})
+    assert ("UV_NODE_THING", "1") in keyed_settings(sync_environment({}, {"UV_NODE_THING": "1"}))
+
+
+def test_uvs_credentials_are_never_keyed() -> None:
+    env = sync_environment(
+        {"UV_AUTH_TOKEN": "t", "UV_GITHUB_TOKEN": "g", "UV_INDEX_CORP_PASSWORD": "p"}, {}
+    )
+    assert env["UV_AUTH_TOKEN"] == "t"
+    assert [name for name, _ in keyed_settings(env, resolves=True)] == ["UV_COMPILE_BYTECODE"]
 
 
 def test_no_user_or_system_uv_toml_reaches_the_build() -> None:

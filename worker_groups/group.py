@@ -27,6 +27,7 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
+from ray_uv_plugin.agent.uv_env import is_build_var
 from ray_uv_plugin.store.layout import VENV_ENV
 from worker_groups._helper_tasks import helper_runtime_env
 from worker_groups._initializer import PLUGIN_FIX, worker_venv_report
@@ -75,10 +76,12 @@ DRIVER_VENV_VARS = frozenset({"VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", VENV_ENV}
 def driver_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The driver's environment as every worker of a group gets it, over the worker class's
     ``@ray.remote`` ``env_vars`` and under the group's (NeMo RL's order). Left out: the
-    variables above, and uv's own (``UV``, ``UV_*``): here a runtime_env's ``env_vars`` also
-    configure the venv's build on every node, and so its key, which NeMo RL's driver environment
-    never did (it builds venvs in a task per node); a worker that needs one gets it through the
-    group's ``env_vars``."""
+    variables above, and those that would reach the venv's build: uv's own (``UV``, ``UV_*``)
+    and the build variables the plugin keys (``CC``, ``CMAKE_ARGS``, ``MAX_JOBS``...: see
+    ``agent.uv_env``). Here a runtime_env's ``env_vars`` also configure the venv's build on
+    every node, and so its key, which NeMo RL's driver environment never did (it builds venvs in
+    a task per node): a group's venv is the one the same selection gives a plain actor. A
+    worker that needs one gets it through the group's ``env_vars`` (keyed)."""
     environ = os.environ if environ is None else environ
     return {
         k: v
@@ -87,6 +90,7 @@ def driver_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
         and k not in DRIVER_VENV_VARS
         and k != "UV"
         and not k.startswith("UV_")
+        and not is_build_var(k)
     }
 
 

@@ -30,7 +30,7 @@ from ray_uv_plugin.agent.project import (
     check_request,
     project_name,
 )
-from ray_uv_plugin.agent.request import VenvRequest, make_request
+from ray_uv_plugin.agent.request import VenvRequest, make_request, withheld_from_uv
 from ray_uv_plugin.agent.spec import ParsedUvProject
 from ray_uv_plugin.agent.uv import UvSyncError, UvTimeout, find_uv, run_uv, sync_failure
 from ray_uv_plugin.store import freezing, trust
@@ -226,6 +226,16 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
     for name in request.sources.copied_names:  # uv caches their builds by mtime
         args += ["--refresh-package", name]
     logger.info("uv_project %s: building: %s %s", venv.name, find_uv(), " ".join(args))
+    if withheld := withheld_from_uv(request):
+        shown = ", ".join(withheld[:12]) + (
+            f" and {len(withheld) - 12} more" if len(withheld) > 12 else ""
+        )
+        logger.info(
+            "uv_project %s: the job's env_vars %s are its workers' and do not reach uv; name one "
+            "in uv_project.build_env_vars to build with it (it is then part of the key)",
+            venv.name,
+            shown,
+        )
     env = {**request.uv_env, "UV_PROJECT_ENVIRONMENT": str(venv)}
     if split := cache_split_note(env, venv.parent, files.path):
         logger.warning("uv_project %s: %s.", venv.name, split)

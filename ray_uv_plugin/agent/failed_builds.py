@@ -77,9 +77,11 @@ def _uv_binary() -> str:
 
 def sync_inputs(request: VenvRequest) -> str:
     """A digest of everything of `request` that reaches uv, the key's inputs and the rest: the
-    whole environment uv runs in, the uv binary, the project dir (uv's cwd) and the flags."""
+    whole environment uv runs in, the uv binary, the project dir (uv's cwd) and the flags; and
+    the job's env_vars, so that changing one asks for a new try (as it does of Ray's agent)."""
     inputs = {
         "env": sorted(request.uv_env.items()),
+        "job_env": sorted(request.job_env_vars.items()),  # `"RETRY": "1"` asks for a new try
         "uv": _uv_binary(),
         "project": str(request.files.path),
         "flags": request.spec.sync_args(),

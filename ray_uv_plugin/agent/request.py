@@ -6,7 +6,8 @@ What is in the key, and why (the README's trust table says the same):
 - the content of non-editable `path`/`directory` sources (uv copies them into the venv);
 - the interpreter (implementation, version, build, platform, and its path, which the venv
   links to) and the uv version;
-- the env vars that steer what uv installs (`uv_env.keyed_settings`);
+- the env vars that steer what uv installs (`uv_env.keyed_settings`), among them the job's
+  variables it names in `build_env_vars`; the job's other variables never reach uv;
 - the project's path, only where the venv points into it (editable sources, install_project).
 
 `KeyInputs` holds them: the key is its digest, the marker records it, and a node offered a
@@ -29,7 +30,7 @@ from ray_uv_plugin.agent import project as project_files
 from ray_uv_plugin.agent.project import ConfigFile, LockedSources, ProjectFiles
 from ray_uv_plugin.agent.spec import ParsedUvProject
 from ray_uv_plugin.agent.uv import uv_version
-from ray_uv_plugin.agent.uv_env import keyed_settings, sync_environment
+from ray_uv_plugin.agent.uv_env import job_variables, keyed_settings, sync_environment
 from ray_uv_plugin.store.layout import KEY_LENGTH
 
 Pairs = tuple[tuple[str, str], ...]
@@ -97,7 +98,7 @@ class KeyInputs:
             self,
             interpreter=interpreter_tag(),
             uv=uv_version(),
-            env=keyed_settings(uv_env, resolves=resolves),
+            env=keyed_settings(uv_env, resolves, self.selection.get("build_env_vars", ())),
         )
 
 
@@ -110,6 +111,9 @@ class VenvRequest:
     # What the build needs of the project beyond the key's digests, found while keying it.
     config_files: tuple[ConfigFile, ...] = field(repr=False)
     sources: LockedSources = field(repr=False)  # `project.local_sources`
+    # The job's env_vars as given: the workers', and what tells one job's failed build from
+    # another's (`failed_builds.sync_inputs`), though most of them never reach uv.
+    job_env_vars: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def key(self) -> str:
@@ -130,7 +134,7 @@ def make_request(
     spec: ParsedUvProject, files: ProjectFiles, env_vars: Mapping[str, str]
 ) -> VenvRequest:
     """Gather and key one request; `env_vars` are the runtime_env's."""
-    uv_env = sync_environment(env_vars)
+    uv_env = sync_environment(env_vars, build_env_vars=spec.build_env_vars)
     config_file = uv_env.get("UV_CONFIG_FILE")
     if config_file and not os.path.isabs(config_file):  # uv reads it from the project dir
         uv_env["UV_CONFIG_FILE"] = str(files.path / config_file)
@@ -145,7 +149,12 @@ def make_request(
         copied_sources=project_files.copied_sources(files, sources),
         interpreter=interpreter_tag(),
         uv=uv_version(),
-        env=keyed_settings(uv_env, resolves=spec.resolves),
+        env=keyed_settings(uv_env, spec.resolves, spec.build_env_vars),
         project_path=str(files.path.resolve()) if refers else None,
     )
-    return VenvRequest(spec, files, uv_env, inputs, configs, sources)
+    return VenvRequest(spec, files, uv_env, inputs, configs, sources, dict(env_vars))
+
+
+def withheld_from_uv(request: VenvRequest) -> tuple[str, ...]:
+    """The names of the job's env_vars that do not reach uv (for the setup log)."""
+    return job_variables(request.job_env_vars, request.spec.build_env_vars).withheld

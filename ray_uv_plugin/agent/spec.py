@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from packaging.utils import canonicalize_name
+
+from ray_uv_plugin.agent.uv_env import check_build_env_vars
 
 FIELD = "uv_project"
 
@@ -39,6 +42,9 @@ class ParsedUvProject:
     locked: bool = True
     frozen: bool = False
     install_project: bool = False
+    # Names of the job's env_vars that the build takes, and so the key (`uv_env`): a build
+    # variable no list knows (`MYLIB_FLAVOR`), or `PATH` to pick another compiler.
+    build_env_vars: tuple[str, ...] = ()
     # Set by the `uv run` driver hook on the job's value; it yields to an actor's own choice of
     # interpreter (see `yields_to`). Not part of the key: it changes no package.
     job_default: bool = False
@@ -94,6 +100,7 @@ class ParsedUvProject:
             "only_groups": _canonical(self.only_groups),
             "no_groups": _canonical(self.no_groups),
             "package": canonicalize_name(self.package) if self.package else None,
+            "build_env_vars": list(self.build_env_vars),
         }
         selection.update({name: value for name, value in added.items() if value})
         return selection
@@ -120,6 +127,7 @@ _BOOL_FIELDS = (
     "job_default",
 )
 _LIST_FIELDS = ("extras", "no_extras", "groups", "only_groups", "no_groups")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FIELD_NAMES = tuple(f.name for f in fields(ParsedUvProject))
 
 
@@ -137,6 +145,22 @@ def _names(field: str, value: Any) -> tuple[str, ...]:
             )
         names.setdefault(canonicalize_name(item), item.strip())
     return tuple(names[name] for name in sorted(names))
+
+
+def _env_names(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise UvProjectTypeError(
+            "uv_project.build_env_vars must be a list of env var names, got "
+            f"{type(value).__name__} {value!r}; e.g. {{'build_env_vars': ['CMAKE_ARGS']}}."
+        )
+    for item in value:
+        if not isinstance(item, str) or not _ENV_NAME.fullmatch(item):
+            raise UvProjectTypeError(
+                f"uv_project.build_env_vars must hold env var names (letters, digits, _), got "
+                f"{item!r}."
+            )
+    check_build_env_vars(value)
+    return tuple(sorted(set(value)))
 
 
 def parse_spec(value: Any) -> ParsedUvProject:
@@ -172,6 +196,8 @@ def parse_spec(value: Any) -> ParsedUvProject:
     for name in _LIST_FIELDS:
         if name in value:
             kwargs[name] = _names(name, value[name])
+    if "build_env_vars" in value:
+        kwargs["build_env_vars"] = _env_names(value["build_env_vars"])
     for name in _BOOL_FIELDS:
         if name in value:
             if not isinstance(value[name], bool):
@@ -282,6 +308,7 @@ class UvProject(dict):
         locked: bool | None = None,
         frozen: bool = False,
         install_project: bool = False,
+        build_env_vars: list[str] | tuple[str, ...] = (),
         job_default: bool = False,
     ) -> None:
         value: dict[str, Any] = {}
@@ -294,6 +321,7 @@ class UvProject(dict):
             "groups": groups,
             "only_groups": only_groups,
             "no_groups": no_groups,
+            "build_env_vars": build_env_vars,
         }
         value.update({name: list(names) for name, names in lists.items() if names})
         if locked is not None:

@@ -247,6 +247,7 @@ def ship_and_probe(
         settings={
             "env_vars": probes.env.get("env_vars") or {},
             "resolves": spec.resolves,
+            "build_env_vars": list(spec.build_env_vars),
         },
         runtime_env=runtime_env,
         chunk_bytes=chunk_bytes or shipping.archive.CHUNK_BYTES,

@@ -178,7 +178,9 @@ class VenvReceiver:
 
     def _offer(self, source: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
         key = source["key"]
-        env = sync_environment(settings["env_vars"])
+        env = sync_environment(
+            settings["env_vars"], build_env_vars=settings.get("build_env_vars", ())
+        )
         why = self._refusal(source, env, settings["resolves"])
         if why is not None:
             return {"decision": "refused", "why": why}

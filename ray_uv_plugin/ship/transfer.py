@@ -261,8 +261,9 @@ def ship(
     """Send the ready venv `key` from `source_node` to each of `targets` (node ids); returns
     each target's result. Never raises for one node's failure: it is that node's result.
 
-    `settings`: `{"env_vars": the runtime_env's, "resolves": not locked/frozen}` (default: none,
-    locked); `runtime_env`: for the actors, whose interpreter must have this package (default:
+    `settings`: `{"env_vars": the runtime_env's, "resolves": not locked/frozen,
+    "build_env_vars": the uv_project's}` (default: none, locked); `runtime_env`: for the
+    actors, whose interpreter must have this package (default:
     the job's, but the node's own Python where the job sets a `py_executable` or a job-default
     `uv_project`: see `node_python_env`). `timeout` bounds the whole ship; `stall_timeout`
     each node's wait for its next answer. `actors`: started before (`start_actors`) from
