@@ -15,9 +15,9 @@ import pytest
 
 import ray_uv_plugin
 from ray_uv_plugin.ops import cli, cli_envs
-from ray_uv_plugin.ops.units import format_bytes
 from ray_uv_plugin.schema import SCHEMAS_ENV, schema_path
 from ray_uv_plugin.store.layout import MARKER
+from ray_uv_plugin.store.units import format_bytes
 from tests.test_gc import du_bytes, made_by_plugin
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,9 +18,9 @@ import pytest
 
 from ray_uv_plugin import PLUGIN_CLASS, plugins_setting
 from ray_uv_plugin.ops import check, demo
-from ray_uv_plugin.ops.units import format_bytes
 from ray_uv_plugin.store import trust
 from ray_uv_plugin.store.layout import MARKER, check_ready, lock_path
+from ray_uv_plugin.store.units import format_bytes
 from tests.test_cli import RAY_UV, fake_venv, ray_uv
 from tests.test_gc import du_bytes, made_by_plugin
 

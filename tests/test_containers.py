@@ -26,8 +26,7 @@ from ray_uv_plugin.agent.builder import cache_split_note, ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv_env import sync_environment
-from ray_uv_plugin.ops import gc, inventory, processes, removal
-from ray_uv_plugin.store import freezing
+from ray_uv_plugin.store import freezing, gc, inventory, processes, removal
 from ray_uv_plugin.store.layout import MARKER, check_ready, lock_path, read_marker
 from tests.uvproject import write_project
 

@@ -23,9 +23,8 @@ import pytest
 from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.ops import gc, inventory, processes, units
-from ray_uv_plugin.ops.inventory import BUILDING, INCOMPLETE, READY, UNTRUSTED, VenvEntry
-from ray_uv_plugin.store import build_lock, disk, freezing
+from ray_uv_plugin.store import build_lock, disk, freezing, gc, inventory, processes, units
+from ray_uv_plugin.store.inventory import BUILDING, INCOMPLETE, READY, UNTRUSTED, VenvEntry
 from ray_uv_plugin.store.layout import MARKER, VenvDirError, lock_path
 from tests.uvproject import write_project
 

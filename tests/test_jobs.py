@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from ray_uv_plugin.agent.uv import find_uv
-from ray_uv_plugin.ops.units import format_bytes
 from ray_uv_plugin.store.layout import MARKER
+from ray_uv_plugin.store.units import format_bytes
 from tests.test_gc import du_bytes
 from tests.uvproject import write_project
 

@@ -660,8 +660,8 @@ def test_a_receiver_lets_go_of_the_lock_by_itself(two_nodes, tmp_path: Path) -> 
 def test_a_venv_moved_while_it_is_sent_is_taken_by_no_node(two_nodes, tmp_path: Path) -> None:
     """The sender holds the key's lock shared (gc leaves the venv alone meanwhile); an operator
     who moves the venv away mid-ship anyway makes the receive fail, and B keeps nothing."""
-    from ray_uv_plugin.ops import inventory, removal
     from ray_uv_plugin.ship.transfer import ship
+    from ray_uv_plugin.store import inventory, removal
 
     _, a, b = two_nodes
     project = new_project(tmp_path)

@@ -112,7 +112,7 @@ def find_env(
     operator may want to know first. Reads the venv dir as `ray-uv list` does: it creates no
     venv dir, and a reuse is not recorded (the marker is not touched)."""
     from ray_uv_plugin.agent.request import make_request
-    from ray_uv_plugin.ops import inventory
+    from ray_uv_plugin.store import inventory
     from ray_uv_plugin.store.layout import venv_root
 
     wanted = parse_libraries(libraries)

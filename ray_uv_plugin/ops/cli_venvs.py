@@ -14,10 +14,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ray_uv_plugin.ops.cli_common import CliError
-from ray_uv_plugin.ops.units import format_age, format_bytes
+from ray_uv_plugin.store.units import format_age, format_bytes
 
 if TYPE_CHECKING:
-    from ray_uv_plugin.ops.inventory import VenvEntry
+    from ray_uv_plugin.store.inventory import VenvEntry
 
 
 # --- list ------------------------------------------------------------------------------------
@@ -81,8 +81,7 @@ def _json_row(e: VenvEntry, size: int) -> dict[str, Any]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from ray_uv_plugin.ops import inventory
-    from ray_uv_plugin.store import disk, trust
+    from ray_uv_plugin.store import disk, inventory, trust
     from ray_uv_plugin.store.layout import VenvDirError, venv_root
 
     try:
@@ -160,8 +159,7 @@ def _label(e: VenvEntry) -> str:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from ray_uv_plugin.ops import gc
-    from ray_uv_plugin.store import trust
+    from ray_uv_plugin.store import gc, trust
     from ray_uv_plugin.store.layout import VenvDirError, venv_root
 
     try:

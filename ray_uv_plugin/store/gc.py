@@ -28,20 +28,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ray_uv_plugin.ops import inventory
-from ray_uv_plugin.ops.inventory import BROKEN, BUILDING, INCOMPLETE, UNTRUSTED, Other, VenvEntry
-from ray_uv_plugin.ops.processes import Processes, processes
-from ray_uv_plugin.ops.removal import (
+from ray_uv_plugin.store import inventory, trust
+from ray_uv_plugin.store.disk import DiskUsage, measure
+from ray_uv_plugin.store.inventory import BROKEN, BUILDING, INCOMPLETE, UNTRUSTED, Other, VenvEntry
+from ray_uv_plugin.store.layout import lock_path
+from ray_uv_plugin.store.processes import Processes, processes
+from ray_uv_plugin.store.removal import (
     garbage_blocker,
     removal_blocker,
     remove_garbage,
     remove_venv,
     take_lock,
 )
-from ray_uv_plugin.ops.units import format_age, format_bytes
-from ray_uv_plugin.store import trust
-from ray_uv_plugin.store.disk import DiskUsage, measure
-from ray_uv_plugin.store.layout import lock_path
+from ray_uv_plugin.store.units import format_age, format_bytes
 
 MIN_IDLE_SECONDS = 120.0
 # A build without marker is removed only once neither its dir nor its lock (whose holder writes

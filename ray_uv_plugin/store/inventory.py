@@ -21,8 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ray_uv_plugin.ops.ownership import build_record, kind, lock_form, lock_held, lstat
-from ray_uv_plugin.ops.processes import processes
 from ray_uv_plugin.store import trust
 from ray_uv_plugin.store.layout import (
     KEY_LENGTH,
@@ -32,6 +30,8 @@ from ray_uv_plugin.store.layout import (
     lock_path,
     read_marker,
 )
+from ray_uv_plugin.store.ownership import build_record, kind, lock_form, lock_held, lstat
+from ray_uv_plugin.store.processes import processes
 
 KEY = rf"[0-9a-f]{{{KEY_LENGTH}}}"
 KEY_PATTERN = re.compile(rf"^{KEY}$")

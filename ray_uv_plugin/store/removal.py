@@ -26,12 +26,11 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from ray_uv_plugin.ops import inventory
-from ray_uv_plugin.ops.inventory import INCOMPLETE, Other, VenvEntry
-from ray_uv_plugin.ops.ownership import lock_form_problem, lstat
-from ray_uv_plugin.ops.processes import processes
-from ray_uv_plugin.store import freezing, trust
+from ray_uv_plugin.store import freezing, inventory, trust
+from ray_uv_plugin.store.inventory import INCOMPLETE, Other, VenvEntry
 from ray_uv_plugin.store.layout import MARKER, lock_path
+from ray_uv_plugin.store.ownership import lock_form_problem, lstat
+from ray_uv_plugin.store.processes import processes
 
 # chattr +i / +a: nobody, root included, may rename or remove such an entry, or one inside
 # such a directory, until root clears the flag (`freezing.thaw` does, for directories, as root).
