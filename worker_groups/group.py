@@ -37,6 +37,7 @@ from worker_groups.builder import (
     restore_method_signatures,
 )
 from worker_groups.cluster import RayVirtualCluster
+from worker_groups.credentials import is_ray_credential
 from worker_groups.dispatch import (
     check_layout_covers,
     check_per_worker_data,
@@ -81,7 +82,9 @@ def driver_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     ``agent.uv_env``). Here a runtime_env's ``env_vars`` also configure the venv's build on
     every node, and so its key, which NeMo RL's driver environment never did (it builds venvs in
     a task per node): a group's venv is the one the same selection gives a plain actor. A
-    worker that needs one gets it through the group's ``env_vars`` (keyed)."""
+    worker that needs one gets it through the group's ``env_vars`` (keyed). Nor the
+    credentials Ray reads (``RAY_AUTH_TOKEN``...: see ``credentials``): a runtime_env shows in
+    plain text in `ray list actors --detail` and in every node's runtime_env_agent.log."""
     environ = os.environ if environ is None else environ
     return {
         k: v
@@ -91,6 +94,7 @@ def driver_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
         and k != "UV"
         and not k.startswith("UV_")
         and not is_build_var(k)
+        and not is_ray_credential(k)
     }
 
 
