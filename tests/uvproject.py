@@ -62,28 +62,46 @@ def write_project(
 class CountingUv:
     """A uv wrapper for `RAY_UV_PLUGIN_UV` that logs each call, then runs the real uv.
 
-    `SLOW_UV_SECONDS` in its environment (e.g. a runtime_env's env_vars) delays it.
+    `SLOW_UV_SECONDS` in its environment (e.g. a runtime_env's env_vars) delays it. Each sync's
+    start and end times go to `spans`, from which `peak_syncs` tells how many ran at once.
     """
 
     def __init__(self, directory: Path, sleep_after: float = 0.0) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.log = directory / "uv-calls.log"
+        self.spans = directory / "sync-spans.log"
         self.path = directory / "uv-wrapper.sh"
         self.log.touch()
+        self.spans.touch()
         # Only `sync` is slowed down: the plugin also asks `uv --version` for its keys.
         after = (
-            f'rc=$?; [ "$1" = sync ] && echo synced >> {self.log} && sleep {sleep_after}; exit $rc'
+            f'[ "$1" = sync ] && echo synced >> {self.log} && sleep {sleep_after}'
             if sleep_after
             else ""
         )
         delay = '[ "$1" = sync ] && sleep "${SLOW_UV_SECONDS:-0}"'
+        span = '[ "$1" = sync ] && echo "%s $(date +%%s.%%N)" >> ' + str(self.spans)
         self.path.write_text(
-            f'#!/bin/sh\necho "$1" >> {self.log}\n{delay}\n{find_uv()} "$@"\n{after}\n'
+            f'#!/bin/sh\necho "$1" >> {self.log}\n{span % "start"}\n{delay}\n'
+            f'{find_uv()} "$@"\nrc=$?\n{span % "end"}\n{after}\nexit $rc\n'
         )
         self.path.chmod(0o755)
 
     def syncs(self) -> int:
         return sum(1 for line in self.log.read_text().splitlines() if line == "sync")
+
+    def peak_syncs(self) -> int:
+        """The most syncs that ran at the same time (a sync killed before its end counts as
+        running from then on)."""
+        events = sorted(
+            (float(when), 1 if what == "start" else -1)
+            for what, when in (line.split() for line in self.spans.read_text().splitlines())
+        )
+        running = peak = 0
+        for _, step in events:  # at one instant an end sorts before a start: not overlapping
+            running += step
+            peak = max(peak, running)
+        return peak
 
 
 def tamper_hashes(project: Path, package: str) -> None:

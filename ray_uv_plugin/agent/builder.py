@@ -33,8 +33,9 @@ from ray_uv_plugin.agent.project import (
 from ray_uv_plugin.agent.request import VenvRequest, make_request, withheld_from_uv
 from ray_uv_plugin.agent.spec import ParsedUvProject
 from ray_uv_plugin.agent.uv import UvSyncError, UvTimeout, find_uv, run_uv, sync_failure
-from ray_uv_plugin.store import freezing, trust
+from ray_uv_plugin.store import budget, freezing, trust
 from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, LOCK_MARGIN, BuildLock, build_timeout
+from ray_uv_plugin.store.build_slots import BuildSlot
 from ray_uv_plugin.store.layout import (
     MARKER_FORMAT,
     check_ready,
@@ -112,6 +113,15 @@ async def ensure_venv_async(
         raise UvSyncError(failed)
     if why != "absent":
         logger.info("uv_project %s: rebuilding: %s", key, why)
+    try:  # a build, and only a build, takes one of the venv dir's slots (`build_slots`)
+        slot = BuildSlot(root)
+        budget.venv_dir_budget()  # a bad setting fails before the build, not after
+        waited = await slot.acquire_async(  # counted against `timeout`
+            timeout, request.what, lambda line: logger.info("uv_project %s: %s", key, line)
+        )
+    except BaseException:
+        lock.release()
+        raise
     loop = asyncio.get_running_loop()
     done: asyncio.Future[float] = loop.create_future()
 
@@ -126,12 +136,13 @@ async def ensure_venv_async(
     def build() -> None:
         result, error = None, None
         try:
-            result = _build(request, root / key, logger, timeout)
+            result = _build(request, root / key, logger, timeout - waited)
         except BaseException as e:  # noqa: BLE001 - handed to the awaiting request
             error = e
             if isinstance(e, UvSyncError) and not e.transient:
                 failed_builds.remember(root / key, sync_inputs, str(e))
         finally:
+            slot.release()
             lock.release()
         loop.call_soon_threadsafe(settle, result, error)
 
@@ -274,6 +285,10 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
                 f"=={ray.__version__} a dependency of the environment you ask for and run "
                 "`uv lock`."
             )
+        try:
+            budget.make_room(venv, lambda line: logger.info("uv_project %s: %s", venv.name, line))
+        except budget.OverBudget as e:
+            raise UvSyncError(str(e)) from None
         immutable = freezing.freeze(venv)
         if os.geteuid() == 0 and not immutable:
             logger.warning("uv_project %s: %s.", venv.name, freezing.unfrozen_note())

@@ -213,9 +213,11 @@ def collect(
     now: float | None = None,
     everything: bool = False,
     assume_unused: bool = False,
+    max_size_bytes: int | None = None,
 ) -> GcReport:
     """Plan and (unless `dry_run`) remove; `freed_bytes` is what `du -s root` drops by.
-    `everything` is `ray-uv gc --all`; `assume_unused` is `--assume-unused` (`plan`).
+    `everything` is `ray-uv gc --all`; `assume_unused` is `--assume-unused` (`plan`);
+    `max_size_bytes` is `max_size_gb` to the byte (a build's venv dir budget: `budget`).
 
     Raises `VenvDirError` for a venv dir it must not clean (`inventory.check_venv_dir`) and
     `UntrustedPathError` for one the plugin would not trust."""
@@ -233,6 +235,7 @@ def collect(
     near = [o.path for o in inv.leftovers + inv.others if inventory.KEY_PREFIX.match(o.path.name)]
     usage = measure([*locks, *locks.values(), *inv.garbage, *near])
     max_bytes = None if max_size_gb is None else int(max_size_gb * 1024**3)
+    max_bytes = max_size_bytes if max_size_bytes is not None else max_bytes
     why_unseen, hint = unseen or (None, ASSUME_UNUSED_HINT)
     remove, keep = plan(
         inv.venvs, usage, now, older_than_days, max_bytes, everything, why_unseen, hint

@@ -12,6 +12,9 @@ Layout under the venv dir (`RAY_UV_PLUGIN_VENV_DIR`, absolute, private to this u
                            of its last holder and is the record that the plugin made <key>
     <key>.ship-XXXX        a venv being received from another node (`ship`), never used as it
                            is; removed by the next receive or build of <key>
+    .build-queue/          a ticket per build running or waiting for one of the venv dir's
+                           build slots (`build_slots`), and the lock under which a build makes
+                           room within the venv dir's budget (`budget`)
 
 A ready venv is checked on every use (a few `stat`s): trusted, marker whole and naming its key,
 interpreter and site-packages present; if not, it is rebuilt.
@@ -37,6 +40,7 @@ KEY_LENGTH = 16  # hex digits of a venv's key: its dir's name
 MARKER = ".ray-uv-ready"
 MARKER_FORMAT = 1
 SHIP_INFIX = ".ship-"  # `<key>.ship-XXXX`: a venv being received, never used as it is
+BUILD_QUEUE = ".build-queue"  # the build slots' tickets and the budget's lock: `build_slots`
 DIST_INFO = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)\.dist-info$")
 
 

@@ -1,0 +1,121 @@
+"""The venv dir's budget (`RAY_UV_PLUGIN_VENV_DIR_MAX_BYTES`): a build makes room for its venv
+before the venv is published, by removing the least recently used venvs that nothing uses.
+
+- **What counts**: what `du -s` says the venv dir's venvs and their locks take, each inode once:
+  the total of `ray-uv list` and what `ray-uv gc --max-size` prunes to. uv hardlinks installed
+  files from its cache, and venvs of one project share most of them, so a venv adds what it
+  does not share. Apparent bytes (each venv's files summed) would count a shared Ray or torch
+  once per venv and evict venvs whose removal frees nothing. The blocks of a file that uv's
+  cache also holds stay allocated until the cache drops it too (`uv cache prune`): the budget
+  bounds the venv dir, not the disk.
+- **When**: after uv made the venv and before its marker is written: the first moment its
+  size, shared files counted once, is known. While uv runs the dir may hold the budget plus the
+  venvs being built; a venv that does not fit is removed unpublished and never used.
+- **What goes**: `gc`'s own plan and removal (`gc.collect` with the budget as its max size):
+  least recently used first; never a venv in use by a live process, being built, being shipped,
+  another user's, used in the last `gc.MIN_IDLE_SECONDS` (a request may have been handed it
+  and its worker not be started yet), or that a process gc cannot see may use. The last use
+  is the marker's mtime, which the warm path already touches on every reuse (one `utime`), so
+  the budget costs a reuse nothing. Builds make room one at a time (a flock on
+  `.build-queue/budget.lock`), so two that finish together do not both remove for one excess.
+- **Unset by default**: the right size depends on the disk and what else it holds, which the
+  plugin cannot know, and venvs an operator built ahead (`ray-uv prepare`) should not go
+  unasked. A build with a budget pays a walk of the venv dir (`du`) and a `/proc` scan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from ray_uv_plugin.store import disk, gc, trust
+from ray_uv_plugin.store.build_slots import queue_dir
+from ray_uv_plugin.store.layout import VenvDirError
+from ray_uv_plugin.store.units import format_bytes
+
+VENV_DIR_MAX_BYTES_ENV = "RAY_UV_PLUGIN_VENV_DIR_MAX_BYTES"
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+ROUNDS = 3  # collect again while a chosen venv was used meanwhile and others may go instead
+
+
+class OverBudget(RuntimeError):
+    """The new venv does not fit the venv dir's budget and nothing more can be removed."""
+
+
+def parse_size(text: str) -> int | None:
+    """Bytes from `50G`, `1.5T`, `500MiB`, `1048576` (K, M, G, T: powers of 1024, as `du -h`
+    and `ray-uv list` print them); None for anything else or less than one byte."""
+    found = _SIZE.match(text.strip())
+    if found is None:
+        return None
+    size = int(float(found[1]) * _UNITS[found[2].upper()])
+    return size if size >= 1 else None
+
+
+def venv_dir_budget() -> int | None:
+    """The budget in bytes, None if unset; a value that is no size raises `VenvDirError`."""
+    value = os.environ.get(VENV_DIR_MAX_BYTES_ENV, "").strip()
+    if not value:
+        return None
+    size = parse_size(value)
+    if size is None:
+        raise VenvDirError(
+            f"uv_project: {VENV_DIR_MAX_BYTES_ENV}={value!r} is no size: set bytes, or a number "
+            "with K, M, G or T (powers of 1024), e.g. 50G; unset it for no budget."
+        )
+    return size
+
+
+@contextlib.contextmanager
+def _one_at_a_time(root: Path) -> Iterator[None]:
+    path = queue_dir(root) / "budget.lock"
+    mode = 0o660 if trust.trusted_gid() is not None else 0o600
+    fd = trust.open_no_follow(path, os.O_RDWR | os.O_CREAT, mode)
+    try:
+        trust.check_fd(path, fd, "the budget lock")
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held only while a build makes room: seconds
+        yield
+    finally:
+        os.close(fd)
+
+
+def make_room(venv: Path, say: Callable[[str], None]) -> None:
+    """Make the venv dir, with `venv` (built, not marked yet) in it, fit the budget; `say`
+    names each venv removed. Raises `OverBudget` if it cannot: the caller, who holds `venv`'s
+    build lock, removes it."""
+    limit = venv_dir_budget()
+    if limit is None:
+        return
+    root = venv.parent
+    with _one_at_a_time(root):
+        for _round in range(ROUNDS):
+            report = gc.collect(root, max_size_bytes=limit)
+            for d in report.removed:
+                say(
+                    f"removed venv {d.entry.key} ({d.entry.project}): {d.reason}, to keep the "
+                    f"venv dir within its budget of {format_bytes(limit)}"
+                )
+            if report.remaining_bytes <= limit or not report.removed:
+                break
+    if report.remaining_bytes > limit:
+        raise OverBudget(_over(venv, limit, report))
+
+
+def _over(venv: Path, limit: int, report: gc.GcReport) -> str:
+    _, alone = disk.venv_size(venv)
+    kept = [d for d in report.kept if d.entry.path != venv]
+    reasons = "; ".join(f"{d.entry.key}: {d.reason}" for d in kept[:5])
+    more = f"; and {len(kept) - 5} more" if len(kept) > 5 else ""
+    return (
+        f"uv_project: the venv dir {venv.parent} would take {format_bytes(report.remaining_bytes)} "
+        f"with the new venv {venv.name} ({format_bytes(alone)} on its own), over its budget "
+        f"of {format_bytes(limit)} ({VENV_DIR_MAX_BYTES_ENV}), and no more venvs can be removed"
+        f"{f' ({reasons}{more})' if kept else ''}. Raise {VENV_DIR_MAX_BYTES_ENV} on the nodes, "
+        "remove venvs you no longer need (`ray-uv list`, `ray-uv gc`), or retry once the jobs "
+        "that use them are done. The new venv was not kept."
+    )
