@@ -181,6 +181,9 @@ def test_a_build_variable_no_list_knows_shapes_only_a_venv_that_keys_it(local_ra
     # A's variable is its workers' (Ray sets it for them); the build never saw it, so B, which
     # sets nothing, does not import A's `cuda` build.
     assert a["venv"] == b["venv"] and a["flavor"] == b["flavor"] == "plain"
+    session = Path(ray._private.worker._global_node.get_session_dir_path())
+    logs = "".join(p.read_text() for p in session.glob("logs/runtime_env_setup-*.log"))
+    assert "env_vars MYLIB_FLAVOR are its workers' and do not reach uv" in logs
     # Named in build_env_vars, it reaches the build and the key: a venv of its own.
     c = seen(
         {

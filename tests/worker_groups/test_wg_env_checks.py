@@ -64,7 +64,9 @@ def test_driver_variables_that_workers_get() -> None:
         "HF_HOME": "/data/hf",
         "PATH": "/driver/.venv/bin:/usr/bin",
         "PYTHONPATH": "/driver/src",
-        "CUDA_HOME": "/usr/local/cuda",  # a build variable: workers get it (and builds see it)
+        "CUDA_HOME": "/usr/local/cuda",  # a build variable the plugin keys: not copied
+        "CMAKE_ARGS": "-DGPU=ON",  # so that the group's key is a plain actor's
+        "MYLIB_FLAVOR": "cuda",  # no build sees it unless named in build_env_vars: copied
         "VIRTUAL_ENV": "/driver/.venv",
         "UV_PROJECT_ENVIRONMENT": "/driver/.venv",
         "RAY_UV_PLUGIN_VENV": "/venvs/driver-key",
@@ -83,7 +85,7 @@ def test_driver_variables_that_workers_get() -> None:
         "HF_HOME": "/data/hf",
         "PATH": "/driver/.venv/bin:/usr/bin",
         "PYTHONPATH": "/driver/src",
-        "CUDA_HOME": "/usr/local/cuda",
+        "MYLIB_FLAVOR": "cuda",
         "RAY_ADDRESS": "10.0.0.1:6379",
     }
 
