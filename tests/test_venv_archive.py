@@ -25,6 +25,8 @@ from ray_uv_plugin.ship import archive, relocation
 from ray_uv_plugin.ship.archive import ArchiveError, Packer
 from ray_uv_plugin.ship.install import install_received
 from ray_uv_plugin.ship.unpack import Unpacker
+from ray_uv_plugin.store import manifest
+from ray_uv_plugin.store.layout import read_marker, write_marker
 
 KEY = "0123456789abcdef"
 OTHER_KEY = "fedcba9876543210"
@@ -352,8 +354,15 @@ def test_a_stream_that_differs_from_its_manifest_is_refused(tmp_path: Path) -> N
         feed(tmp_path / "v", buf.getvalue())
 
 
+def mark_built(venv: Path) -> Path:
+    """Mark `venv` as a build does: its manifest, then the marker naming it."""
+    write_marker(venv, {"key": venv.name, "manifest": manifest.write(venv, manifest.scan(venv))})
+    return venv
+
+
 def fake_venv(path: Path) -> Path:
-    """A venv-shaped tree: a big file first, so that a packer is mid-way while we change it."""
+    """A venv-shaped tree as a build leaves it (`mark_built`): a big file first, so that a
+    packer is mid-way while we change it."""
     (path / "a").mkdir(parents=True)
     (path / "a" / "big").write_bytes(os.urandom(2 * MiB))
     (path / "b").mkdir()
@@ -363,8 +372,7 @@ def fake_venv(path: Path) -> Path:
     os.link(path / "b" / "pkg.py", path / "b" / "same.py")
     (path / "lib").mkdir()
     (path / "lib64").symlink_to("lib")
-    (path / archive.MARKER).write_text('{"key": "x"}')
-    return path
+    return mark_built(path)
 
 
 def pack_all(packer: Packer) -> list[archive.Chunk]:
@@ -387,7 +395,7 @@ def test_a_packed_tree_arrives_whole_with_its_links_and_times(tmp_path: Path) ->
     got = unpacker.finish(len(chunks), packer.total, packer.whole_sha256)
     expected = tree(venv)
     del expected[archive.MARKER]
-    assert tree(got) == expected  # no manifest, no marker, the same links
+    assert tree(got) == expected  # no marker, the same links; the manifest of what arrived
     assert (got / "a" / "big").read_bytes() == (venv / "a" / "big").read_bytes()
     assert os.stat(got / "b" / "pkg.py").st_ino == os.stat(got / "b" / "same.py").st_ino
     assert os.stat(got / "b" / "pkg.py").st_mtime == 1_000_000_000
@@ -401,7 +409,7 @@ def test_the_stream_has_no_header_per_member_beyond_tars_own(tmp_path: Path) -> 
     os.utime(venv / "b" / "pkg.py", (1_000_000_000.75, 1_000_000_000.75))
     long_name = "n" * 120
     (venv / "b" / long_name).write_text("")
-    stream = b"".join(c.data for c in pack_all(Packer(venv, 64 * 1024)))
+    stream = b"".join(c.data for c in pack_all(Packer(mark_built(venv), 64 * 1024)))
     with tarfile.open(fileobj=io.BytesIO(stream), mode="r|") as tar:
         members = {m.name: m for m in tar}
     with_pax = sorted(name for name, m in members.items() if m.pax_headers)
@@ -510,14 +518,14 @@ def test_a_relocated_venv_has_the_scripts_uv_writes_for_its_new_path(
     shutil.rmtree(target_root / KEY)
     assert expected["tqdm"].startswith(b"#!/bin/sh\n") == (dst != "short")
 
-    packer = Packer(source, MiB)
+    packer = Packer(mark_built(source), MiB)
     chunks = pack_all(packer)
     target_root.chmod(0o700)
     unpacker = Unpacker(target_root, KEY, "test", sender_venv=str(source))
     for c in chunks:
         unpacker.add(c.index, c.sha256, c.data)
     received = unpacker.finish(len(chunks), packer.total, packer.whole_sha256)
-    install_received(target_root, KEY, received, {"venv": str(source)})
+    install_received(target_root, KEY, received, {**read_marker(source), "venv": str(source)})
 
     assert bin_scripts(target_root / KEY) == expected
     out = subprocess.run(

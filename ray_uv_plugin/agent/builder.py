@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ray_uv_plugin.agent import failed_builds
 from ray_uv_plugin.agent.project import (
@@ -33,7 +34,7 @@ from ray_uv_plugin.agent.project import (
 from ray_uv_plugin.agent.request import VenvRequest, make_request, withheld_from_uv
 from ray_uv_plugin.agent.spec import ParsedUvProject
 from ray_uv_plugin.agent.uv import UvSyncError, UvTimeout, find_uv, run_uv, sync_failure
-from ray_uv_plugin.store import budget, freezing, trust
+from ray_uv_plugin.store import budget, freezing, manifest, trust
 from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, LOCK_MARGIN, BuildLock, build_timeout
 from ray_uv_plugin.store.build_slots import BuildSlot
 from ray_uv_plugin.store.layout import (
@@ -289,10 +290,11 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
             budget.make_room(venv, lambda line: logger.info("uv_project %s: %s", venv.name, line))
         except budget.OverBudget as e:
             raise UvSyncError(str(e)) from None
+        listed = _write_manifest(venv, logger)
         immutable = freezing.freeze(venv)
         if os.geteuid() == 0 and not immutable:
             logger.warning("uv_project %s: %s.", venv.name, freezing.unfrozen_note())
-        _write_marker(venv, request, result.seconds, immutable)
+        _write_marker(venv, request, result.seconds, immutable, listed)
     except OSError as e:
         freezing.remove_tree(venv)
         if e.errno == errno.ENOSPC:
@@ -347,7 +349,42 @@ def _site_packages(venv: Path) -> str:
     return str(site.relative_to(venv))
 
 
-def _write_marker(venv: Path, request: VenvRequest, seconds: float, immutable: bool) -> None:
+def _write_manifest(venv: Path, logger: logging.Logger) -> dict[str, Any]:
+    """The venv's manifest (`store.manifest`), before it is frozen; returns what the marker
+    records of it: its sha256, and the files that differ from their distribution's RECORD.
+    Such a file was changed in uv's cache (through another venv's hardlink to it), or its
+    wheel's RECORD is wrong (some are): the venv is used here, with a warning, and never sent
+    to another node (`ship.archive.Packer`), which builds its own."""
+    start = time.perf_counter()
+    files = manifest.scan(venv)
+    listed: dict[str, Any] = {}
+    mismatches = manifest.records(venv, files)
+    if mismatches:
+        logger.warning(
+            "uv_project %s: %d installed files differ from their distribution's RECORD: %s. "
+            "A file changed in uv's cache (through a hardlink to it) reaches every venv made "
+            "from it: `uv cache clean <package>` and rebuild; a wheel whose RECORD is wrong "
+            "is the wheel's fault. The venv is used here, and never sent to other nodes.",
+            venv.name,
+            len(mismatches),
+            ", ".join(mismatches[:5]) + (", ..." if len(mismatches) > 5 else ""),
+        )
+        listed[manifest.NOT_AS_RECORDED] = {"count": len(mismatches), "first": mismatches[:5]}
+    listed["manifest"] = manifest.write(venv, files)
+    size = sum(entry.size for entry in files.values())
+    logger.info(
+        "uv_project %s: manifest of %d entries (%.0f MB) in %.2fs",
+        venv.name,
+        len(files),
+        size / 1e6,
+        time.perf_counter() - start,
+    )
+    return listed
+
+
+def _write_marker(
+    venv: Path, request: VenvRequest, seconds: float, immutable: bool, listed: Mapping[str, Any]
+) -> None:
     import ray
 
     spec = request.spec
@@ -367,5 +404,6 @@ def _write_marker(venv: Path, request: VenvRequest, seconds: float, immutable: b
             "build_seconds": round(seconds, 3),
             "immutable": immutable,  # chattr +i below the top dir (root only), else modes alone
             "inputs": request.inputs.as_json(),
+            **listed,  # the manifest's sha256, files not as their RECORD says: `_write_manifest`
         },
     )

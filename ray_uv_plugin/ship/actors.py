@@ -26,6 +26,7 @@ from ray_uv_plugin.store.disk import venv_size
 from ray_uv_plugin.store.layout import (
     check_ready,
     lock_path,
+    mark_not_whole,
     read_marker,
     remove_leftovers,
     venv_root,
@@ -66,7 +67,9 @@ class VenvSender:
     chunks in order. It may be started before the venv is ready (while it is built).
 
     It holds the key's build lock shared from `open` to its end (the kernel drops it when the
-    actor dies): `gc` skips the venv and no build replaces it while it is read."""
+    actor dies): `gc` skips the venv and no build replaces it while it is read. A venv that is
+    not what its build made (`archive.DriftError`) is not sent, and is marked not whole, so
+    that its next use here rebuilds it."""
 
     def open(self, key: str, chunk_bytes: int) -> dict[str, Any]:
         """Take the ready venv `key` to send, in chunks of `chunk_bytes`; its `describe`."""
@@ -85,8 +88,21 @@ class VenvSender:
             raise ShipError(f"{_where()}: the venv {key} to send is not ready: {why}")
         self.venv = root / key
         self.marker = read_marker(self.venv)
-        self.packer = archive.Packer(self.venv, chunk_bytes)
+        try:
+            self.packer = archive.Packer(self.venv, chunk_bytes)
+        except archive.DriftError as e:
+            raise self._drifted(e) from e
+        except archive.ArchiveError as e:  # one that a rebuild here would not change
+            raise ShipError(f"{_where()}: the venv {key} to send: {e}") from e
         return self.describe()
+
+    def _drifted(self, e: archive.DriftError) -> ShipError:
+        try:
+            mark_not_whole(self.venv, str(e))
+            then = "it is rebuilt at its next use here"
+        except OSError as error:
+            then = f"it could not be marked for a rebuild ({error}): remove it with `ray-uv gc`"
+        return ShipError(f"{_where()}: the venv {self.key} to send: {e}; not sent, and {then}")
 
     def describe(self) -> dict[str, Any]:
         size, on_disk = venv_size(self.venv)
@@ -106,7 +122,10 @@ class VenvSender:
 
     @ray.method(num_returns=2)
     def next_chunk(self) -> tuple[dict[str, Any], bytes]:
-        chunk = self.packer.next_chunk()
+        try:
+            chunk = self.packer.next_chunk()
+        except archive.DriftError as e:
+            raise self._drifted(e) from e
         meta = {
             "index": chunk.index,
             "sha256": chunk.sha256,

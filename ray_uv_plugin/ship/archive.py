@@ -8,6 +8,12 @@ receiver needs no uv cache. The packer fails on any error walking the tree, and 
 was renamed, replaced or re-marked while it was packed; it ends the tar with a manifest (every
 member's name, kind, size and link) and the tar's end-of-archive blocks.
 
+What is shipped is what was built: the packer checks every member against the manifest the
+venv's build wrote (`store.manifest`), hashing each file as it streams it, and fails with
+`DriftError` on the first that differs, was added or removed since the build. Only `.pyc` files
+in `__pycache__` dirs that the build did not make are left out instead: Python writes them where
+a worker may write (root, whose writes modes do not stop) when the build compiled no bytecode.
+
 This module is the format and the sending side; `unpack` is the receiving side (a stream is
 hostile there until it is whole), `relocation` the rewrite of a venv's scripts for a new path.
 """
@@ -18,6 +24,7 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import queue
 import re
 import stat
@@ -29,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ray_uv_plugin.store import manifest
 from ray_uv_plugin.store.layout import KEY_LENGTH, MARKER
 
 CHUNK_BYTES = 64 * 1024 * 1024
@@ -45,6 +53,11 @@ END = None  # what follows the last chunk in a queue of chunks
 
 class ArchiveError(RuntimeError):
     """A stream that must not be used: the message says which chunk or member, and why."""
+
+
+class DriftError(ArchiveError):
+    """The venv to send is not what its build made (`store.manifest`): it must not be sent,
+    and is to be rebuilt."""
 
 
 @dataclass(frozen=True)
@@ -129,13 +142,14 @@ def _walk_error(error: OSError) -> None:
 
 
 def _members(venv: Path) -> Iterator[tuple[str, str]]:
-    """(path, name in the stream) for the venv's tree, parents first, the marker left out.
-    Any error reading the tree fails the pack: a skipped dir would be a venv without it."""
+    """(path, name in the stream) for the venv's tree, parents first, the plugin's own files
+    (the marker, the build's manifest: `manifest.own`) left out. Any error reading the tree
+    fails the pack: a skipped dir would be a venv without it."""
     for dirpath, dirnames, filenames in os.walk(venv, onerror=_walk_error):
         dirnames.sort()
         rel = os.path.relpath(dirpath, venv)
         for name in sorted(dirnames) + sorted(filenames):
-            if rel == "." and (name.startswith(MARKER) or name == MANIFEST):
+            if rel == "." and manifest.own(name):
                 continue
             yield os.path.join(dirpath, name), name if rel == "." else f"{rel}/{name}"
 
@@ -179,16 +193,44 @@ def _tarinfo(path: str, arcname: str, seen: dict[tuple[int, int], str]) -> tarfi
     return info
 
 
+class _Hashing:
+    """A file for tarfile to read, hashed as it is read: the bytes streamed are those checked."""
+
+    def __init__(self, f: io.BufferedReader) -> None:
+        self.f, self.sha256 = f, hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.sha256.update(data)
+        return data
+
+
 def _add(
     tar: tarfile.TarFile, path: str, arcname: str, seen: dict[tuple[int, int], str]
-) -> tarfile.TarInfo:
+) -> tuple[tarfile.TarInfo, manifest.Entry | None]:
+    """Stream the member at `path`; returns it and its manifest entry as streamed (None for a
+    hard link to a member streamed before: the same inode, so that member's entry)."""
     info = _tarinfo(path, arcname, seen)
     if info.isreg():
         with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
-            tar.addfile(info, f)
-    else:
-        tar.addfile(info)
-    return info
+            hashing = _Hashing(f)
+            tar.addfile(info, hashing)
+        return info, manifest.file_entry(info.mode, info.size, hashing.sha256.hexdigest())
+    tar.addfile(info)
+    if info.isdir():
+        return info, manifest.DIR
+    return info, manifest.link_entry(info.linkname) if info.issym() else None
+
+
+def _leftover_bytecode(path: str, name: str) -> bool:
+    """Whether `path`, which the build did not make, is a `__pycache__` dir or a `.pyc` file in
+    one: Python writes them in a venv that a worker can write (root) if the build compiled none."""
+    parent, base = posixpath.split(name)
+    mode = os.lstat(path).st_mode
+    if stat.S_ISDIR(mode):
+        return base == "__pycache__"
+    in_cache = posixpath.basename(parent) == "__pycache__"
+    return stat.S_ISREG(mode) and in_cache and base.endswith(".pyc")
 
 
 class Packer:
@@ -199,7 +241,26 @@ class Packer:
     def __init__(
         self, venv: Path, chunk_bytes: int = CHUNK_BYTES, stall_s: float = STALL_SECONDS
     ) -> None:
+        """Raises `DriftError` for a venv without its build's manifest (or not the one its
+        marker names): nothing of it may be sent."""
         self.venv, self.stall_s = venv, stall_s
+        self._before = _identity(venv)  # the marker read once: what names the manifest
+        try:
+            marker = json.loads(self._before[2] or b"{}")
+            marker = marker if isinstance(marker, dict) else {}
+            self.built = manifest.load(venv, marker.get("manifest"))
+        except ValueError as e:  # ManifestError included
+            raise DriftError(f"{venv} {e}") from e
+        if marker.get(manifest.NOT_AS_RECORDED):
+            differ = marker[manifest.NOT_AS_RECORDED]
+            raise ArchiveError(
+                f"{venv} holds {differ.get('count')} files that differ from their "
+                f"distribution's RECORD ({', '.join(differ.get('first', []))}): a file changed "
+                "in this node's uv cache would reach every node, so it is not sent and each "
+                "node builds its own (if the file changed here, `uv cache clean <package>` and "
+                "a rebuild restore it; else the wheel's RECORD is wrong)"
+            )
+        self.left_out = 0  # `.pyc` files the build did not make (`_leftover_bytecode`)
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._error: BaseException | None = None
         self._index = 0
@@ -217,13 +278,37 @@ class Packer:
         except queue.Full:
             raise ArchiveError(f"nobody took a chunk for {self.stall_s:.0f}s") from None
 
+    def _pack(self, tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
+        """Stream every member the build made, each checked against its manifest entry."""
+        seen: dict[tuple[int, int], str] = {}
+        packed: list[tarfile.TarInfo] = []
+        entries: dict[str, manifest.Entry] = {}
+        for path, name in _members(self.venv):
+            built = self.built.get(name)
+            if built is None:
+                if not _leftover_bytecode(path, name):
+                    raise DriftError(f"{self.venv}: {name} was added after the build")
+                self.left_out += 1
+                continue
+            info, entry = _add(tar, path, name, seen)
+            if entry is None:
+                entry = entries[info.linkname]  # the same inode: checked under its first name
+            why = manifest.difference(name, built, entry)
+            if why:
+                raise DriftError(f"{self.venv}: {why}")
+            entries[name] = entry
+            packed.append(info)
+        missing = self.built.keys() - entries.keys()
+        if missing:
+            raise DriftError(f"{self.venv}: {min(missing)} was removed after the build")
+        return packed
+
     def _write(self, chunk_bytes: int) -> None:
         writer = _ChunkWriter(self._put, chunk_bytes)
         try:
-            before = _identity(self.venv)
+            before = self._before
             with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                seen: dict[tuple[int, int], str] = {}
-                packed = [_add(tar, p, name, seen) for p, name in _members(self.venv)]
+                packed = self._pack(tar)
                 try:
                     same = _identity(self.venv) == before
                 except OSError:
@@ -250,6 +335,8 @@ class Packer:
                 f"packing {self.venv} made no chunk for {self.stall_s:.0f}s"
             ) from None
         if item is END and self._error is not None:
+            if isinstance(self._error, DriftError):
+                raise DriftError(str(self._error)) from self._error
             raise ArchiveError(f"packing {self.venv} failed: {self._error}") from self._error
         return item
 

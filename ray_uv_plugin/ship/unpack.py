@@ -8,8 +8,10 @@ bits and group/other write (dropped), device files, names out of the venv, a `bi
 that is no directory, links that lead out of the venv (judged at the end, against the whole
 tree) except `bin/python*` to this node's interpreter, more than `MAX_MEMBERS` members or
 `MAX_BYTES` of files. The stream must end with the manifest, matching what was unpacked, then
-zeros only. Every wait between the thread that takes chunks and the one that unpacks them is
-bounded (`STALL_SECONDS`), so `add`, `finish` and `abort` always return.
+zeros only. It hashes every file as it writes it, and leaves in the tree the manifest of what
+it unpacked (`store.manifest`), which `install` installs only if it is the venv's build's.
+Every wait between the thread that takes chunks and the one that unpacks them is bounded
+(`STALL_SECONDS`), so `add`, `finish` and `abort` always return.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import hashlib
 import json
 import os
 import queue
-import shutil
 import sys
 import tarfile
 import tempfile
@@ -40,12 +41,13 @@ from ray_uv_plugin.ship.archive import (
     stream_sha256,
 )
 from ray_uv_plugin.ship.relocation import check_script_path, check_sender_venv
-from ray_uv_plugin.store import freezing
-from ray_uv_plugin.store.layout import MARKER, SHIP_INFIX
+from ray_uv_plugin.store import freezing, manifest
+from ray_uv_plugin.store.layout import SHIP_INFIX
 
 _POLL_SECONDS = 0.2  # how often a waiting thread looks for an error or an abort
 _MAX_HEADER_BYTES = 1024 * 1024  # one pax or GNU long-name header (names and link texts only)
 _MEMBER_OVERHEAD = 8 * 1024  # stream bytes per member beyond its content: headers, manifest
+_COPY_BYTES = 1024 * 1024
 
 
 class _ChunkReader:
@@ -169,6 +171,7 @@ class Unpacker:
         self.total = 0
         self._kinds: dict[str, str] = {}  # every member unpacked so far: name -> kind
         self._entries: list[list[Any]] = []  # the same, as the manifest lists them
+        self._files: manifest.Files = {}  # the same, as the venv's manifest lists them
         self._symlinks: list[str] = []
         self._file_bytes = 0
         self._complete = False
@@ -204,8 +207,8 @@ class Unpacker:
         parent, _, base = name.rpartition("/")
         if parent and self._kinds.get(parent) != "dir":
             raise ArchiveError(f"{name!r}: {parent!r} is no directory earlier in the stream")
-        if not parent and base.startswith(MARKER):
-            raise ArchiveError(f"{name!r}: the sender's marker (the receiver writes its own)")
+        if not parent and manifest.own(base):
+            raise ArchiveError(f"{name!r}: the sender's marker or manifest (the receiver's own)")
         kind = _member_kind(member)
         if not parent and base in ("bin", "lib") and kind != "dir":
             raise ArchiveError(f"{name!r} is a {kind}, not a directory")
@@ -213,35 +216,46 @@ class Unpacker:
         if kind == "dir":
             os.mkdir(path)
             os.chmod(path, 0o755)
+            self._files[name] = manifest.DIR
         elif kind == "file":
-            self._write_file(tar, member, path)
+            self._files[name] = self._write_file(tar, member, path)
         elif kind == "symlink":
             if not _link_text_ok(member):
                 raise ArchiveError(f"{name!r}: a link to {member.linkname}, outside the venv")
             os.symlink(member.linkname, path)
             self._symlinks.append(name)
+            self._files[name] = manifest.link_entry(member.linkname)
         else:
             if self._kinds.get(member.linkname) != "file":
                 raise ArchiveError(
                     f"{name!r}: a hard link to {member.linkname!r}: no file earlier in the stream"
                 )
             os.link(os.path.join(self.tmp, member.linkname), path, follow_symlinks=False)
+            self._files[name] = self._files[member.linkname]
         self._kinds[name] = kind
         self._entries.append(manifest_entry(member))
 
-    def _write_file(self, tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> None:
+    def _write_file(
+        self, tar: tarfile.TarFile, member: tarfile.TarInfo, path: str
+    ) -> manifest.Entry:
+        """Write a file member; returns its manifest entry, of the bytes written."""
         self._file_bytes += member.size
         if self._file_bytes > self.max_bytes:
             raise ArchiveError(f"{member.name!r}: more than {self.max_bytes} bytes of files")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        sha256 = hashlib.sha256()
         with open(os.open(path, flags, 0o600), "wb") as out:
             source = tar.extractfile(member)
             assert source is not None  # a regular file's
-            shutil.copyfileobj(source, out, 1024 * 1024)
+            while data := source.read(_COPY_BYTES):
+                sha256.update(data)
+                out.write(data)
             out.flush()
             # Its own, no set-id bits, no group/other write (as tarfile's data filter does).
-            os.fchmod(out.fileno(), (member.mode & 0o755) | 0o600)
+            mode = manifest.file_mode(member.mode)
+            os.fchmod(out.fileno(), mode)
             os.utime(out.fileno(), (member.mtime, member.mtime))  # .pyc files check it
+        return manifest.file_entry(mode, member.size, sha256.hexdigest())
 
     def _check_manifest(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
         if not member.isreg() or member.size > self.max_members * 1024 + _MAX_HEADER_BYTES:
@@ -350,6 +364,7 @@ class Unpacker:
             raise ArchiveError("unpacking ended without checking the whole stream")
         if self._kinds.get("bin/python") not in ("file", "symlink"):
             raise ArchiveError("the stream holds no bin/python")
+        manifest.write(self.tmp, self._files)  # what was unpacked: `install` checks it
         os.chmod(self.tmp, 0o755)  # as uv makes a venv's top dir (mkdtemp's is 0700)
         return self.tmp
 

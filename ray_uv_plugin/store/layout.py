@@ -8,6 +8,8 @@ Layout under the venv dir (`RAY_UV_PLUGIN_VENV_DIR`, absolute, private to this u
     <key>/                 the venv, made by `uv sync` with UV_PROJECT_ENVIRONMENT=<key>,
                            read-only once built
     <key>/.ray-uv-ready    JSON metadata naming <key>, written last: only a venv with it is used
+    <key>/.ray-uv-ready.manifest  every file the build made, with its sha256 (`manifest`); the
+                           marker names its sha256. Read only when the venv is shipped
     <key>.lock             the build lock (`build_lock`), held while uv runs; it holds the pid
                            of its last holder and is the record that the plugin made <key>
     <key>.ship-XXXX        a venv being received from another node (`ship`), never used as it
@@ -25,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,7 @@ VENV_ENV = "RAY_UV_PLUGIN_VENV"
 KEY_LENGTH = 16  # hex digits of a venv's key: its dir's name
 MARKER = ".ray-uv-ready"
 MARKER_FORMAT = 1
+NOT_WHOLE = "not_whole"  # in a marker: why the venv is not what its build made (rebuilt)
 SHIP_INFIX = ".ship-"  # `<key>.ship-XXXX`: a venv being received, never used as it is
 BUILD_QUEUE = ".build-queue"  # the build slots' tickets and the budget's lock: `build_slots`
 DIST_INFO = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)\.dist-info$")
@@ -138,6 +142,8 @@ def check_ready(root: Path, key: str) -> str | None:
         return "no marker (an unfinished build)"
     if meta.get("key") != key or meta.get("format") != MARKER_FORMAT:
         return f"its marker names key {meta.get('key')!r}, format {meta.get('format')!r}"
+    if meta.get(NOT_WHOLE):
+        return f"it is not what its build made: {meta[NOT_WHOLE]}"
     if not os.path.exists(venv / "bin" / "python"):
         return "bin/python is missing or its interpreter is gone"
     site = meta.get("site_packages")
@@ -156,6 +162,19 @@ def write_marker(venv: Path, meta: Mapping[str, Any]) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, venv / MARKER)
     os.chmod(venv, os.lstat(venv).st_mode & 0o7555)
+
+
+def mark_not_whole(venv: Path, why: str) -> None:
+    """Record in the marker that the venv is not what its build made (a sender found it
+    changed since: `manifest`), so that its next use rebuilds it (`check_ready`), and says why.
+    Its top dir is read-only once marked (`write_marker`): opened for the marker's rename."""
+    meta = read_marker(venv) or {"format": MARKER_FORMAT, "key": venv.name}
+    os.chmod(venv, stat.S_IMODE(os.lstat(venv).st_mode) | stat.S_IWUSR)
+    try:
+        os.unlink(venv / f"{MARKER}.tmp")
+    except FileNotFoundError:
+        pass
+    write_marker(venv, {**meta, NOT_WHOLE: why})
 
 
 def remove_leftovers(root: Path, key: str) -> int:
