@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from ray_uv_plugin.store.build_slots import (
     usable_cores,
 )
 from ray_uv_plugin.store.layout import BUILD_QUEUE, VENV_DIR_ENV, VenvDirError, lock_path
-from tests.uvproject import CountingUv, write_project
+from tests.uvproject import CountingUv, project_variants, write_project
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,18 +72,6 @@ def test_a_standing_says_the_slots_in_use_and_the_place() -> None:
 @pytest.fixture(scope="module")
 def base_project(tmp_path_factory) -> Path:
     return write_project(tmp_path_factory.mktemp("slots") / "base", ["six"])
-
-
-def variants(base: Path, where: Path, n: int) -> list[Path]:
-    """`n` copies of `base` that differ by a comment in pyproject.toml: `n` keys, one lock."""
-    out = []
-    for i in range(n):
-        d = where / f"variant-{i}"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "pyproject.toml").write_text(f"{(base / 'pyproject.toml').read_text()}# {i}\n")
-        shutil.copyfile(base / "uv.lock", d / "uv.lock")
-        out.append(d)
-    return out
 
 
 def request_for(project: Path):
@@ -132,7 +119,7 @@ def test_distinct_keys_build_at_most_the_limit_at_once(
     Before issue 29.3 all five ran at once."""
     monkeypatch.setenv(MAX_BUILDS_ENV, "2")
     root = tmp_path / "venvs"
-    requests = [request_for(p) for p in variants(base_project, tmp_path, 5)]
+    requests = [request_for(p) for p in project_variants(base_project, tmp_path, 5)]
     logger, lines = setup_logger()
 
     async def all_at_once():
@@ -185,7 +172,7 @@ def test_waiters_build_in_order_of_arrival_and_a_dead_holder_blocks_nobody(
     monkeypatch.setenv("SLOW_UV_SECONDS", "0")
     root = tmp_path / "venvs"
     holder = hold_slot(root)
-    requests = [request_for(p) for p in variants(base_project, tmp_path, 4)]
+    requests = [request_for(p) for p in project_variants(base_project, tmp_path, 4)]
     logger, lines = setup_logger()
 
     async def arrive_one_by_one():
@@ -218,7 +205,7 @@ def test_a_cancelled_request_leaves_its_place_and_its_key(
     monkeypatch.setenv(MAX_BUILDS_ENV, "1")
     root = tmp_path / "venvs"
     holder = hold_slot(root)
-    first, second = (request_for(p) for p in variants(base_project, tmp_path, 2))
+    first, second = (request_for(p) for p in project_variants(base_project, tmp_path, 2))
     try:
 
         async def give_up_soon() -> None:  # as Ray's setup timeout does
@@ -243,7 +230,7 @@ def test_the_wait_for_a_slot_counts_against_the_build_timeout(
     monkeypatch.setenv(MAX_BUILDS_ENV, "1")
     root = tmp_path / "venvs"
     holder = hold_slot(root)
-    (project,) = variants(base_project, tmp_path, 1)
+    (project,) = project_variants(base_project, tmp_path, 1)
     try:
         start = time.monotonic()
         with pytest.raises(SlotTimeout) as info:
@@ -270,7 +257,7 @@ def test_a_reuse_takes_no_slot_and_a_second_request_for_a_key_waits_on_its_lock(
 ):
     monkeypatch.setenv(MAX_BUILDS_ENV, "1")
     root = tmp_path / "venvs"
-    ready, wanted = variants(base_project, tmp_path, 2)
+    ready, wanted = project_variants(base_project, tmp_path, 2)
     assert ensure_venv(parse_spec({}), load_project(ready), root=root).built
     holder = hold_slot(root)  # every slot taken
     logger, lines = setup_logger()
@@ -301,7 +288,7 @@ def test_a_limit_that_is_no_number_fails_before_anything_is_built(
     base_project, tmp_path, slow_uv, monkeypatch
 ):
     monkeypatch.setenv(MAX_BUILDS_ENV, "lots")
-    (project,) = variants(base_project, tmp_path, 1)
+    (project,) = project_variants(base_project, tmp_path, 1)
     with pytest.raises(VenvDirError, match=f"{MAX_BUILDS_ENV}='lots' must be a whole number"):
         ensure_venv(parse_spec({}), load_project(project), root=tmp_path / "venvs")
     assert slow_uv.syncs() == 0
@@ -331,7 +318,7 @@ def test_the_limit_holds_across_processes_sharing_a_venv_dir(
     venv dir: two syncs at a time in all."""
     monkeypatch.setenv(MAX_BUILDS_ENV, "2")
     root = tmp_path / "venvs"
-    projects = [str(p) for p in variants(base_project, tmp_path, 6)]
+    projects = [str(p) for p in project_variants(base_project, tmp_path, 6)]
     children = [
         subprocess.Popen(
             [sys.executable, "-c", BUILD_THREE, str(root), *part],
@@ -363,7 +350,7 @@ def test_actors_of_many_keys_queue_in_ray_and_all_start(base_project, tmp_path):
     }
     saved = {k: os.environ.get(k) for k in settings}
     os.environ.update(settings)
-    projects = variants(base_project, tmp_path, 5)
+    projects = project_variants(base_project, tmp_path, 5)
 
     @ray.remote(num_cpus=0)
     class Probe:

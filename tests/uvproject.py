@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import textwrap
 from pathlib import Path
@@ -57,6 +58,19 @@ def write_project(
             [find_uv(), "lock", "--project", str(path), "--quiet"], check=True, timeout=300
         )
     return path
+
+
+def project_variants(base: Path, where: Path, n: int) -> list[Path]:
+    """`n` copies of the project `base` that differ by a comment in pyproject.toml: `n` keys
+    from one `uv lock`, each a venv of the same packages."""
+    out = []
+    for i in range(n):
+        variant = where / f"variant-{i}"
+        variant.mkdir(parents=True, exist_ok=True)
+        (variant / "pyproject.toml").write_text(f"{(base / 'pyproject.toml').read_text()}# {i}\n")
+        shutil.copyfile(base / "uv.lock", variant / "uv.lock")
+        out.append(variant)
+    return out
 
 
 class CountingUv:

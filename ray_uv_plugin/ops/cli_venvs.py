@@ -11,6 +11,7 @@ import json
 import re
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ray_uv_plugin.ops.cli_common import CliError
@@ -80,9 +81,47 @@ def _json_row(e: VenvEntry, size: int) -> dict[str, Any]:
     }
 
 
+def _limits(root: Path, held: int) -> dict[str, Any]:
+    """The venv dir's budget and build limit as this shell's environment sets them (run `list`
+    with the node's settings), what the budget holds, and the builds running and queued now."""
+    from ray_uv_plugin.store import budget, build_slots
+    from ray_uv_plugin.store.layout import BUILD_QUEUE
+
+    limit = budget.venv_dir_budget()
+    max_builds = build_slots.max_builds()
+    tickets = build_slots.living_tickets(root / BUILD_QUEUE)
+    return {
+        "budget_bytes": limit,  # null: no budget
+        "budget_held_bytes": held,  # venvs and their locks, shared hardlinks once
+        "max_builds": max_builds,
+        "builds_running": min(tickets, max_builds),
+        "builds_waiting": max(0, tickets - max_builds),
+    }
+
+
+def _limit_lines(limits: dict[str, Any]) -> list[str]:
+    from ray_uv_plugin.store.budget import VENV_DIR_MAX_BYTES_ENV
+    from ray_uv_plugin.store.build_slots import MAX_BUILDS_ENV
+
+    limit, held = limits["budget_bytes"], limits["budget_held_bytes"]
+    if limit is None:
+        budget = f"Budget: none ({VENV_DIR_MAX_BYTES_ENV} unset): venvs stay until `ray-uv gc`"
+    else:
+        budget = (
+            f"Budget: {format_bytes(held)} of {format_bytes(limit)} ({held / limit:.0%}, "
+            f"{VENV_DIR_MAX_BYTES_ENV}): a build that would pass it removes the least recently "
+            "used venvs that nothing uses"
+        )
+    builds = (
+        f"Builds: {limits['builds_running']} running, {limits['builds_waiting']} waiting "
+        f"(at most {limits['max_builds']} at once, {MAX_BUILDS_ENV})"
+    )
+    return [budget, builds]
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from ray_uv_plugin.store import disk, inventory, trust
-    from ray_uv_plugin.store.layout import VenvDirError, venv_root
+    from ray_uv_plugin.store.layout import VenvDirError, lock_path, venv_root
 
     try:
         root = venv_root()
@@ -91,9 +130,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     inv = inventory.scan(root) if exists else inventory.Inventory()
     entries = inv.venvs
-    usage = disk.measure([e.path for e in entries])
+    locks = [lock_path(root, e.key) for e in entries]
+    usage = disk.measure([e.path for e in entries] + locks)
     now = time.time()
-    total = usage.size(*usage.inodes)
+    total = usage.size(*(e.path for e in entries))
+    try:
+        limits = _limits(root, usage.size(*usage.inodes))
+    except VenvDirError as e:
+        raise CliError(str(e)) from e
     if args.json:
         rows = [_json_row(e, usage.size(e.path)) for e in entries]
         leftovers = [{"path": str(p), "why": "garbage: gc removes it"} for p in inv.garbage]
@@ -105,6 +149,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             "total_bytes": total,  # shared hardlinks once: less than the sum of size_bytes
             "leftovers": leftovers,
             "others": others,
+            **limits,
         }
         print(json.dumps(out, indent=1))
         return 0
@@ -146,6 +191,8 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "as hardlinks count in each SIZE, once here)"
             )
         console.print(footer, markup=False, highlight=False)
+    for line in _limit_lines(limits):
+        console.print(line, markup=False, highlight=False)
     for o in inv.others:
         console.print(f"{o.path.name}: not ours, left alone: {o.why}", markup=False)
     return 0
