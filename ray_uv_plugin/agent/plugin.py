@@ -6,11 +6,15 @@ import logging
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from ray._private.runtime_env.context import RuntimeEnvContext
+# The one import of Ray's plugin API that must work for Ray's agent to load the plugin at all;
+# every other internal it uses is checked at load (`ray_compat`), and a Ray without one fails
+# each setup with what is missing.
 from ray._private.runtime_env.plugin import RuntimeEnvPlugin
 
+from ray_uv_plugin.agent import ray_compat
 from ray_uv_plugin.agent.builder import Outcome, ensure_venv_async
 from ray_uv_plugin.agent.project import load_project, resolve_project_dir
 from ray_uv_plugin.agent.ray_libraries import check_libraries
@@ -24,6 +28,9 @@ from ray_uv_plugin.agent.spec import (
 )
 from ray_uv_plugin.agent.uv import format_duration
 from ray_uv_plugin.store.layout import VENV_ENV, venv_root
+
+if TYPE_CHECKING:
+    from ray._private.runtime_env.context import RuntimeEnvContext
 
 default_logger = logging.getLogger(__name__)
 
@@ -68,9 +75,16 @@ class UvProjectPlugin(RuntimeEnvPlugin):
     # `uv run ...` interpreter of Ray's `uv run` driver hook is taken out of the runtime_env
     # (see `create`) before Ray's py_executable plugin would set it.
     priority = 5
+    # What the plugin uses of Ray's internals, checked when Ray's agent loads it.
+    ray_internals: tuple[ray_compat.RayInternal, ...] = ray_compat.AGENT
 
     def __init__(self) -> None:
         self._venvs: dict[int, Outcome] = {}  # id(context) -> venv, from create to modify_context
+        # Never raised here: Ray's agent would fail to start, and the node with it. Each
+        # setup fails instead, with the message, and the agent's log has it once.
+        self._ray_changed = ray_compat.check(type(self).ray_internals)
+        if self._ray_changed is not None:
+            default_logger.error("%s", self._ray_changed)
 
     @staticmethod
     def validate(runtime_env_dict: dict) -> None:
@@ -85,6 +99,8 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         context: RuntimeEnvContext,
         logger: logging.Logger = default_logger,
     ) -> float:
+        if self._ray_changed is not None:
+            raise ray_compat.RayInternalsChanged(self._ray_changed)
         start = time.perf_counter()
         spec = parse_spec(runtime_env[FIELD])
         own_choice = yields_to(spec, runtime_env)
