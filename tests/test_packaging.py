@@ -53,6 +53,20 @@ def test_metadata_states_license_pythons_and_typing(wheel: Path) -> None:
     )
 
 
+def test_ray_has_a_floor_and_no_cap(wheel: Path) -> None:
+    """A Ray released after this wheel installs beside it on its release day: the plugin checks
+    at load that the Ray internals it uses are there (`agent/ray_compat.py`), and CI tests the
+    floor and the newest Ray on the registry."""
+    from packaging.requirements import Requirement
+
+    from ray_uv_plugin.agent.ray_compat import OLDEST_RAY
+
+    requires = [Requirement(r) for r in _metadata(wheel).get_all("Requires-Dist") or []]
+    (ray_requirement,) = [r for r in requires if r.name == "ray"]
+    assert ray_requirement.extras == {"default"}
+    assert [(s.operator, s.version) for s in ray_requirement.specifier] == [(">=", OLDEST_RAY)]
+
+
 def test_wheel_holds_markers_license_and_run_time_files(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
