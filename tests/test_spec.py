@@ -1,5 +1,7 @@
 """The `uv_project` value: parsing, defaults, clear errors, the typed builder. No Ray."""
 
+from pathlib import Path
+
 import pytest
 
 from ray_uv_plugin.agent.spec import (
@@ -80,6 +82,31 @@ def test_bad_values_name_the_part_and_the_fix(value, error, words):
 def test_type_errors_are_type_errors_too():
     with pytest.raises(TypeError):
         parse_spec({"extras": "x"})
+
+
+@pytest.mark.parametrize("given", ["table", "", None, 3])
+@pytest.mark.parametrize("field", ["extras", "no_extras", "groups", "only_groups", "no_groups"])
+def test_every_list_field_refuses_a_string_whatever_the_way_in(field, given):
+    """`UvProject(extras="table")` once became ['t', 'a', 'b', 'l', 'e']: the builder, the
+    plain dict and `prepare_env`'s value all get the dict's own message."""
+    from ray_uv_plugin.ops.prepare import uv_project_value
+
+    with pytest.raises(UvProjectTypeError) as parsed:
+        parse_spec({field: given})
+    with pytest.raises(UvProjectTypeError) as built:
+        UvProject(**{field: given})
+    assert str(built.value) == str(parsed.value)
+    assert str(parsed.value).startswith(f"uv_project.{field} must be a list of strings, got ")
+    if field in ("extras", "groups"):  # what prepare_env and `ray-uv check` take
+        with pytest.raises(UvProjectTypeError) as prepared:
+            uv_project_value(
+                Path("/p"), False, **{"extras": [], "groups": [], field: given}, flags={}
+            )
+        assert str(prepared.value) == str(parsed.value)
+
+
+def test_typed_builder_takes_tuples_and_holds_lists():
+    assert UvProject(extras=("b", "a"), groups=()) == {"extras": ["b", "a"]}
 
 
 def test_typed_builder_is_a_plain_dict_of_non_defaults():

@@ -323,7 +323,9 @@ class UvProject(dict):
             "no_groups": no_groups,
             "build_env_vars": build_env_vars,
         }
-        value.update({name: list(names) for name, names in lists.items() if names})
+        # As given, for the dict's own check (`_names`): a string is no list of names, and
+        # `extras="table"` must not become ['t', 'a', 'b', 'l', 'e']. Empty lists: the default.
+        value.update({name: names for name, names in lists.items() if not _is_empty_list(names)})
         if locked is not None:
             value["locked"] = locked
         flags = {
@@ -336,4 +338,8 @@ class UvProject(dict):
         }
         value.update({name: flag for name, flag in flags.items() if flag})
         parse_spec(value)
-        super().__init__(value)
+        super().__init__({k: list(v) if k in _LIST_FIELDS else v for k, v in value.items()})
+
+
+def _is_empty_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and not value

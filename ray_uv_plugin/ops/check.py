@@ -73,7 +73,7 @@ def _env(
             "pyproject.toml and uv.lock."
         )
     value: dict[str, Any] = dict(
-        UvProject(extras=list(extras), groups=list(groups), **dict(flags or {}))
+        UvProject(extras=extras, groups=groups, **dict(flags or {}))  # it refuses a str
     )
     return parse_spec(value), load_project(project)
 

@@ -112,7 +112,11 @@ def job_runtime_env(project: Path, shared: bool) -> dict[str, Any] | None:
 
 
 def uv_project_value(
-    project: Path, shared: bool, extras: list[str], groups: list[str], flags: Mapping[str, bool]
+    project: Path,
+    shared: bool,
+    extras: Sequence[str],
+    groups: Sequence[str],
+    flags: Mapping[str, bool],
 ) -> dict[str, Any]:
     """The `uv_project` value for the probe tasks, checked here before any node sees it."""
     from ray_uv_plugin.agent.spec import UvProject
@@ -415,7 +419,7 @@ def connect_for(
     driver connected to the cluster at `address` (the project as the job's working_dir, as
     `prepare` ships it): how `prepare_env` and `watch_env` start."""
     project = Path(project).expanduser().resolve()
-    value = uv_project_value(project, shared, list(extras), list(groups), flags)
+    value = uv_project_value(project, shared, extras, groups, flags)  # UvProject refuses a str
     check_locally(project, value, shared)
     connect(address, job_runtime_env(project, shared))
     return value
