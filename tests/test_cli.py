@@ -132,7 +132,7 @@ def fake_venv(
 def test_list_and_gc_on_a_venv_dir(tmp_path: Path) -> None:
     env = {"RAY_UV_PLUGIN_VENV_DIR": str(tmp_path)}
     out = ray_uv("list", env=env)
-    assert out.returncode == 0 and out.stdout.strip() == f"No venvs in {tmp_path}"
+    assert out.returncode == 0 and out.stdout.splitlines()[0] == f"No venvs in {tmp_path}"
     old = fake_venv(tmp_path, "0" * 16, "/srv/old", ["vllm"], days_idle=40)
     new = fake_venv(tmp_path, "1" * 16, "/srv/new", [], days_idle=1)
     out = ray_uv("list", env=env)
@@ -152,7 +152,8 @@ def test_list_and_gc_on_a_venv_dir(tmp_path: Path) -> None:
     assert lines[1].split()[:5] == [new.name, "p", "/srv/new", "-", "-"]  # most recent first
     assert lines[2].split()[:5] == [old.name, "p", "/srv/old", "vllm", "-"]
     assert "40d ago" in lines[2]
-    assert lines[-1] == f"2 venvs, {format_bytes(du_bytes(old, new))} in {tmp_path}"
+    assert lines[-3] == f"2 venvs, {format_bytes(du_bytes(old, new))} in {tmp_path}"
+    assert lines[-2].startswith("Budget: none") and lines[-1].startswith("Builds: 0 running")
     listed = json.loads(ray_uv("list", "--json", env=env).stdout)
     assert [v["size_bytes"] for v in listed["venvs"]] == [du_bytes(old), du_bytes(new)]
 
