@@ -694,6 +694,47 @@ def test_a_venv_moved_while_it_is_sent_is_taken_by_no_node(two_nodes, tmp_path: 
     assert [r.outcome for r in again] == ["reused", "shipped"], again
 
 
+def test_a_venv_changed_after_its_build_is_sent_nowhere_and_rebuilt(
+    two_nodes, tmp_path: Path
+) -> None:
+    """Issue 29.4: A's venv is changed in place after its build (root, past its read-only and
+    immutable dirs, replaces six.py). prepare sends none of it: B builds its own and says
+    why; A's venv is marked not whole, and its next use rebuilds it, as its build made it."""
+    from ray_uv_plugin.store.freezing import thaw
+
+    _, a, b = two_nodes
+    project = new_project(tmp_path)
+    key = build_on_driver_node(project)
+    venv = a.venvs / key
+    six = next(venv.glob("lib/python*/site-packages/six.py"))
+    original = six.read_bytes()
+    thaw(six.parent)  # a new file: the one in A's uv cache that it was linked to stays as it is
+    six.unlink()
+    changed = original.replace(b"PY2 = sys.version_info[0] == 2", b"PY2 = sys.version_info[0] >= 2")
+    assert changed != original and len(changed) == len(original)
+    six.write_bytes(changed)
+    syncs_a, syncs_b = a.uv.syncs(), b.uv.syncs()
+    results = prepare_nodes({"project": str(project)}, live_nodes(), 600, chunk_bytes=4 * MiB)
+    on_b = by_dir(results, b)
+    assert [r.outcome for r in results] == ["reused", "built"], results
+    rel = six.relative_to(venv)
+    assert "not shipped: the source" in on_b.note, on_b.note
+    assert f"{rel} has other content now" in on_b.note, on_b.note
+    assert "not sent, and it is rebuilt at its next use here" in on_b.note, on_b.note
+    assert (b.venvs / key / rel).read_bytes() == original
+    assert not list(b.venvs.glob("*.ship-*"))
+    why = check_ready(a.venvs, key)
+    assert why and f"{rel} has other content now" in why, why
+    assert b.uv.syncs() == syncs_b + 1 and a.uv.syncs() == syncs_a
+    # The next setup on A (a worker already running there keeps its venv) rebuilds it.
+    rebuilt = ensure_venv(
+        parse_spec({"project": str(project)}), load_project(project), root=a.venvs
+    )
+    assert rebuilt.key == key and rebuilt.built and rebuilt.rebuilt_because == why
+    assert six.read_bytes() == original and check_ready(a.venvs, key) is None
+    assert a.uv.syncs() == syncs_a + 1
+
+
 def test_a_venv_with_wheels_built_for_its_node_goes_only_to_the_same_hardware(
     two_nodes, tmp_path: Path
 ) -> None:
