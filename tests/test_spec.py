@@ -118,3 +118,15 @@ def test_typed_builder_is_a_plain_dict_of_non_defaults():
     assert set(UvProject(project="/p", groups=["g"], install_project=True)) <= set(FIELD_NAMES)
     with pytest.raises(UvProjectSpecError):
         UvProject(locked=True, frozen=True)
+
+
+@pytest.mark.parametrize("given", [[], {}, 0, "", None])
+@pytest.mark.parametrize("field", ["all_extras", "frozen", "install_project", "job_default"])
+def test_a_flag_that_is_no_bool_is_refused_by_the_builder_as_by_the_dict(field, given):
+    """Found by the spec fuzzer (tests/fuzz/spec.py): `UvProject(all_extras=[])` once made `{}`,
+    a value the dict way refuses; only `False`, the default, is left out."""
+    with pytest.raises(UvProjectTypeError, match=f"{field} must be true or false"):
+        parse_spec({field: given})
+    with pytest.raises(UvProjectTypeError, match=f"{field} must be true or false"):
+        UvProject(**{field: given})
+    assert UvProject(**{field: False}) == {}

@@ -336,7 +336,8 @@ class UvProject(dict):
             "install_project": install_project,
             "job_default": job_default,
         }
-        value.update({name: flag for name, flag in flags.items() if flag})
+        # Only the default is left out: `all_extras=[]` is no `False`, and parse_spec says so.
+        value.update({name: flag for name, flag in flags.items() if flag is not False})
         parse_spec(value)
         super().__init__({k: list(v) if k in _LIST_FIELDS else v for k, v in value.items()})
 
