@@ -16,12 +16,14 @@ import importlib
 import logging
 import os
 import platform
+import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ray_uv_plugin.agent.spec import FIELD
 from ray_uv_plugin.agent.uv_run import keeps_rays_uv_run, read_uv_run
+from ray_uv_plugin.store import trust
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +43,41 @@ PREVIOUS_HOOK_ENV = "RAY_UV_PLUGIN_PREVIOUS_HOOK"
 _OWN_CHOICE = ("uv_project", "py_executable", "conda", "pip", "uv")
 
 
+def check_hook_dir(path: Path = HOOK_PATH) -> None:
+    """Refuse to hand out `path` for PYTHONPATH where anyone but this user or root could change
+    what is imported from it (`trust.untrusted_import_dir`): there it comes ahead of the standard
+    library in every Python of the shell, so a `json.py` planted there runs as whoever imports
+    `json`. Raises `trust.UntrustedPathError` saying what to do."""
+    found = trust.untrusted_import_dir(path)
+    if found is None:
+        return
+    where, st, why = found
+    fix = (
+        "install ray-uv-plugin where only you or root can write (a venv or `uv tool install` "
+        "of your own, or as root) and run it from there"
+    )
+    subject = "" if where == path else f"{where}: "
+    writable = why in (trust.OTHERS_WRITE, trust.GROUP_WRITE)  # else: another install helps
+    if writable and (where == path or path in where.parents):
+        fix = f"`chmod -R go-w {shlex.quote(str(path))}` if those are your files, or {fix}"
+    elif writable:
+        quoted = shlex.quote(str(where))
+        fix = f"`chmod go-w {quoted}` (or `chmod +t {quoted}`, sticky as /tmp), or {fix}"
+    raise trust.UntrustedPathError(
+        f"refusing the driver hook's directory {path} for PYTHONPATH: {subject}{why} "
+        f"({trust.describe(st)}); every Python started from this shell would import from it "
+        f"ahead of the standard library, so whoever can change it runs code as you: {fix}."
+    )
+
+
 def hook_settings(environ: Mapping[str, str], portable: bool) -> dict[str, str]:
     """The env vars that make drivers use this hook instead of Ray's `uv run` one. `portable`:
-    for a shell whose drivers may run in other Pythons (`ray start`, `uv run`): by PYTHONPATH;
-    else for this process, which has imported us."""
+    for a shell whose drivers may run in other Pythons (`ray start`, `uv run`): by PYTHONPATH,
+    whose directory must be trusted as the venv dir is (`check_hook_dir`); else for this
+    process, which has imported us."""
     settings = {HOOK_ENV: PORTABLE_HOOK if portable else THIS_HOOK, RAY_UV_HOOK_ENV: "0"}
     if portable:
+        check_hook_dir()
         paths = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if str(HOOK_PATH) not in paths:
             settings["PYTHONPATH"] = os.pathsep.join([str(HOOK_PATH), *paths])

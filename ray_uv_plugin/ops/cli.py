@@ -82,10 +82,15 @@ def cmd_plugin_config(args: argparse.Namespace) -> int:
         return 0
     from ray_uv_plugin.driver_hook import hook_settings
     from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
+    from ray_uv_plugin.store.trust import UntrustedPathError
 
+    try:  # all of it or nothing: `eval` runs what is printed
+        hook = hook_settings(os.environ, portable=True)
+    except UntrustedPathError as e:
+        raise CliError(str(e)) from None
     print(f"export {PLUGINS_ENV}={shlex.quote(plugins)}")
     print(f"export {SCHEMAS_ENV}={shlex.quote(schemas_setting(os.environ.get(SCHEMAS_ENV)))}")
-    for name, value in hook_settings(os.environ, portable=True).items():
+    for name, value in hook.items():
         print(f"export {name}={shlex.quote(value)}")
     return 0
 

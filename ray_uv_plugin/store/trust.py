@@ -12,6 +12,10 @@ under the venv dir only if it was made by the user running them, and nobody else
 - each `<key>` dir, its marker and `<key>.lock`: owned by this user, not writable by group or
   others, and never a symlink (opened with `O_NOFOLLOW`).
 
+The directory that `ray-uv plugin-config --shell` puts on PYTHONPATH for the driver hook is
+code every Python of that shell imports ahead of the standard library: the same rules apply
+to it, its contents and the dirs above it (`untrusted_import_dir`).
+
 `RAY_UV_PLUGIN_TRUSTED_GROUP` (a group name or gid) opts in to a venv dir shared by several
 users, e.g. the Ray users of several hosts on NFS: then paths whose group is that group may be
 owned by any user and be group-writable. Others-writable is never trusted.
@@ -83,6 +87,7 @@ def describe(st: os.stat_result) -> str:
 
 OTHER_OWNER = "it is owned by another user"
 OTHERS_WRITE = "others can write it"
+GROUP_WRITE = "its group can write it"
 # The `what` of `check_stat` for the venv dir itself and for a venv's marker.
 VENV_DIR = "the venv dir"
 MARKER_WHAT = "the venv's marker"
@@ -126,17 +131,21 @@ def _entry_fix(path: Path, what: str) -> str:
     )
 
 
-def why_untrusted(st: os.stat_result, gid: int | None, ancestor: bool = False) -> str | None:
-    """Why a path with this `lstat` must not be trusted, or None if it may be."""
+def why_untrusted(
+    st: os.stat_result, gid: int | None, ancestor: bool = False, sticky_ok: bool | None = None
+) -> str | None:
+    """Why a path with this `lstat` must not be trusted, or None if it may be. An `ancestor`
+    may be root's, and writable where sticky (unless `sticky_ok` is False: a dir whose every
+    entry is used, as one on PYTHONPATH, where a new entry is enough to change what runs)."""
     group_ok = gid is not None and st.st_gid == gid
     owners = {os.geteuid(), 0} if ancestor else {os.geteuid()}
     if st.st_uid not in owners and not group_ok:
         return OTHER_OWNER
-    sticky = ancestor and st.st_mode & stat.S_ISVTX
+    sticky = (ancestor if sticky_ok is None else sticky_ok) and st.st_mode & stat.S_ISVTX
     if st.st_mode & stat.S_IWOTH and not sticky:
         return OTHERS_WRITE
     if st.st_mode & stat.S_IWGRP and not (sticky or group_ok):
-        return "its group can write it"
+        return GROUP_WRITE
     return None
 
 
@@ -270,6 +279,36 @@ def check_root(root: Path) -> Path:
     """The venv dir, the directories above it and the symlinks on its way: trusted (see the
     module docstring). Returns the resolved path: use it, not `root`."""
     return resolve_root(root)
+
+
+def untrusted_import_dir(path: Path) -> tuple[Path, os.stat_result, str] | None:
+    """The first path through which someone but this user, root (or the trusted group) could
+    change what Python imports from the directory `path` (absolute, without symlinks), as
+    (path, its `lstat`, why); None if there is none. The venv dir's rules: each dir above it
+    owned by us or root and writable by nobody else unless sticky; `path` and everything in it
+    likewise but never excused by a sticky bit (a new module there is imported), and no
+    symlink anywhere (where it leads would need checking too)."""
+    gid = trusted_gid()
+    here = Path("/")
+    for name in (*path.parts[1:], None):
+        st = os.lstat(here)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            return here, st, "it is not a directory (a symlink, or replaced since)"
+        why = why_untrusted(st, gid, ancestor=True, sticky_ok=name is not None)
+        if why:
+            return here, st, why
+        if name is not None:
+            here = here / name
+    for dirpath, dirnames, filenames in os.walk(path):
+        for entry in dirnames + filenames:
+            full = Path(dirpath, entry)
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                return full, st, "it is a symlink, which Python would follow"
+            why = why_untrusted(st, gid, ancestor=True, sticky_ok=False)
+            if why:
+                return full, st, why
+    return None
 
 
 def open_no_follow(path: Path, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
