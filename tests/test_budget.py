@@ -15,12 +15,13 @@ import pytest
 
 from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.request import make_request
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv import UV_ENV_VAR, UvSyncError
 from ray_uv_plugin.store import budget, disk
 from ray_uv_plugin.store.budget import VENV_DIR_MAX_BYTES_ENV, parse_size
 from ray_uv_plugin.store.build_slots import MAX_BUILDS_ENV
-from ray_uv_plugin.store.layout import BUILD_QUEUE, MARKER, VENV_DIR_ENV, VenvDirError, lock_path
+from ray_uv_plugin.store.layout import BUDGET_LOCK, MARKER, VENV_DIR_ENV, VenvDirError, lock_path
 from ray_uv_plugin.store.units import format_bytes
 from tests.test_build_slots import Lines, hold_slot, kill
 from tests.uvproject import CountingUv, project_variants, write_project
@@ -145,8 +146,9 @@ def test_a_venv_in_use_or_just_used_stays_and_the_build_that_needs_its_room_fail
     assert f"Raise {VENV_DIR_MAX_BYTES_ENV} on the nodes" in message
     assert message.endswith("The new venv was not kept.")
     assert a.exists() and b.exists()
-    venvs = sorted(p.name for p in root.iterdir() if not p.name.endswith(".lock"))
-    assert venvs == sorted([a.name, b.name, BUILD_QUEUE])  # nothing of the new one but a lock
+    c = make_request(parse_spec({}), load_project(new), {}).key
+    left = sorted(p.name for p in root.iterdir() if p.name != BUDGET_LOCK)
+    assert left == sorted([a.name, f"{a.name}.lock", b.name, f"{b.name}.lock", f"{c}.lock"])
     assert counting_uv.syncs() == 3
 
 
@@ -178,7 +180,7 @@ def test_list_shows_what_the_budget_holds_and_the_builds(
     share = f"{size / GIB:.0%}"
     assert f"Budget: {format_bytes(size)} of 1.0GiB ({share}, {VENV_DIR_MAX_BYTES_ENV})" in out
     assert f"Builds: 0 running, 0 waiting (at most 1 at once, {MAX_BUILDS_ENV})" in out
-    assert "not ours" not in out  # the build queue is the plugin's
+    assert "not ours" not in out  # the budget's lock is the plugin's
     assert f"Budget: none ({VENV_DIR_MAX_BYTES_ENV} unset)" in ray_uv_list(root).stdout
     holders = [hold_slot(root, limit=1), hold_slot(root, limit=2)]  # one builds, one waits
     try:

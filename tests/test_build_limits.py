@@ -23,7 +23,7 @@ from ray_uv_plugin.agent.request import make_request
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv import UV_ENV_VAR, UvSyncError, find_uv
 from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, LockTimeout
-from ray_uv_plugin.store.layout import BUILD_QUEUE, VENV_DIR_ENV
+from ray_uv_plugin.store.layout import VENV_DIR_ENV
 from tests.uvproject import CountingUv, tamper_hashes, unreachable_index, write_project
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,9 +56,8 @@ def test_a_build_past_its_timeout_is_killed_and_leaves_nothing(projects, tmp_pat
         ensure_venv(parse_spec({}), load_project(projects[0]), root=root, timeout=6)
     assert time.monotonic() - start < 30
     assert "synced" in hung.log.read_text()  # the venv had been written...
-    left = [p.name for p in root.iterdir() if p.name != BUILD_QUEUE]  # the queue's, emptied
-    assert left == [p.name for p in root.glob("*.lock")]
-    assert list((root / BUILD_QUEUE).iterdir()) == []  # its build slot was given back
+    # Only the key's lock: the build's ticket for its slot (`.build-...`) went with it.
+    assert [p.name for p in root.iterdir()] == [f"{p.name}" for p in root.glob("*.lock")]
     time.sleep(0.5)
     assert processes_running("sleep 47.25") == []  # ...and uv's whole process group is gone
 
@@ -153,8 +152,7 @@ def test_a_failed_build_is_answered_from_memory_for_a_while(tmp_path, monkeypatc
     assert time.monotonic() - start < 1 and counting.syncs() == 1
     assert str(again.value).startswith(str(first.value))
     assert "failed 0s ago, so it was not run again" in str(again.value)
-    left = [p.suffix for p in root.iterdir() if p.name != BUILD_QUEUE]
-    assert left == [".lock"]  # nothing half-built
+    assert [p.suffix for p in root.iterdir()] == [".lock"]  # nothing half-built
     with pytest.raises(UvSyncError, match=hint):  # another venv dir: its own build
         ensure_venv(parse_spec({}), files, root=tmp_path / "other-venvs")
     assert counting.syncs() == 2

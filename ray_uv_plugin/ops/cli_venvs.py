@@ -85,11 +85,10 @@ def _limits(root: Path, held: int) -> dict[str, Any]:
     """The venv dir's budget and build limit as this shell's environment sets them (run `list`
     with the node's settings), what the budget holds, and the builds running and queued now."""
     from ray_uv_plugin.store import budget, build_slots
-    from ray_uv_plugin.store.layout import BUILD_QUEUE
 
     limit = budget.venv_dir_budget()
     max_builds = build_slots.max_builds()
-    tickets = build_slots.living_tickets(root / BUILD_QUEUE)
+    tickets = build_slots.living_tickets(root)
     return {
         "budget_bytes": limit,  # null: no budget
         "budget_held_bytes": held,  # venvs and their locks, shared hardlinks once

@@ -16,8 +16,8 @@ before the venv is published, by removing the least recently used venvs that not
   another user's, used in the last `gc.MIN_IDLE_SECONDS` (a request may have been handed it
   and its worker not be started yet), or that a process gc cannot see may use. The last use
   is the marker's mtime, which the warm path already touches on every reuse (one `utime`), so
-  the budget costs a reuse nothing. Builds make room one at a time (a flock on
-  `.build-queue/budget.lock`), so two that finish together do not both remove for one excess.
+  the budget costs a reuse nothing. Builds make room one at a time (a flock on the venv dir's
+  `.budget.lock`), so two that finish together do not both remove for one excess.
 - **Unset by default**: the right size depends on the disk and what else it holds, which the
   plugin cannot know, and venvs an operator built ahead (`ray-uv prepare`) should not go
   unasked. A build with a budget pays a walk of the venv dir (`du`) and a `/proc` scan.
@@ -33,8 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ray_uv_plugin.store import disk, gc, trust
-from ray_uv_plugin.store.build_slots import queue_dir
-from ray_uv_plugin.store.layout import VenvDirError
+from ray_uv_plugin.store.layout import BUDGET_LOCK, VenvDirError
 from ray_uv_plugin.store.units import format_bytes
 
 VENV_DIR_MAX_BYTES_ENV = "RAY_UV_PLUGIN_VENV_DIR_MAX_BYTES"
@@ -73,7 +72,7 @@ def venv_dir_budget() -> int | None:
 
 @contextlib.contextmanager
 def _one_at_a_time(root: Path) -> Iterator[None]:
-    path = queue_dir(root) / "budget.lock"
+    path = root / BUDGET_LOCK
     mode = 0o660 if trust.trusted_gid() is not None else 0o600
     fd = trust.open_no_follow(path, os.O_RDWR | os.O_CREAT, mode)
     try:

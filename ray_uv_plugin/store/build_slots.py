@@ -2,17 +2,18 @@
 sessions and hosts that share it: requests over the limit queue, they are not refused.
 
 A build of a new venv (never a reuse: the warm path takes no ticket) first takes a ticket, an
-empty file `<venv dir>/.build-queue/<ns since the epoch>-<pid>-<random>`, and holds an
-exclusive `flock` on it for as long as it waits and builds. The first N living tickets in name
-order may build; the others wait, polling from the event loop, so that the wait is bounded
-(the caller counts it against the build's timeout) and ends with the request when Ray
-cancels it. Why a queue of tickets rather than N slot files to grab: a slot that frees goes to
-the oldest waiter, not to whichever poller comes first, so no request starves behind later ones.
+empty file `<venv dir>/.build-<ns since the epoch>-<pid>-<random>`, and holds an exclusive
+`flock` on it for as long as it waits and builds, then removes it: an idle venv dir holds
+none. The first N living tickets in name order may build; the others wait, polling from the
+event loop, so that the wait is bounded (the caller counts it against the build's timeout) and
+ends with the request when Ray cancels it. Why a queue of tickets rather than N slot files to
+grab: a slot that frees goes to the oldest waiter, not to whichever poller comes first, so no
+request starves behind later ones.
 
 - The kernel drops the flock of a process that died: a ticket whose lock is free is a
   leftover, and whoever sees it removes it, so a dead waiter never blocks the queue. A ticket
-  appears under its name only once locked (made as `.new-<name>`, locked, then renamed), so a
-  living one is never taken for dead.
+  appears under its name only once locked (made as `.build-new-...`, locked, then renamed), so
+  a living one is never taken for dead.
 - Names sort by wall-clock time: the order of arrival on a host; across the hosts of a shared
   venv dir, up to their clocks' skew.
 - Each process applies its own limit (the node setting): give every raylet that shares a venv
@@ -43,11 +44,13 @@ from pathlib import Path
 
 from ray_uv_plugin.store import trust
 from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, DiskFullError, _backoff
-from ray_uv_plugin.store.layout import BUILD_QUEUE, VenvDirError
+from ray_uv_plugin.store.layout import BUDGET_LOCK, BUILD_TICKET_PREFIX, VenvDirError
 
 MAX_BUILDS_ENV = "RAY_UV_PLUGIN_MAX_BUILDS"
-TICKET = re.compile(r"^\d{20}-\d+-[0-9a-f]{8}$")
-NEW_PREFIX = ".new-"  # a ticket being made: never counted; removed once old and unlocked
+_NAME = r"\d{20}-\d+-[0-9a-f]{8}"
+TICKET = re.compile(rf"^{re.escape(BUILD_TICKET_PREFIX)}{_NAME}$")
+NEW_PREFIX = f"{BUILD_TICKET_PREFIX}new-"  # a ticket being made: not counted; removed once old
+NEW_TICKET = re.compile(rf"^{re.escape(NEW_PREFIX)}{_NAME}$")
 STALE_NEW_SECONDS = 60.0
 REPORT_EVERY = 10.0  # at most one "still waiting" line per this many seconds
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -125,6 +128,12 @@ class Standing:
         return f"{min(self.ahead, self.limit)} of {self.limit} in use; place {self.place} in queue"
 
 
+def is_queue_entry(name: str) -> bool:
+    """Whether an entry of the venv dir is a build's ticket or the budget's lock (`inventory`
+    lists neither: they are no venvs, and what is left of them cleans itself up)."""
+    return bool(TICKET.match(name) or NEW_TICKET.match(name)) or name == BUDGET_LOCK
+
+
 def _ticket_state(path: Path, clean: bool) -> bool:
     """Whether a process holds this ticket; if not (its process died) and `clean`, remove it.
     What cannot be told (another member's ticket we may not open) counts as held."""
@@ -148,11 +157,14 @@ def _ticket_state(path: Path, clean: bool) -> bool:
         os.close(fd)
 
 
-def living_tickets(queue: Path, before: str | None = None, clean: bool = False) -> int:
-    """How many tickets in `queue` (sorting before `before`, if given) a process holds; with
-    `clean`, the dead ones and old half-made ones are removed on the way."""
+def living_tickets(root: Path, before: str | None = None, clean: bool = False) -> int:
+    """How many tickets in the venv dir `root` (sorting before `before`, if given) a process
+    holds; with `clean`, the dead ones and old half-made ones are removed on the way."""
     try:
-        entries = sorted(os.scandir(queue), key=lambda e: e.name)
+        with os.scandir(root) as it:
+            entries = sorted(
+                (e for e in it if e.name.startswith(BUILD_TICKET_PREFIX)), key=lambda e: e.name
+            )
     except FileNotFoundError:
         return 0
     living = 0
@@ -168,19 +180,9 @@ def living_tickets(queue: Path, before: str | None = None, clean: bool = False) 
             if before is not None and entry.name >= before:
                 break
             living += _ticket_state(Path(entry.path), clean)
-        elif entry.name.startswith(NEW_PREFIX) and clean and now - st.st_mtime > STALE_NEW_SECONDS:
+        elif NEW_TICKET.match(entry.name) and clean and now - st.st_mtime > STALE_NEW_SECONDS:
             _ticket_state(Path(entry.path), clean)
     return living
-
-
-def queue_dir(root: Path) -> Path:
-    """`<root>/.build-queue`, made private to this user (or the trusted group) if missing, and
-    checked as every entry of the venv dir is (`trust`)."""
-    queue = root / BUILD_QUEUE
-    with contextlib.suppress(FileExistsError):
-        trust._make_dir(queue, venv_dir=True)  # the venv dir's own mode: its users queue here
-    trust.check_dir(queue, "the build queue")
-    return queue
 
 
 class BuildSlot:
@@ -198,9 +200,8 @@ class BuildSlot:
         return self._fd is not None
 
     def _enter(self) -> None:
-        queue = queue_dir(self.root)
-        name = f"{time.time_ns():020d}-{os.getpid()}-{secrets.token_hex(4)}"
-        new = queue / f"{NEW_PREFIX}{name}"
+        unique = f"{time.time_ns():020d}-{os.getpid()}-{secrets.token_hex(4)}"
+        name, new = f"{BUILD_TICKET_PREFIX}{unique}", self.root / f"{NEW_PREFIX}{unique}"
         mode = 0o660 if trust.trusted_gid() is not None else 0o600
         try:
             fd = trust.open_no_follow(new, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
@@ -208,7 +209,7 @@ class BuildSlot:
             if e.errno in _NO_SPACE:
                 raise DiskFullError(
                     f"uv_project: the disk of the venv dir {self.root} is full (or your disk "
-                    f"quota is used up): no room for a build ticket in {queue}. Free space "
+                    f"quota is used up): no room for a build ticket {new.name}. Free space "
                     "(`ray-uv gc --max-size ...`), or set RAY_UV_PLUGIN_VENV_DIR to a larger "
                     "disk. Nothing was built or kept."
                 ) from e
@@ -216,7 +217,7 @@ class BuildSlot:
         try:
             os.fchmod(fd, mode)  # whatever the umask: the trusted group must open it too
             fcntl.flock(fd, fcntl.LOCK_EX)  # a new file nobody else has: at once
-            os.rename(new, queue / name)
+            os.rename(new, self.root / name)
         except BaseException:
             os.close(fd)
             with contextlib.suppress(OSError):
@@ -226,7 +227,7 @@ class BuildSlot:
 
     def standing(self) -> Standing:
         assert self.name is not None, "no ticket"
-        ahead = living_tickets(self.root / BUILD_QUEUE, before=self.name, clean=True)
+        ahead = living_tickets(self.root, before=self.name, clean=True)
         return Standing(ahead, self.limit)
 
     async def acquire_async(self, timeout: float, what: str, say: Callable[[str], None]) -> float:
@@ -273,5 +274,5 @@ class BuildSlot:
         fd, self._fd = self._fd, None
         assert self.name is not None
         with contextlib.suppress(OSError):  # names are never reused: it is ours or gone
-            os.unlink(self.root / BUILD_QUEUE / self.name)
+            os.unlink(self.root / self.name)
         os.close(fd)

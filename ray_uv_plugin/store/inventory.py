@@ -21,9 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ray_uv_plugin.store import trust
+from ray_uv_plugin.store import build_slots, trust
 from ray_uv_plugin.store.layout import (
-    BUILD_QUEUE,
     KEY_LENGTH,
     MARKER,
     SHIP_INFIX,
@@ -321,8 +320,8 @@ def scan_one(root: Path, name: str) -> Inventory:
 
 
 def _classify(root: Path, name: str, users: Mapping[str, set[int]], inv: Inventory) -> None:
-    if name == BUILD_QUEUE:
-        return  # ours, and no venv: the builds' tickets (`build_slots`), cleaned by the queue
+    if build_slots.is_queue_entry(name):
+        return  # ours, and no venv: a build's ticket or the budget's lock, never garbage
     if KEY_PATTERN.match(name):
         found = _venv(root, name, users)
         if isinstance(found, VenvEntry):

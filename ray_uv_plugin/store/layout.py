@@ -14,9 +14,9 @@ Layout under the venv dir (`RAY_UV_PLUGIN_VENV_DIR`, absolute, private to this u
                            of its last holder and is the record that the plugin made <key>
     <key>.ship-XXXX        a venv being received from another node (`ship`), never used as it
                            is; removed by the next receive or build of <key>
-    .build-queue/          a ticket per build running or waiting for one of the venv dir's
-                           build slots (`build_slots`), and the lock under which a build makes
-                           room within the venv dir's budget (`budget`)
+    .build-<time>-<pid>-<random>  a build's ticket for one of the venv dir's build slots
+                           (`build_slots`): held while the build waits and runs, then removed
+    .budget.lock           held while a build makes room within the venv dir's budget (`budget`)
 
 A ready venv is checked on every use (a few `stat`s): trusted, marker whole and naming its key,
 interpreter and site-packages present; if not, it is rebuilt.
@@ -44,7 +44,8 @@ MARKER = ".ray-uv-ready"
 MARKER_FORMAT = 1
 NOT_WHOLE = "not_whole"  # in a marker: why the venv is not what its build made (rebuilt)
 SHIP_INFIX = ".ship-"  # `<key>.ship-XXXX`: a venv being received, never used as it is
-BUILD_QUEUE = ".build-queue"  # the build slots' tickets and the budget's lock: `build_slots`
+BUILD_TICKET_PREFIX = ".build-"  # `.build-<time>-<pid>-<random>`: a build's ticket
+BUDGET_LOCK = ".budget.lock"  # held while a build makes room within the budget
 DIST_INFO = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)\.dist-info$")
 
 
