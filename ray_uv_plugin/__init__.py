@@ -19,6 +19,7 @@ PLUGINS_ENV = "RAY_RUNTIME_ENV_PLUGINS"
 __all__ = [
     "PLUGIN_CLASS",
     "PLUGINS_ENV",
+    "PluginNotLoadedError",
     "UvProject",
     "UvProjectPlugin",
     "plugin_config",
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from ray_uv_plugin.agent.plugin import UvProjectPlugin
     from ray_uv_plugin.agent.spec import UvProject
     from ray_uv_plugin.ops.prepare import prepare_env
+    from ray_uv_plugin.registration import PluginNotLoadedError
 
 
 def plugin_config() -> str:
@@ -72,8 +74,10 @@ def setup_driver() -> None:
     call it before `ray.init()`. It registers the plugin and its schema and makes a `uv run`
     driver's job use the node's cached venv (our runtime_env hook instead of Ray's `uv run`
     one, which Ray reads from the environment when it is imported, so it is also turned off in
-    an already imported Ray)."""
+    an already imported Ray). Called after `ray.init()`, where that Ray does not load the
+    plugin, it raises `PluginNotLoadedError` (`registration`): too late for it."""
     from ray_uv_plugin.driver_hook import hook_settings
+    from ray_uv_plugin.registration import watch
     from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
 
     os.environ[PLUGINS_ENV] = plugins_setting(os.environ.get(PLUGINS_ENV))
@@ -82,6 +86,7 @@ def setup_driver() -> None:
     constants = sys.modules.get("ray._private.ray_constants")
     if constants is not None:
         constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
+    watch()
 
 
 def __getattr__(name: str) -> Any:
@@ -94,8 +99,12 @@ def __getattr__(name: str) -> Any:
         from ray_uv_plugin.ops.prepare import prepare_env
 
         return prepare_env
-    if name == "UvProject":
-        from ray_uv_plugin.agent.spec import UvProject
+    if name == "UvProject":  # the builder that also checks that the driver's Ray loads us
+        from ray_uv_plugin.registration import UvProject
 
         return UvProject
+    if name == "PluginNotLoadedError":
+        from ray_uv_plugin.registration import PluginNotLoadedError
+
+        return PluginNotLoadedError
     raise AttributeError(f"module 'ray_uv_plugin' has no attribute {name!r}")

@@ -123,7 +123,11 @@ def _relative_project(project: Path, working_dir: str) -> str | None:
 
 
 def hook(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
-    """Ray's `RAY_RUNTIME_ENV_HOOK`: under `uv run`, the job's `uv_project` default."""
+    """Ray's `RAY_RUNTIME_ENV_HOOK`: under `uv run`, the job's `uv_project` default. It also
+    arms the check, run once `ray.init()` has connected, that this Ray loads the plugin."""
+    from ray_uv_plugin.registration import watch
+
+    watch()
     previous = os.environ.get(PREVIOUS_HOOK_ENV)
     if previous and previous not in (*OUR_HOOKS, RAY_UV_HOOK):
         runtime_env = _load(previous)(runtime_env)

@@ -112,6 +112,11 @@ def test_the_versions_named_are_pyproject_floor_and_the_lock() -> None:
 @pytest.fixture
 def changed_ray(tmp_path, monkeypatch):
     """A local Ray whose agent loads the plugin as it would be on a Ray lacking an internal."""
+    import ray._private.worker as worker
+
+    # The driver's check that the plugin is registered (`registration`), armed by an earlier
+    # test, knows the plugin by its class: this stand-in's is another.
+    monkeypatch.setattr(worker, "_post_init_hooks", [])
     monkeypatch.setenv("RAY_RUNTIME_ENV_PLUGINS", json.dumps([PLUGIN]))
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))

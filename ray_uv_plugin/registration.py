@@ -1,0 +1,183 @@
+"""Whether the Ray a driver uses loads the `uv_project` plugin, checked on the driver.
+
+A raylet started without the plugin in `RAY_RUNTIME_ENV_PLUGINS` (never set, or set after
+`ray start` or `ray.init()`) ignores the field: its runtime-env agent writes one warning into
+that node's setup log and runs the actor in the node's own Python, which "succeeds" without the
+project's packages. Nothing of it reaches the driver, and no code of this package runs on the
+driver per actor. So the package checks where its code does run on the driver:
+
+- right after `ray.init()` (one of Ray's post-init hooks), armed by the `uv run` driver hook
+  that `ray-uv plugin-config --shell` and `setup_driver()` register, by `setup_driver()` and by
+  building a `UvProject`;
+- at once, where one of those runs after `ray.init()` (`setup_driver()` called too late).
+
+What it reads is the environment each raylet of this cluster on this host started with (the
+one its runtime-env agent got), in `/proc`: no task, no worker, a few ms. Where every alive
+node of the cluster is such a raylet without the plugin (a local Ray, or a one-node cluster),
+every `uv_project` actor would run in the wrong Python: `PluginNotLoadedError`, and a
+`ray.init()` that it fails leaves nothing connected. Where only some nodes are, a warning names
+them: actors placed there would. Nodes on other hosts cannot be seen from here: `ray-uv
+prepare` checks every node, and worker groups check each worker.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from ray_uv_plugin import PLUGIN_CLASS, PLUGINS_ENV
+from ray_uv_plugin.agent.spec import UvProject as _UvProject
+
+logger = logging.getLogger(__name__)
+
+FIX = (
+    'register it before that Ray starts: `eval "$(ray-uv plugin-config --shell)"` before '
+    "`ray start` (then restart the node), or `ray_uv_plugin.setup_driver()` before "
+    "`ray.init()` for a local Ray"
+)
+
+# GCS addresses whose raylets on this host all load the plugin: not scanned again.
+_fine: set[str] = set()
+# (GCS address, raylet pid) already warned about: one warning per raylet.
+_warned: set[tuple[str, int]] = set()
+
+
+class PluginNotLoadedError(RuntimeError):
+    """The Ray this driver uses would run every `uv_project` actor in the node's Python."""
+
+
+@dataclass(frozen=True)
+class Raylet:
+    """A raylet of this cluster on this host, as it was started."""
+
+    pid: int
+    node_ip: str
+    python: str  # the node's Python, which its workers run without the plugin
+    plugins: str | None  # its RAY_RUNTIME_ENV_PLUGINS
+
+    @property
+    def loads_plugin(self) -> bool:
+        return loads_plugin(self.plugins)
+
+    def describe(self) -> str:
+        return f"the raylet at {self.node_ip} (pid {self.pid}, Python {self.python})"
+
+
+def loads_plugin(plugins: str | None) -> bool:
+    """Whether a `RAY_RUNTIME_ENV_PLUGINS` value registers this plugin."""
+    try:
+        entries = json.loads(plugins or "[]")
+    except ValueError:
+        return False
+    return isinstance(entries, list) and any(
+        isinstance(e, dict) and e.get("class") == PLUGIN_CLASS for e in entries
+    )
+
+
+def _flag(cmdline: list[str], name: str) -> str:
+    prefix = f"--{name}="
+    return next((arg[len(prefix) :] for arg in cmdline if arg.startswith(prefix)), "")
+
+
+def local_raylets(gcs_address: str) -> list[Raylet]:
+    """This cluster's raylets on this host whose environment this user may read."""
+    import ray  # noqa: F401 - Ray vendors psutil (`ray/thirdparty_files`) and puts it on sys.path
+
+    psutil = importlib.import_module("psutil")  # so: after Ray
+    found = []
+    for process in psutil.process_iter(["name"]):
+        if process.info["name"] != "raylet":
+            continue
+        try:
+            cmdline = process.cmdline()
+            if _flag(cmdline, "gcs-address") != gcs_address:
+                continue
+            environ = process.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        worker_command = _flag(cmdline, "python_worker_command").split()
+        found.append(
+            Raylet(
+                pid=process.pid,
+                node_ip=_flag(cmdline, "node_ip_address") or "this host",
+                python=worker_command[0] if worker_command else "unknown",
+                plugins=environ.get(PLUGINS_ENV),
+            )
+        )
+    return found
+
+
+def unloaded_message(gcs_address: str, without: list[Raylet], alive: int) -> str:
+    names = "; ".join(r.describe() for r in without)
+    if len(without) >= alive:
+        return (
+            f"uv_project: the Ray at {gcs_address} does not load the uv_project plugin: "
+            f"{names} started without {PLUGIN_CLASS} in {PLUGINS_ENV}, so it would run every "
+            "actor or task that asks for a uv_project in its own Python, without the "
+            f"project's packages, and say so only in its runtime_env setup log. To fix, {FIX}."
+        )
+    return (
+        f"uv_project: {len(without)} of the {alive} nodes of the Ray at {gcs_address} do not "
+        f"load the uv_project plugin: {names} started without {PLUGIN_CLASS} in "
+        f"{PLUGINS_ENV}; an actor or task with a uv_project placed there runs in that node's "
+        f"own Python, without the project's packages. On that node, {FIX}."
+    )
+
+
+def check_this_ray() -> None:
+    """Raise `PluginNotLoadedError` where no node of this driver's Ray loads the plugin; warn
+    where some on this host do not. Nothing where Ray is not initialized."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    gcs_address = ray.get_runtime_context().gcs_address
+    if not gcs_address or gcs_address in _fine:
+        return
+    without = [r for r in local_raylets(gcs_address) if not r.loads_plugin]
+    if not without:
+        _fine.add(gcs_address)
+        return
+    alive = sum(1 for node in ray.nodes() if node.get("Alive"))
+    message = unloaded_message(gcs_address, without, alive)
+    if len(without) >= alive:
+        raise PluginNotLoadedError(message)
+    if any((gcs_address, r.pid) not in _warned for r in without):
+        _warned.update((gcs_address, r.pid) for r in without)
+        logger.warning("%s", message)
+
+
+def _after_init() -> None:
+    """Ray's post-init hook: a `ray.init()` whose Ray cannot run `uv_project` fails whole."""
+    try:
+        check_this_ray()
+    except PluginNotLoadedError:
+        import ray
+
+        ray.shutdown()
+        raise
+
+
+def watch() -> None:
+    """Check this driver's Ray now if it is up, and after each later `ray.init()` in this
+    process. Nothing before Ray is imported (then the driver hook arms it at `ray.init()`)."""
+    worker = sys.modules.get("ray._private.worker")
+    if worker is None:
+        return
+    hooks = getattr(worker, "_post_init_hooks", None)  # ray_compat.DRIVER lists it
+    if isinstance(hooks, list) and _after_init not in hooks:
+        hooks.append(_after_init)
+    check_this_ray()
+
+
+class UvProject(_UvProject):
+    """`agent.spec.UvProject` as drivers import it (`ray_uv_plugin.UvProject`): building one
+    also checks that this driver's Ray loads the plugin (`watch`), where a plain dict cannot."""
+
+    def __init__(self, **fields: Any) -> None:
+        super().__init__(**fields)
+        watch()
