@@ -18,12 +18,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.agent import failed_builds
+from ray_uv_plugin.agent import failed_builds, seeding
 from ray_uv_plugin.agent.project import (
     ProjectError,
     ProjectFiles,
@@ -31,9 +31,21 @@ from ray_uv_plugin.agent.project import (
     check_request,
     project_name,
 )
-from ray_uv_plugin.agent.request import VenvRequest, make_request, withheld_from_uv
+from ray_uv_plugin.agent.request import (
+    VenvRequest,
+    interpreter_tag,
+    make_request,
+    withheld_from_uv,
+)
 from ray_uv_plugin.agent.spec import ParsedUvProject
-from ray_uv_plugin.agent.uv import UvSyncError, UvTimeout, find_uv, run_uv, sync_failure
+from ray_uv_plugin.agent.uv import (
+    UvResult,
+    UvSyncError,
+    UvTimeout,
+    find_uv,
+    run_uv,
+    sync_failure,
+)
 from ray_uv_plugin.store import budget, freezing, manifest, trust
 from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, LOCK_MARGIN, BuildLock, build_timeout
 from ray_uv_plugin.store.build_slots import BuildSlot
@@ -251,14 +263,17 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
     env = {**request.uv_env, "UV_PROJECT_ENVIRONMENT": str(venv)}
     if split := cache_split_note(env, venv.parent, files.path):
         logger.warning("uv_project %s: %s.", venv.name, split)
-    try:
+    deadline = time.monotonic() + timeout
+
+    def sync(sync_env: Mapping[str, str]) -> UvResult:
+        left = max(deadline - time.monotonic(), 1.0)
         try:
             result = run_uv(
                 args,
-                env,
+                sync_env,
                 cwd=files.path,
                 on_line=lambda s: logger.info("uv: %s", s),
-                timeout=timeout,
+                timeout=left,
             )
         except UvTimeout:
             raise UvSyncError(
@@ -278,6 +293,10 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
                     transient=True,
                 )
             raise error
+        return result
+
+    try:
+        result, built = _sync_seeded(venv, env, sync, logger)
         installed = installed_ray_version(venv)
         if installed != ray.__version__:
             raise UvSyncError(
@@ -294,7 +313,7 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
         immutable = freezing.freeze(venv)
         if os.geteuid() == 0 and not immutable:
             logger.warning("uv_project %s: %s.", venv.name, freezing.unfrozen_note())
-        _write_marker(venv, request, result.seconds, immutable, listed)
+        _write_marker(venv, request, result.seconds, immutable, {**listed, "built": built})
     except OSError as e:
         freezing.remove_tree(venv)
         if e.errno == errno.ENOSPC:
@@ -308,6 +327,46 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     return result.seconds
+
+
+def _sync_seeded(
+    venv: Path,
+    env: Mapping[str, str],
+    sync: Callable[[Mapping[str, str]], UvResult],
+    logger: logging.Logger,
+) -> tuple[UvResult, dict[str, Any]]:
+    """`uv sync` into `venv`, seeded from the nearest ready venv where one may give bytecode
+    (`agent.seeding`); returns uv's result (both runs' seconds) and how the venv was built,
+    for its marker. A seed that cannot be used gives a full build, and the log says why."""
+    compiles = env.get("UV_COMPILE_BYTECODE", "").lower() in ("1", "true", "yes", "on")
+    interpreter = interpreter_tag()
+    if not compiles or not seeding.has_candidates(venv.parent, venv.name, interpreter):
+        return sync(env), {"how": "full"}
+    start = time.perf_counter()
+    first = sync({**env, "UV_COMPILE_BYTECODE": "0"})
+    built: dict[str, Any] = {"how": "full"}
+    try:
+        seed = seeding.choose(venv.parent, venv, interpreter)
+        if seed is not None:
+            taken = seeding.take_bytecode(seed, venv)
+            built = taken.as_json()
+            logger.info(
+                "uv_project %s: seeded from %s: the bytecode of %d distributions (%d files, "
+                "%.0f MB) in %.2fs",
+                venv.name,
+                taken.seed,
+                taken.distributions,
+                taken.files,
+                taken.bytes / 1e6,
+                time.perf_counter() - start - first.seconds,
+            )
+    except Exception as e:
+        if not seeding.untrusted_seed(e):
+            raise
+        logger.warning("uv_project %s: %s; a full build instead.", venv.name, e)
+        freezing.remove_tree(venv)
+    second = sync(env)  # uv's bytecode step: what the seed did not give (or all of it)
+    return replace(second, seconds=first.seconds + second.seconds), built
 
 
 def _removed(path: Path, fd: int) -> bool:

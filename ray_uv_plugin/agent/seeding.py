@@ -1,0 +1,243 @@
+"""A new venv's bytecode from the nearest ready venv of this node: a changed lock costs what
+changed.
+
+Users iterate: bump one package, re-lock, run again. Each lock is a new key, and so a new venv.
+uv makes its files in seconds (each one a hardlink from its cache); compiling every module's
+bytecode is what takes the time (~48 s for 425 packages on 2 cores, against ~4 s for the files),
+and the bytecode of every distribution that did not change was compiled before, in the venv of
+the old key on this node. So a build (`builder`) runs:
+
+1. `uv sync` of the new lock without bytecode: the venv's files, exactly as uv makes them;
+2. `take_bytecode`: from the nearest ready venv of the same interpreter (`choose`: the most
+   distributions in common), the `.pyc` files of each distribution whose dist-info is the same
+   there (name, version and `RECORD`, byte for byte but for console scripts, which name their
+   venv), for each module whose source has the size
+   and mtime the `.pyc`'s header checks; each is hardlinked (a `.pyc` is never written in
+   place), then read and checked against the seed's manifest: the linked inode itself, so a
+   seed changed before or during the link is caught, and the build falls back to a full one;
+3. uv's own bytecode step (`uv sync` again, with bytecode): it compiles what is left, the
+   changed distributions, and leaves the `.pyc` files it finds current alone.
+
+The result is what a fresh `uv sync --locked` with bytecode gives: the same files and RECORDs
+(step 1 is that sync), and bytecode Python accepts for every module (each one uv's, compiled by
+the same interpreter from the same source). The seed is only read: it may be in use, frozen,
+or removed by `gc` meanwhile (a file gone is compiled in step 3).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from ray_uv_plugin.store import manifest, trust
+from ray_uv_plugin.store.layout import DIST_INFO, MARKER, check_ready, read_marker, site_packages
+
+CANDIDATES = 8  # the most recently built venvs of this interpreter that are weighed as seeds
+# Distributions in common below which a seed saves too little to be worth its checks.
+MIN_COMMON = 2
+
+
+class SeedError(ValueError):
+    """A seed that cannot be used (damaged, changed while read, not ours): the build falls back
+    to a full one and the setup log says why."""
+
+
+@dataclass(frozen=True)
+class Seed:
+    key: str
+    path: Path
+    site: Path  # its site-packages
+    common: tuple[str, ...]  # the dist-info dir names it shares with the new venv, RECORD alike
+    files: manifest.Files  # its manifest, checked against its marker
+
+    @property
+    def distributions(self) -> int:
+        return len(self.common)
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What a seeded venv took from its seed."""
+
+    seed: str  # the seed's key
+    distributions: int  # distributions whose bytecode came from the seed
+    files: int  # `.pyc` files linked
+    bytes: int
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "how": "seeded",
+            "seed": self.seed,
+            "distributions": self.distributions,
+            "files": self.files,
+            "bytes": self.bytes,
+        }
+
+
+def dist_infos(site: Path) -> dict[str, Path]:
+    """The dist-info dirs of a site-packages, by name (`six-1.17.0.dist-info`)."""
+    try:
+        names = os.listdir(site)
+    except OSError:
+        return {}
+    return {name: site / name for name in names if DIST_INFO.match(name)}
+
+
+def _record(dist_info: Path) -> bytes | None:
+    """A distribution's RECORD, less its entries outside site-packages: console scripts name
+    their venv's python, so their hashes differ from venv to venv though nothing else does."""
+    try:
+        lines = (dist_info / "RECORD").read_bytes().splitlines()
+    except OSError:
+        return None
+    return b"\n".join(line for line in lines if not line.startswith(b"../"))
+
+
+def _candidates(root: Path, key: str, interpreter: str) -> Iterator[tuple[str, Path, dict]]:
+    """Ready venvs of `root` (other than `key`) made from `interpreter`, newest first."""
+    found = []
+    for name in os.listdir(root):
+        venv = root / name
+        if name == key or not (venv / MARKER).is_file():
+            continue
+        try:
+            meta = read_marker(venv)
+        except (OSError, ValueError):
+            continue
+        inputs = (meta or {}).get("inputs")
+        if not isinstance(inputs, dict) or inputs.get("interpreter") != interpreter:
+            continue
+        found.append((float(meta.get("built_at") or 0), name, venv, meta))
+    for _, name, venv, meta in sorted(found, key=lambda item: item[0], reverse=True)[:CANDIDATES]:
+        yield name, venv, meta
+
+
+def choose(root: Path, venv: Path, interpreter: str) -> Seed | None:
+    """The ready venv of `root` nearest to the new `venv` (just synced, without bytecode): the
+    same interpreter, the most distributions alike; None where none shares `MIN_COMMON`."""
+    site = site_packages(venv)
+    if site is None:
+        return None
+    new = dist_infos(site)
+    best: tuple[int, str, Path, dict] | None = None
+    for name, path, meta in _candidates(root, venv.name, interpreter):
+        rel = meta.get("site_packages")
+        if not isinstance(rel, str):
+            continue
+        shared = len(new.keys() & dist_infos(path / rel).keys())
+        if shared >= MIN_COMMON and (best is None or shared > best[0]):
+            best = (shared, name, path, meta)
+    if best is None:
+        return None
+    _, name, path, meta = best
+    if check_ready(root, name) is not None:  # trusted, whole, and marked used: it is
+        return None
+    seed_site = path / meta["site_packages"]
+    common = tuple(
+        sorted(
+            dist
+            for dist in new.keys() & dist_infos(seed_site).keys()
+            if (record := _record(new[dist])) is not None and record == _record(seed_site / dist)
+        )
+    )
+    if len(common) < MIN_COMMON:
+        return None
+    try:
+        files = manifest.load(path, meta.get("manifest"))
+    except manifest.ManifestError as e:
+        raise SeedError(f"the nearest venv {name} {e}") from None
+    return Seed(name, path, seed_site, common, files)
+
+
+def _sources(dist_info: Path) -> Iterator[str]:
+    """The `.py` files a distribution's RECORD lists, relative to site-packages."""
+    for line in (dist_info / "RECORD").read_text(encoding="utf-8").splitlines():
+        path = line.split(",", 1)[0]
+        if path.endswith(".py") and not path.startswith(("/", "..")) and ".." not in path:
+            yield path
+
+
+def _pycs(seed: Seed, source: str) -> list[str]:
+    """The seed's bytecode files of one module, relative to site-packages."""
+    folder, _, filename = source.rpartition("/")
+    stem = filename[:-3]
+    cache = f"{folder}/__pycache__" if folder else "__pycache__"
+    prefix = f"{stem}.{sys.implementation.cache_tag}."
+    try:
+        names = os.listdir(seed.site / cache)
+    except OSError:
+        return []
+    return [f"{cache}/{n}" for n in names if n.startswith(prefix) and n.endswith(".pyc")]
+
+
+def _same_source(a: Path, b: Path) -> bool:
+    """Whether two sources have what a `.pyc` header checks alike: size and mtime (seconds)."""
+    try:
+        sa, sb = os.lstat(a), os.lstat(b)
+    except OSError:
+        return False
+    if not (stat.S_ISREG(sa.st_mode) and stat.S_ISREG(sb.st_mode)):
+        return False
+    return sa.st_size == sb.st_size and int(sa.st_mtime) == int(sb.st_mtime)
+
+
+def take_bytecode(seed: Seed, venv: Path) -> Taken:
+    """Link the seed's `.pyc` files of the distributions it shares into `venv` (see the module's
+    docstring); raises SeedError for a seed file that is not what its manifest says."""
+    site = site_packages(venv)
+    assert site is not None  # `choose` found it
+    seed_base = seed.site.relative_to(seed.path)
+    wanted: list[str] = []
+    for dist in seed.common:
+        for source in _sources(site / dist):
+            if _same_source(site / source, seed.site / source):
+                wanted += _pycs(seed, source)
+    made: set[str] = set()
+    for rel in wanted:
+        folder = rel.rpartition("/")[0]
+        if folder not in made:
+            os.makedirs(site / folder, mode=0o755, exist_ok=True)
+            made.add(folder)
+
+    def link(rel: str) -> int:
+        entry = seed.files.get(f"{seed_base}/{rel}")
+        if entry is None or entry.kind != "file":
+            raise SeedError(f"the nearest venv {seed.key} has {rel}, which its manifest lacks")
+        target = site / rel
+        try:
+            os.link(seed.site / rel, target, follow_symlinks=False)
+        except FileNotFoundError:
+            return 0  # removed meanwhile (gc): compiled by uv instead
+        except FileExistsError:
+            return 0
+        st, sha = manifest.hash_file(str(target))
+        if st.st_size != entry.size or sha != entry.content:
+            os.unlink(target)
+            raise SeedError(
+                f"the nearest venv {seed.key} has {rel} with other content than when it was built"
+            )
+        return st.st_size
+
+    with ThreadPoolExecutor(max_workers=4) as pool:  # hashing releases the GIL
+        sizes = list(pool.map(link, wanted, chunksize=64))
+    linked = [size for size in sizes if size]
+    return Taken(seed.key, len(seed.common), len(linked), sum(linked))
+
+
+def untrusted_seed(error: BaseException) -> bool:
+    """Whether `error` (from `choose` or `take_bytecode`) is one a full build recovers from."""
+    return isinstance(error, (SeedError, OSError, trust.UntrustedPathError, UnicodeDecodeError))
+
+
+def has_candidates(root: Path, key: str, interpreter: str) -> bool:
+    """Whether `root` holds a ready venv that could seed `key` (a few marker reads): else the
+    build is one `uv sync`, as without seeding."""
+    try:
+        return next(_candidates(root, key, interpreter), None) is not None
+    except OSError:
+        return False
