@@ -542,3 +542,44 @@ def test_shebang_takes_uv_s_form_at_its_limit() -> None:
     assert relocation.shebang(exe) == b"#!" + exe  # 2 + 124 + 1 = 127 bytes: still plain
     assert relocation.shebang(exe + b"y").startswith(b"#!/bin/sh\n'''exec' '/xxx")
     assert relocation.shebang(b"/a b/python").startswith(b"#!/bin/sh\n")
+
+
+# --- found by the stream fuzzer (tests/fuzz/stream.py): each refusal is the receiver's own ----
+
+
+def deep_manifest() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in SKELETON:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+        data = b"[" * 100_000 + b"]" * 100_000
+        info = tarfile.TarInfo(archive.MANIFEST)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("payload", "message", "cause"),
+    [
+        (tar_bytes(SKELETON + [link("lib/x", "")]), "'lib/x': a symlink to nowhere", None),
+        (tar_bytes(SKELETON + [link("lib/x", "", hard=True)]), "a hardlink to nowhere", None),
+        (tar_bytes(SKELETON + [f("lib/" + "y" * 300)]), "cannot be made here: File name", OSError),
+        (deep_manifest(), "the sender's manifest is unreadable", RecursionError),
+        (b"\x01" * 1024, "the stream is not a tar the packer writes", tarfile.TarError),
+        (b"", "the stream is not a tar the packer writes", tarfile.TarError),
+    ],
+    ids=["empty-symlink", "empty-hardlink", "name-too-long", "deep-manifest", "garbage", "empty"],
+)
+def test_a_stream_that_breaks_the_unpacking_is_refused_in_the_receivers_words(
+    tmp_path: Path, payload: bytes, message: str, cause: type[BaseException] | None
+) -> None:
+    """Each once reached the caller as an OSError, a RecursionError or tarfile's own error
+    wrapped as `unpacking: <that error>` (`[Errno 2] No such file or directory: '' -> ...`)."""
+    with pytest.raises(ArchiveError, match=message) as raised:
+        feed(tmp_path / "v", payload)
+    extracted = raised.value.__cause__
+    assert isinstance(extracted, ArchiveError), extracted  # the unpacking thread's refusal
+    if cause is not None:
+        assert isinstance(extracted.__cause__, cause)
+    assert os.listdir(tmp_path / "v") == []

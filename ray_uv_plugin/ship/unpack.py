@@ -193,6 +193,9 @@ class Unpacker:
                 self._check_links()
                 self._check_end(tar)
             self._complete = True
+        except tarfile.TarError as e:  # a header that is no tar's, a stream cut mid-member
+            self._error = ArchiveError(f"the stream is not a tar the packer writes: {e}")
+            self._error.__cause__ = e
         except BaseException as e:  # noqa: BLE001 - raised to the feeder
             self._error = e
 
@@ -212,6 +215,17 @@ class Unpacker:
         kind = _member_kind(member)
         if not parent and base in ("bin", "lib") and kind != "dir":
             raise ArchiveError(f"{name!r} is a {kind}, not a directory")
+        if kind in ("symlink", "hardlink") and not member.linkname:
+            raise ArchiveError(f"{name!r}: a {kind} to nowhere (its target is empty)")
+        try:
+            self._make(tar, member, kind)
+        except OSError as e:  # a name too long here, a full disk: this node cannot take it
+            raise ArchiveError(f"{name!r} cannot be made here: {e.strerror}") from e
+        self._kinds[name] = kind
+        self._entries.append(manifest_entry(member))
+
+    def _make(self, tar: tarfile.TarFile, member: tarfile.TarInfo, kind: str) -> None:
+        name = member.name
         path = os.path.join(self.tmp, name)  # every parent is a dir made here: no link
         if kind == "dir":
             os.mkdir(path)
@@ -232,8 +246,6 @@ class Unpacker:
                 )
             os.link(os.path.join(self.tmp, member.linkname), path, follow_symlinks=False)
             self._files[name] = self._files[member.linkname]
-        self._kinds[name] = kind
-        self._entries.append(manifest_entry(member))
 
     def _write_file(
         self, tar: tarfile.TarFile, member: tarfile.TarInfo, path: str
@@ -265,7 +277,7 @@ class Unpacker:
         try:
             manifest = json.loads(source.read())
             listed = manifest["members"] if manifest["format"] == MANIFEST_FORMAT else None
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, RecursionError) as e:  # nested too deep
             raise ArchiveError(f"the sender's manifest is unreadable: {e}") from e
         if listed == self._entries:
             return
