@@ -316,6 +316,7 @@ def test_prepare_reports_a_failing_ray_init_as_what_it_is(
 
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", True, raising=False)
+    monkeypatch.setattr(connect, "local_gcs_address", lambda target: None)  # no token check
     with pytest.raises(connect.ConnectError) as e:
         connect.connect("auto", {"working_dir": "/p"})
     assert str(e.value).startswith(message)

@@ -2,7 +2,8 @@
 
 `prepare`, `watch` and the demo start a driver of their own whose job runtime_env must
 be exactly theirs (no `uv run` or RAY_RUNTIME_ENV_HOOK hook may rewrite it), and that fails at
-once with what to do where no cluster answers, instead of Ray's minutes of retries.
+once with what to do where no cluster answers, or where the cluster requires a token this shell
+does not send (`cluster_auth`), instead of Ray's minutes of retries.
 """
 
 from __future__ import annotations
@@ -10,6 +11,13 @@ from __future__ import annotations
 import os
 import socket
 from typing import Any
+
+from ray_uv_plugin.ops.cluster_auth import (
+    TokenAuthError,
+    check_token_auth,
+    is_refused_token,
+    refused_message,
+)
 
 
 class ConnectError(RuntimeError):
@@ -53,12 +61,20 @@ def init_unhooked(**kwargs: Any) -> None:
 
 
 def connect(address: str | None, runtime_env: dict[str, Any] | None) -> None:
+    """Connect this process to the cluster at `address` (else RAY_ADDRESS, else the local one)
+    for a command's own job; `ConnectError` with what to do where it cannot."""
     target = address or os.environ.get("RAY_ADDRESS") or "auto"
     hint = (
         'start one with `eval "$(ray-uv plugin-config --shell)"; ray start --head`, '
         "or pass --address (the GCS address `host:6379`, or set RAY_ADDRESS)."
     )
-    reachable_or_die(target, hint)
+    answered = reachable_or_die(target, hint)
+    gcs = target if answered else local_gcs_address(target)
+    if gcs:
+        try:
+            check_token_auth(gcs)
+        except TokenAuthError as e:
+            raise ConnectError(str(e)) from e
     try:
         init_unhooked(
             address=target,
@@ -67,20 +83,62 @@ def connect(address: str | None, runtime_env: dict[str, Any] | None) -> None:
             logging_level="WARNING",
             namespace="ray-uv-prepare",
         )
-    except ConnectionError as e:
-        raise ConnectError(f"cannot connect to a Ray cluster at {target!r} ({e}): {hint}") from e
     except Exception as e:  # noqa: BLE001 - connected or not, Ray refused the job: say why
+        if is_refused_token(e):
+            raise ConnectError(refused_message(gcs or target)) from e
+        if isinstance(e, ConnectionError) and answered:
+            raise ConnectError(
+                f"a process answers at {target}, but Ray could not connect to a cluster there "
+                f"({e}{chained(e)}): is it the GCS address (`host:6379` by default, not the "
+                "dashboard's 8265)?"
+            ) from e
+        if isinstance(e, ConnectionError):
+            raise ConnectError(
+                f"cannot connect to a Ray cluster at {target!r} ({e}): {hint}"
+            ) from e
         raise ConnectError(f"ray.init(address={target!r}) failed: {type(e).__name__}: {e}") from e
 
 
-def reachable_or_die(address: str, hint: str, timeout: float = 5.0) -> None:
-    """Ray retries an unreachable GCS for minutes; a `host:port` we can check at once."""
+def chained(exc: BaseException) -> str:
+    """The first line of what Ray chained under its error, if anything."""
+    cause = exc.__cause__
+    if cause is None or not str(cause).strip():
+        return ""
+    return f": {type(cause).__name__}: {str(cause).strip().splitlines()[0]}"
+
+
+def local_gcs_address(target: str) -> str | None:
+    """The GCS address `ray.init(address="auto")` would connect to, in the token mode it would
+    connect in (it turns token mode on where `~/.ray/auth_token` exists); None where there is
+    none to find, or `target` is no `auto` (`ray://...`: Ray Client, which has its own)."""
+    if target != "auto":
+        return None
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        try:
+            from ray._private.authentication.authentication_token_setup import (
+                maybe_enable_token_auth_if_token_available,
+            )
+        except ImportError:  # a Ray before token authentication
+            pass
+        else:
+            maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        return canonicalize_bootstrap_address(target)
+    except Exception:  # noqa: BLE001 - none to find: ray.init says so itself
+        return None
+
+
+def reachable_or_die(address: str, hint: str, timeout: float = 5.0) -> bool:
+    """Ray retries an unreachable GCS for minutes; a `host:port` we can check at once. True if
+    `address` is one and it answered; False for one it cannot check (`auto`, `ray://...`)."""
     host, sep, port = address.rpartition(":")
     if not sep or "://" in address or not port.isdigit():
-        return  # "auto", "ray://...": Ray answers those quickly itself
+        return False  # "auto", "ray://...": Ray answers those quickly itself
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as e:
         raise ConnectError(
             f"no Ray cluster answers at {address} ({e.strerror or e}): {hint}"
         ) from e
+    return True
