@@ -289,6 +289,10 @@ def test_prepare_builds_once_and_ships_to_the_other_node(two_nodes, tmp_path: Pa
     assert a.uv.syncs() == syncs_a + 1 and b.uv.syncs() == syncs_b  # B never ran uv sync
     venv = b.venvs / shipped.key
     assert read_marker(venv)["shipped_from"]
+    # How each venv came to be: built on A, shipped to B with the bytes it took.
+    built = read_marker(venv)["built"]
+    assert built["how"] == "shipped" and built["bytes"] == shipped.shipped_bytes
+    assert read_marker(a.venvs / shipped.key)["built"]["how"] in ("full", "seeded")
     assert not list(b.venvs.glob("*.ship-*"))
     # A worker on B runs in the shipped venv, which works at B's path.
     assert run_on(shipped.node_id, project)["venv"] == str(venv)

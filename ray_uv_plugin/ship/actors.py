@@ -299,6 +299,8 @@ class VenvReceiver:
                     "venv": self.source["venv"],
                     "shipped_from": self.source["host"],
                     "received_at": time.time(),
+                    # How this node's venv came to be (the sender's marker says how it was built).
+                    "built": {"how": "shipped", "from": self.source["host"], "bytes": total},
                 }
                 install_received(self.root, self.source["key"], tree, meta)
             except Exception as e:

@@ -1,0 +1,154 @@
+"""The edit-run loop: a one-package change to a lock whose venv is ready on the node.
+
+Lock A (a package set, `big` by default) is built and ready in a venv dir. Lock B differs from
+it in one package (`uv lock --upgrade-package <spec>` of a copy): a pure-Python one, and one with
+compiled extensions. For each B, in one run (ratios; the machine is noisy):
+
+- `nocompile`: `uv sync --locked --no-compile` of B by hand into a fresh dir (the floor: the
+  files, no bytecode);
+- `seeded`: one actor of B through Ray with the plugin, in the venv dir that holds A (the
+  plugin seeds B's bytecode from A's venv): from `.remote()` to its first call answered;
+- `full`: the same actor in a fresh venv dir (nothing to seed from): the whole bytecode step.
+
+Target (issue 31): `seeded` within 1.5 x `nocompile`, with complete bytecode.
+
+    uv run python -m benchmarks.edit_run --out benchmarks/results/edit-run.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+import ray_uv_plugin
+from benchmarks.envs import SETS_DIR, clean_env, remove_tree
+from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.store.layout import VENV_DIR_ENV, read_marker
+
+CHANGES = {"pure": "rich==14.3.0", "compiled": "numpy==2.4.5"}
+
+
+def changed_lock(base: Path, spec: str, into: Path) -> Path:
+    """A copy of the project `base` whose lock differs in the one package `spec` names."""
+    into.mkdir(parents=True)
+    for name in ("pyproject.toml", "uv.lock"):
+        shutil.copyfile(base / name, into / name)
+    subprocess.run(
+        [find_uv(), "lock", "--project", str(into), "--upgrade-package", spec, "--quiet"],
+        check=True,
+        timeout=600,
+    )
+    return into
+
+
+def extra_of(project: Path) -> str:
+    import tomllib
+
+    extras = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    return next(iter(extras.get("optional-dependencies", {})), "")
+
+
+def sync_no_compile(project: Path, venv: Path) -> float:
+    args = [find_uv(), "sync", "--project", str(project), "--locked", "--quiet"]
+    args += ["--no-install-project", "--python", sys.executable]
+    if extra := extra_of(project):
+        args += ["--extra", extra]
+    env = clean_env(
+        UV_PROJECT_ENVIRONMENT=str(venv), UV_PYTHON_DOWNLOADS="never", UV_COMPILE_BYTECODE="0"
+    )
+    start = time.perf_counter()
+    subprocess.run(args, check=True, timeout=3600, env=env, cwd=project)
+    return time.perf_counter() - start
+
+
+@ray.remote(num_cpus=0)
+class Probe:
+    def where(self) -> str:
+        return sys.prefix
+
+
+def one_actor(project: Path, venv_dir: Path) -> tuple[float, Path]:
+    """Seconds from `.remote()` to the first call of one actor of `project`'s env, in a fresh
+    local Ray whose venv dir is `venv_dir`; and the venv it ran in."""
+    os.environ[VENV_DIR_ENV] = str(venv_dir)
+    os.environ["RAY_RUNTIME_ENV_PLUGINS"] = ray_uv_plugin.plugin_config()
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        value: dict[str, Any] = {"project": str(project)}
+        if extra := extra_of(project):
+            value["extras"] = [extra]
+        start = time.perf_counter()
+        actor = Probe.options(
+            runtime_env={"uv_project": value, "config": {"setup_timeout_seconds": 3600}}
+        ).remote()
+        prefix = ray.get(actor.where.remote(), timeout=3600)
+        took = time.perf_counter() - start
+        ray.kill(actor)
+        return took, Path(prefix)
+    finally:
+        ray.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", default="big", help="a committed set under benchmarks/sets")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/edit-run.json"))
+    args = parser.parse_args()
+    os.environ["UV_COMPILE_BYTECODE"] = "1"  # the plugin's default (the tests set 0)
+    # Started with `uv run`: Ray's own uv run hook would make this a job of its own interpreter.
+    os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
+    base = SETS_DIR / args.set
+    work = Path(tempfile.mkdtemp(prefix="edit-run-"))
+    results: dict[str, Any] = {
+        "set": args.set,
+        "machine": f"{os.cpu_count()} cores, {platform.platform()}, "
+        f"Python {sys.version.split()[0]}",
+        "ray": ray.__version__,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "cases": {},
+    }
+    try:
+        venvs = work / "venvs"
+        a_seconds, _ = one_actor(base, venvs)
+        results["a_full_seconds"] = round(a_seconds, 2)
+        print(f"A ({args.set}) built and ready in {a_seconds:.1f}s", flush=True)
+        for case, spec in CHANGES.items():
+            b = changed_lock(base, spec, work / f"lock-{case}")
+            nocompile = sync_no_compile(b, work / f"nocompile-{case}")
+            seeded, venv = one_actor(b, venvs)
+            built = (read_marker(venv) or {}).get("built")
+            remove_tree(venv)  # the next case seeds from A again
+            full, _ = one_actor(b, work / f"fresh-{case}")
+            remove_tree(work / f"fresh-{case}")
+            shutil.rmtree(work / f"nocompile-{case}")
+            row = {
+                "change": spec,
+                "nocompile_seconds": round(nocompile, 2),
+                "seeded_seconds": round(seeded, 2),
+                "full_seconds": round(full, 2),
+                "seeded_over_nocompile": round(seeded / nocompile, 2),
+                "seeded_over_full": round(seeded / full, 2),
+                "built": built,
+            }
+            results["cases"][case] = row
+            print(json.dumps({case: row}), flush=True)
+    finally:
+        remove_tree(work)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
