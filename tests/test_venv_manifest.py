@@ -303,3 +303,73 @@ def test_a_received_venv_has_a_manifest_of_its_own_and_ships_on(
     )  # fmt: skip
     assert check_ready(root_c, built.name) is None
     assert (root_c / built.name / "bin" / "ray").read_text().startswith(f"#!{root_c}")
+
+
+# --- found by the venv_files fuzzer (tests/fuzz/venv_files.py) ---------------------------------
+
+
+def fake_ready_venv(root: Path, marker: bytes, manifest_bytes: bytes = b"") -> Path:
+    """A venv dir entry with a marker and a manifest of the given bytes ("{sha}" in the marker
+    is the manifest's sha256), as a hand or another version could leave them."""
+    venv = root / KEY
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#")
+    (venv / "lib/python3.11/site-packages").mkdir(parents=True)
+    (venv / manifest.MANIFEST).write_bytes(manifest_bytes)
+    sha = hashlib.sha256(manifest_bytes).hexdigest().encode()
+    (venv / MARKER).write_bytes(marker.replace(b"{sha}", sha))
+    return venv
+
+
+DEEP = b"[" * 50_000 + b"]" * 50_000
+
+
+def test_a_marker_nested_too_deep_is_unreadable_not_a_crash(tmp_path: Path) -> None:
+    """read_marker promised never to raise, and raised RecursionError."""
+    venv = fake_ready_venv(tmp_path, DEEP)
+    assert read_marker(venv) is None
+    assert "its marker is unreadable (nested too deep" in str(check_ready(tmp_path, KEY))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [DEEP, b'{"format": 1, "files": {"a": ["file", Infinity, "", 0]}}'],
+    ids=["nested-too-deep", "infinite-size"],
+)
+def test_a_manifest_json_reads_but_no_manifest_holds_is_a_manifest_error(
+    tmp_path: Path, data: bytes
+) -> None:
+    """Once a RecursionError and an OverflowError (int(Infinity)) out of manifest.load."""
+    marker = f'{{"format": 1, "key": "{KEY}", "manifest": "{{sha}}"}}'
+    venv = fake_ready_venv(tmp_path, marker.encode(), data)
+    sha = hashlib.sha256(data).hexdigest()
+    with pytest.raises(manifest.ManifestError, match="has an unreadable manifest"):
+        manifest.load(venv, sha)
+
+
+@pytest.mark.parametrize("recorded", ["[1, 2]", '{"count": 2, "first": [1, null]}', '"yes"'])
+def test_a_sender_refuses_a_marker_with_odd_record_mismatches_in_words(
+    tmp_path: Path, recorded: str
+) -> None:
+    """`not_as_recorded` that is no dict (or lists no names) once raised AttributeError or
+    TypeError out of Packer."""
+    marker = (
+        f'{{"format": 1, "key": "{KEY}", "site_packages": "lib/python3.11/site-packages", '
+        f'"manifest": "{{sha}}", "{manifest.NOT_AS_RECORDED}": {recorded}}}'
+    )
+    files = b'{"files": {}, "format": 1}'
+    venv = fake_ready_venv(tmp_path, marker.encode(), files)
+    with pytest.raises(ArchiveError, match="differ from their distribution's RECORD"):
+        Packer(venv)
+
+
+@pytest.mark.parametrize("recorded", ["null", "5", '"vllm"', '{"a": 1}'])
+def test_ray_uv_list_shows_a_marker_whose_extras_are_no_list(tmp_path: Path, recorded: str) -> None:
+    """`list(meta.get("extras", []))` once failed the whole listing on one such marker
+    (TypeError), or showed a string's letters."""
+    from ray_uv_plugin.store import inventory
+
+    marker = f'{{"format": 1, "key": "{KEY}", "extras": {recorded}, "groups": {recorded}}}'
+    fake_ready_venv(tmp_path, marker.encode())
+    (entry,) = inventory.scan_one(tmp_path, KEY).venvs
+    assert (entry.extras, entry.groups) == ([], [])

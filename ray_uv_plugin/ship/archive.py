@@ -253,9 +253,11 @@ class Packer:
             raise DriftError(f"{venv} {e}") from e
         if marker.get(manifest.NOT_AS_RECORDED):
             differ = marker[manifest.NOT_AS_RECORDED]
+            differ = differ if isinstance(differ, dict) else {}
+            first = differ.get("first") if isinstance(differ.get("first"), list) else []
             raise ArchiveError(
                 f"{venv} holds {differ.get('count')} files that differ from their "
-                f"distribution's RECORD ({', '.join(differ.get('first', []))}): a file changed "
+                f"distribution's RECORD ({', '.join(map(str, first))}): a file changed "
                 "in this node's uv cache would reach every node, so it is not sent and each "
                 "node builds its own (if the file changed here, `uv cache clean <package>` and "
                 "a rebuild restore it; else the wheel's RECORD is wrong)"

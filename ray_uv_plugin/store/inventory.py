@@ -84,11 +84,17 @@ class VenvEntry:
 
     @property
     def extras(self) -> list[str]:
-        return list((self.meta or {}).get("extras", []))
+        return _names((self.meta or {}).get("extras"))
 
     @property
     def groups(self) -> list[str]:
-        return list((self.meta or {}).get("groups", []))
+        return _names((self.meta or {}).get("groups"))
+
+
+def _names(recorded: object) -> list[str]:
+    """A marker's list of names as `list` shows it: a marker that is not what a build writes
+    (another version's, one changed by hand) shows none, rather than failing the listing."""
+    return [str(name) for name in recorded] if isinstance(recorded, list) else []
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,10 @@ def _read_marker(venv: Path, touch: bool = False) -> dict[str, Any] | None:
                     pass  # a read-only shared venv dir: usable, its last use goes unrecorded
     finally:
         os.close(fd)
-    meta = json.loads(data.decode("utf-8"))
+    try:
+        meta = json.loads(data.decode("utf-8"))
+    except RecursionError as e:  # nested deeper than json reads: no marker of ours
+        raise ValueError("nested too deep to be a marker") from e
     if not isinstance(meta, dict):
         raise ValueError("not a JSON object")
     return meta

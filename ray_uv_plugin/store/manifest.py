@@ -182,7 +182,8 @@ def load(venv: Path, sha256: object) -> Files:
         )
     try:
         return _parse(data)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as e:
+        # (nested deeper than json reads; a size of Infinity, which json reads and int not)
         raise ManifestError(f"has an unreadable manifest {path}: {e}") from e
 
 
