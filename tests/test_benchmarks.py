@@ -310,3 +310,20 @@ def test_ship_stream_measures_both_sides_of_a_real_stream(tmp_path: Path) -> Non
         assert sample[side]["wall_s"] > 0
     assert [p.name for p in tmp_path.iterdir()] == ["src"]  # the receive left nothing
     assert main(["--venv", str(tmp_path / "nowhere")]) == 2
+
+
+def test_build_limits_measures_the_limit_and_the_budget(tmp_path: Path) -> None:
+    """benchmarks.build_limits on two keys: each way builds both, at most the limit at once."""
+    from benchmarks.build_limits import main
+    from ray_uv_plugin.store.build_slots import default_max_builds
+
+    out = tmp_path / "limits.json"
+    assert main(["--keys", "2", "--json", str(out)]) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    ways = ("one_after_another", "at_once_default_limit", "at_once_no_limit", "budget")
+    assert all(run[way]["syncs"] == 2 and run[way]["failed"] == 0 for way in ways)
+    assert run["one_after_another"]["peak_syncs"] == 1
+    assert run["at_once_default_limit"]["peak_syncs"] <= default_max_builds()
+    assert run["at_once_no_limit"]["peak_syncs"] == 2
+    budget = run["budget"]
+    assert budget["end_bytes"] <= budget["budget_bytes"] < budget["before_bytes"] * 2
