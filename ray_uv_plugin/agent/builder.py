@@ -305,11 +305,11 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
                 f"=={ray.__version__} a dependency of the environment you ask for and run "
                 "`uv lock`."
             )
-        try:
+        listed = _write_manifest(venv, logger)
+        try:  # the venv is whole but for its marker: what it adds to the venv dir is known
             budget.make_room(venv, lambda line: logger.info("uv_project %s: %s", venv.name, line))
         except budget.OverBudget as e:
             raise UvSyncError(str(e)) from None
-        listed = _write_manifest(venv, logger)
         immutable = freezing.freeze(venv)
         if os.geteuid() == 0 and not immutable:
             logger.warning("uv_project %s: %s.", venv.name, freezing.unfrozen_note())
