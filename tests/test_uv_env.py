@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -160,3 +162,51 @@ def test_a_config_file_is_keyed_by_its_content(tmp_path: Path) -> None:
     assert keyed_settings({"UV_CONFIG_FILE": str(config)}) != before
     with pytest.raises(UvEnvError, match="cannot be read"):
         keyed_settings({"UV_CONFIG_FILE": str(tmp_path / "missing.toml")})
+
+
+# --- found by the uv_env fuzzer (tests/fuzz/uv_env.py) -----------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "dir"])
+def test_a_uv_config_file_that_is_no_regular_file_is_refused_at_once(
+    tmp_path: Path, kind: str
+) -> None:
+    """A FIFO once blocked the node's agent in `keyed_settings` until someone wrote to it (and
+    /dev/zero would have been read until memory ran out)."""
+    path = {"fifo": tmp_path / "fifo", "device": Path("/dev/zero"), "dir": tmp_path}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    outcome: list[BaseException | None] = []
+
+    def key() -> None:
+        try:
+            keyed_settings({"UV_CONFIG_FILE": str(path)})
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 - asserted below
+            outcome.append(e)
+
+    thread = threading.Thread(target=key, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "keyed_settings blocks on it"
+    assert isinstance(outcome[0], UvEnvError)
+    assert "is no regular file" in str(outcome[0]) or "cannot be read" in str(outcome[0])
+
+
+@pytest.mark.parametrize(
+    ("env_vars", "build_env_vars"),
+    [
+        ({"CMAKE_ARGS": "-DX=1\x00"}, ()),
+        ({"MYLIB_FLAVOR": "a\x00b"}, ("MYLIB_FLAVOR",)),
+        ({"CMAKE_A=B": "1"}, ()),
+        ({"UV_CONFIG_FILE": "/etc/uv.toml\x00"}, ()),
+    ],
+    ids=["nul-in-build-var", "nul-in-named", "equals-in-name", "nul-in-config-path"],
+)
+def test_a_job_variable_no_process_environment_holds_is_refused(
+    env_vars: dict[str, str], build_env_vars: tuple[str, ...]
+) -> None:
+    """Once passed on to uv's environment, where `subprocess` fails the build with
+    `embedded null byte` (or makes another variable of `CMAKE_A=B`)."""
+    with pytest.raises(UvEnvError, match="no environment variable uv can be started with"):
+        sync_environment(env_vars, {}, build_env_vars=build_env_vars)

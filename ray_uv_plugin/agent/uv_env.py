@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -269,6 +270,12 @@ def job_variables(
                 "which passes it to uv and keys it."
             )
         passed[name] = _expand(str(value), node_env)
+        if "=" in name or "\x00" in name + passed[name]:
+            raise UvEnvError(
+                f"uv_project: env_vars sets {name!r} to {str(value)!r}: a name with '=' or a NUL "
+                "byte, or a value with a NUL byte, is no environment variable uv can be started "
+                f"with. Fix or drop {name!r}."
+            )
     return JobEnv(passed, tuple(sorted(withheld)))
 
 
@@ -317,12 +324,27 @@ def keyed_settings(
     for name in sorted(n for n in env if _keyed(n, named) or (resolves and n in RESOLVE_VARS)):
         value = env[name]
         if name == "UV_CONFIG_FILE":
-            try:
-                value = f"{value} sha256:{hashlib.sha256(Path(value).read_bytes()).hexdigest()}"
-            except OSError as e:
-                raise UvEnvError(
-                    f"uv_project: UV_CONFIG_FILE={value!r} cannot be read ({e.strerror}): "
-                    "point it at a uv.toml that every node has, or unset it."
-                ) from e
+            value = f"{value} sha256:{_config_digest(value)}"
         items.append((name, value))
     return tuple(items)
+
+
+def _config_digest(path: str) -> str:
+    """The sha256 of the uv config file `UV_CONFIG_FILE` names. Only a regular file is read: a
+    FIFO would block the node's agent until someone writes to it, a device may never end."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        why = e.strerror if isinstance(e, OSError) else str(e)
+        raise UvEnvError(
+            f"uv_project: UV_CONFIG_FILE={path!r} cannot be read ({why}): point it at a "
+            "uv.toml that every node has, or unset it."
+        ) from e
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UvEnvError(
+            f"uv_project: UV_CONFIG_FILE={path!r} is no regular file: point it at a uv.toml "
+            "that every node has, or unset it."
+        )
+    with open(fd, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
