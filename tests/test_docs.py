@@ -365,13 +365,19 @@ def test_kuberay_init_container_makes_the_volume_one_the_plugin_trusts(tmp_path:
 # --- installing: the README's commands and the Dockerfile's script, into a fresh Python -------
 
 
-def _fresh_ray_python(where: Path) -> Path:
-    """A new venv of this Python with pip and the Ray these tests run (from uv's cache), as a
-    node's Ray Python is: nothing of this project in it."""
+def _fresh_ray_python(where: Path, pip: bool = True) -> Path:
+    """A new venv of this Python with the Ray these tests run (from uv's cache), as a node's Ray
+    Python is: nothing of this project in it. Made by `python -m venv`, with pip, or, without
+    `pip`, by `uv venv`, which has none."""
     import ray
 
     venv = where / "node-python"
-    subprocess.run([sys._base_executable, "-m", "venv", str(venv)], check=True)
+    if pip:
+        subprocess.run([sys._base_executable, "-m", "venv", str(venv)], check=True)
+    else:
+        subprocess.run(
+            ["uv", "venv", "--quiet", "--python", sys._base_executable, str(venv)], check=True
+        )
     python = venv / "bin" / "python"
     subprocess.run(
         [
@@ -441,12 +447,17 @@ def _check_installed(python: Path) -> None:
 
 
 def test_readme_install_commands_install_the_plugin(tmp_path: Path) -> None:
+    """Into the active venv, one made by `uv venv`: it has no pip, where `python -m pip
+    install` failed."""
     commands = readme_install_commands()
-    assert any("uv build" in c for c in commands) and any("pip install" in c for c in commands)
-    python = _fresh_ray_python(tmp_path)
+    assert any("uv build" in c for c in commands)
+    assert any(c.startswith("uv pip install dist/") for c in commands)
+    python = _fresh_ray_python(tmp_path, pip=False)
+    no_pip = subprocess.run([str(python), "-m", "pip", "--version"], capture_output=True)
+    assert no_pip.returncode != 0
     checkout = _checkout_copy(tmp_path)
     env = {**os.environ, "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("VIRTUAL_ENV", None)
+    env["VIRTUAL_ENV"] = str(python.parent.parent)  # activated
     for command in commands:
         subprocess.run(["bash", "-c", command], cwd=checkout, env=env, check=True, timeout=600)
     _check_installed(python)
@@ -484,6 +495,44 @@ def test_dockerfile_install_script_installs_the_plugin(tmp_path: Path) -> None:
     env["EXPECT_PLUGIN_DIR"] = "/home/ray/anaconda3/lib/python3.11/site-packages/ray_uv_plugin"
     wrong = subprocess.run(["sh", str(INSTALL_SCRIPT), str(dist)], env=env, capture_output=True)
     assert wrong.returncode == 1 and b"update PLUGIN_DIR" in wrong.stderr
+
+
+def readme_did_it_work_line() -> str:
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("\n### Did it work\n", 1)[1].split("\n### ", 1)[0]
+    (block,) = _code_blocks(section, "bash")
+    (line,) = block.strip().splitlines()
+    return line
+
+
+def test_readme_did_it_work_line_tells_a_venv_from_the_nodes_python(tmp_path: Path) -> None:
+    """Run as the README says, in a project's directory: a venv's python where the plugin is
+    registered, the node's own Python where it is not."""
+    from tests.uvproject import write_project
+
+    project = write_project(tmp_path / "proj", ["six"])
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "RAY_ADDRESS": "local",  # a Ray of its own, not one that another test started
+    }
+
+    def printed(env: dict[str, str]) -> str:
+        out = subprocess.run(
+            ["bash", "-c", readme_did_it_work_line()],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout.strip().splitlines()[-1]
+
+    venvs = Path(os.environ["RAY_UV_PLUGIN_VENV_DIR"])
+    assert Path(printed(env)).parent.parent.parent == venvs
+    env.pop("RAY_RUNTIME_ENV_PLUGINS")
+    assert printed(env) == sys.executable
 
 
 # --- the README and the docs: the quickstart's commands, links between pages -----------------

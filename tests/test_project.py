@@ -148,6 +148,18 @@ def test_the_lock_is_read_as_toml_whatever_its_key_order_and_spacing(tmp_path: P
     assert local_sources(lock_files(tmp_path, LOCK)) is found  # remembered by content
 
 
+def test_a_wheel_file_source_is_keyed_by_content_not_by_the_projects_path(tmp_path: Path) -> None:
+    """uv unpacks a wheel: the venv points nowhere into the project (the plugin's own wheel in a
+    driver group, README "Install"), so a working_dir unpacked per Ray session keeps its venv."""
+    registry_only = LOCK.split('[[package]]\nname = "app"')[0]
+    wheel = LOCK.split('[[package]]\nname = "wheelish"')[1]
+    found = locked_sources(
+        lock_files(tmp_path, registry_only + '[[package]]\nname = "wheelish"' + wheel)
+    )
+    assert not found.refers_to_paths
+    assert found.copied == ("dist/wheelish-3.0-py3-none-any.whl",)  # its content is keyed
+
+
 def test_a_lock_without_local_sources_is_not_parsed_per_request(tmp_path: Path) -> None:
     registry_only = LOCK.split('[[package]]\nname = "app"')[0]
     files = lock_files(

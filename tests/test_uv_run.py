@@ -110,6 +110,29 @@ def test_selection_flags_map_exactly(app: Path, flags: list[str], expected: dict
     parse_spec(value_of(app, *flags))  # a value the plugin takes
 
 
+def test_the_groups_that_hold_the_plugin_stay_the_drivers(tmp_path: Path) -> None:
+    """README "Install": the plugin in a driver group, which `uv run --group driver` syncs for
+    the driver; its workers' job default leaves the group out, a default group too."""
+    app = tmp_path / "app"
+    app.mkdir()
+    project = PYPROJECT.format(name="app", deps='["packaging"]').split("\n[dependency-groups]")[0]
+    groups = '\n[dependency-groups]\ndriver = ["ray-uv-plugin", "rich"]\ndev = ["pytest"]\n'
+    (app / "pyproject.toml").write_text(project + groups)
+    base = {"project": str(app), "locked": True}
+    assert value_of(app, "--group", "driver") == {**base, "no_groups": ["driver"]}
+    assert value_of(app) == {**base, "no_groups": ["driver"]}
+    assert value_of(app, "--no-group", "driver", "--group", "dev") == {
+        **base,
+        "groups": ["dev"],
+        "no_groups": ["driver"],
+    }
+    (app / "pyproject.toml").write_text(
+        project + '\n[dependency-groups]\ndev = ["ray-uv-plugin @ file:///wheels/x.whl"]\n'
+    )
+    assert value_of(app, "--all-groups") == {**base, "all_groups": True, "no_groups": ["dev"]}
+    parse_spec(value_of(app, "--all-groups"))
+
+
 @pytest.mark.parametrize("name", sorted(_IGNORED))
 def test_options_that_do_not_change_a_locked_sync_are_ignored(app: Path, name: str) -> None:
     takes_value = _IGNORED[name]

@@ -52,7 +52,10 @@ class LockedSources:
 
     ray_versions: tuple[str, ...]  # of each `ray` package in it (one, in a usable lock)
     # Path, directory and editable sources other than the project itself: the venv points into
-    # the project's dir (or copies from beside it), so its path belongs in the key.
+    # the project's dir (or copies from beside it), so its path belongs in the key. Not a wheel
+    # file: uv unpacks it, its content is keyed (`copied_sources`), and a project that depends
+    # on this plugin's wheel in a driver group (README "Install") keeps one venv per key
+    # across Ray sessions.
     refers_to_paths: bool
     copied: tuple[str, ...]  # non-editable path and directory sources, as uv.lock names them
     copied_names: tuple[str, ...]  # the names of the packages installed from those
@@ -94,7 +97,11 @@ def locked_sources(files: ProjectFiles) -> LockedSources:
         if not isinstance(source, dict):
             continue
         where = {kind: source.get(kind) for kind in ("editable", "path", "directory")}
-        refers = refers or any(value not in (None, ".") for value in where.values())
+        wheel_file = str(where["path"]).endswith(".whl")
+        refers = refers or any(
+            value not in (None, ".") and not (kind == "path" and wheel_file)
+            for kind, value in where.items()
+        )
         copy = where["path"] if where["path"] is not None else where["directory"]
         if copy is not None:
             copied.add(str(copy))

@@ -9,7 +9,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+
+PLUGIN_NAME = "ray-uv-plugin"  # this package's distribution
 
 
 def _pyproject(directory: Path) -> dict[str, Any] | None:
@@ -34,6 +37,24 @@ def is_package(directory: Path) -> bool:
         return False
     declared = data.get("tool", {}).get("uv", {}).get("package")
     return declared if isinstance(declared, bool) else "build-system" in data
+
+
+def plugin_groups(directory: Path) -> list[str]:
+    """The dependency groups of the project in `directory` that require ray-uv-plugin itself:
+    a driver's (README "Install"). The plugin runs in Ray's agent, never in a worker, and it
+    brings `ray[default]`'s extras with it."""
+    groups = (_pyproject(directory) or {}).get("dependency-groups") or {}
+    found = []
+    for name, entries in groups.items() if isinstance(groups, dict) else ():
+        for entry in entries if isinstance(entries, list) else ():
+            try:
+                requirement = Requirement(entry) if isinstance(entry, str) else None
+            except InvalidRequirement:
+                continue
+            if requirement is not None and canonicalize_name(requirement.name) == PLUGIN_NAME:
+                found.append(name)
+                break
+    return found
 
 
 def _workspace_members(root: Path) -> set[Path]:

@@ -23,6 +23,7 @@ from typing import Any
 from ray_uv_plugin.agent.project_discovery import (
     find_project,
     is_package,
+    plugin_groups,
     project_name,
     workspace_member,
 )
@@ -435,6 +436,12 @@ def read_uv_run(
             return _refused(f"--package {package}", f"names no member of the workspace {root}")
     elif member != root:
         package = project_name(member)
+    # The groups that hold ray-uv-plugin are the driver's own (`uv run --group driver`): its
+    # workers' venvs never get them, also where they are default groups.
+    drivers = plugin_groups(target)
+    lists = selection.lists
+    lists["groups"] = [g for g in lists["groups"] if g not in drivers]
+    lists["no_groups"].extend(g for g in drivers if g not in lists["no_groups"])
     install = (
         is_package(target)
         and not selection.no_install_project
