@@ -11,9 +11,11 @@ from ray_uv_plugin.agent.project import (
     ProjectFiles,
     check_ray_pin,
     check_request,
+    copied_sources,
     load_project,
     local_sources,
     locked_sources,
+    project_name,
     refers_to_project_path,
     resolve_project_dir,
 )
@@ -174,3 +176,40 @@ def test_a_lock_that_is_not_toml_says_so(tmp_path: Path) -> None:
     files = lock_files(tmp_path, '[[package]]\nname = "x"\nsource = { path = "a" \n')
     with pytest.raises(ProjectError, match=r"uv.lock is not valid TOML .*run `uv lock` again"):
         locked_sources(files)
+
+
+# --- found by the project fuzzer (tests/fuzz/project.py) ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pyproject", "words"),
+    [
+        ('project = ["x"]\n', r"\[project\] in .* is a list, not a table"),
+        ("[project]\noptional-dependencies = 3\n", "optional-dependencies] in .* is a int"),
+        ('dependency-groups = "dev"\n', r"\[dependency-groups\] in .* is a str"),
+        ('[project]\nrequires-python = [">=3"]\n', "requires-python in .* is a list"),
+    ],
+    ids=["project", "extras", "groups", "requires-python"],
+)
+def test_a_pyproject_table_of_another_type_is_named(tmp_path: Path, pyproject: str, words: str):
+    """Each once raised AttributeError or TypeError out of check_request (and project_name)."""
+    files = ProjectFiles(tmp_path, pyproject.encode(), b"")
+    with pytest.raises(ProjectError, match=words):
+        check_request(files, parse_spec({}))
+    assert project_name(files) in ("?", "x")
+
+
+@pytest.mark.parametrize("package", ["true", '"ray"', "3", '{name = "ray"}'])
+def test_a_lock_whose_packages_are_no_list_is_named(tmp_path: Path, package: str) -> None:
+    """`package = true` once raised TypeError out of check_ray_pin (`bool` is not iterable)."""
+    files = lock_files(tmp_path, f"version = 1\npackage = {package}\npath = 1\n")
+    for check in (lambda: check_ray_pin(files, ray.__version__), lambda: local_sources(files)):
+        with pytest.raises(ProjectError, match="holds no list of packages"):
+            check()
+
+
+def test_a_local_source_that_is_no_path_is_named(tmp_path: Path) -> None:
+    """A NUL byte in a source path once raised a bare ValueError out of copied_sources."""
+    lock = 'version = 1\n[[package]]\nname = "a"\nsource = { path = "a\\u0000b" }\n'
+    with pytest.raises(ProjectError, match="which is no path on this node"):
+        copied_sources(lock_files(tmp_path, lock))

@@ -90,6 +90,11 @@ def locked_sources(files: ProjectFiles) -> LockedSources:
             f"uv_project: {files.path}/uv.lock is not valid TOML ({e}): run `uv lock` again "
             "and ship the new lock."
         ) from e
+    if not isinstance(packages, list):
+        raise ProjectError(
+            f"uv_project: {files.path}/uv.lock holds no list of packages (`package` is a "
+            f"{type(packages).__name__}): it is not a lock uv wrote; run `uv lock` again."
+        )
     packages = [p for p in packages if isinstance(p, dict)]
     refers, copied, names = False, set(), []
     for package in packages:
@@ -191,7 +196,20 @@ def load_project(path: Path, shipped: bool = False) -> ProjectFiles:
 
 def project_name(files: ProjectFiles) -> str:
     """`[project] name`, which `ray-uv list` shows beside the (often temporary) path."""
-    return str(files.pyproject_table.get("project", {}).get("name", "?"))
+    table = files.pyproject_table.get("project", {})
+    return str(table.get("name", "?")) if isinstance(table, dict) else "?"
+
+
+def _table(files: ProjectFiles, data: dict, key: str, where: str) -> dict:
+    """`data[key]`, a TOML table (empty if absent); ProjectError naming `where` if it is
+    another kind of value, which no uv project has."""
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise ProjectError(
+            f"uv_project: {where} in {files.path}/pyproject.toml is a {type(value).__name__}, "
+            "not a table: fix pyproject.toml (uv refuses it too)."
+        )
+    return value
 
 
 def _check_names(
@@ -209,18 +227,17 @@ def _check_names(
 def check_request(files: ProjectFiles, spec: ParsedUvProject) -> None:
     """Fail fast, before uv runs, on what pyproject.toml alone shows is wrong."""
     data = files.pyproject_table
-    project = data.get("project", {})
-    _check_names(
-        files,
-        "extra",
-        spec.extras,
-        project.get("optional-dependencies", {}),
-        "[project.optional-dependencies]",
-    )
-    _check_names(
-        files, "group", spec.groups, data.get("dependency-groups", {}), "[dependency-groups]"
-    )
+    project = _table(files, data, "project", "[project]")
+    extras = _table(files, project, "optional-dependencies", "[project.optional-dependencies]")
+    _check_names(files, "extra", spec.extras, extras, "[project.optional-dependencies]")
+    groups = _table(files, data, "dependency-groups", "[dependency-groups]")
+    _check_names(files, "group", spec.groups, groups, "[dependency-groups]")
     requires = project.get("requires-python")
+    if requires and not isinstance(requires, str):
+        raise ProjectError(
+            f"uv_project: requires-python in {files.path}/pyproject.toml is a "
+            f"{type(requires).__name__}, not a version specifier such as '>=3.11'."
+        )
     if requires:
         try:
             allowed = SpecifierSet(requires)
@@ -287,8 +304,15 @@ def copied_sources(
     (`sources`: `local_sources(files)`, where the caller has it)."""
     digests = []
     for source in (local_sources(files) if sources is None else sources).copied:
-        target = (files.path / source).resolve()
-        if not target.exists():
+        try:
+            target = (files.path / source).resolve()
+            exists = target.exists()
+        except (OSError, ValueError) as e:  # a NUL byte, a loop of links
+            raise ProjectError(
+                f"uv_project: uv.lock of {files.path} installs {source!r}, which is no path "
+                f"on this node ({e})."
+            ) from e
+        if not exists:
             raise ProjectError(
                 f"uv_project: uv.lock of {files.path} installs {source!r}, which does not "
                 f"exist on this node ({target}): ship it with the project or make it a path "
