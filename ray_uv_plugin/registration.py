@@ -135,10 +135,14 @@ def check_this_ray() -> None:
 
     if not ray.is_initialized():
         return
-    gcs_address = ray.get_runtime_context().gcs_address
-    if not gcs_address or gcs_address in _fine:
+    try:
+        gcs_address = ray.get_runtime_context().gcs_address
+        if not gcs_address or gcs_address in _fine:
+            return
+        without = [r for r in local_raylets(gcs_address) if not r.loads_plugin]
+    except Exception as e:  # noqa: BLE001 - a check that cannot run (Ray Client...) stays quiet
+        logger.debug("uv_project: cannot check whether this Ray loads the plugin: %s", e)
         return
-    without = [r for r in local_raylets(gcs_address) if not r.loads_plugin]
     if not without:
         _fine.add(gcs_address)
         return
