@@ -536,3 +536,46 @@ def test_the_portable_hook_imports_in_a_python_without_the_plugin(tmp_path: Path
         "ray_uv_plugin.driver_hook",
         str(ROOT / "ray_uv_plugin" / "__init__.py"),
     ]
+
+
+# --- found by the uv_run fuzzer (tests/fuzz/uv_run.py) -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags", [["--group="], ["--extra", " "], ["--only-group", ""], ["--package="]]
+)
+def test_a_blank_name_keeps_rays_uv_run_instead_of_a_value_every_worker_refuses(
+    app: Path, flags: list[str]
+) -> None:
+    """`--group=` once mapped to {'groups': ['']}, which parse_spec refuses on every node."""
+    driver = read_uv_run(["uv", "run", *flags, "python", "x.py"], app, {}, PY)
+    assert driver.value is None
+    assert driver.unmappable is not None and "names no extra, group or package" in driver.warning
+
+
+WORKSPACE = 'tool = {uv = {workspace = {members = ["packages/*"]}}}\n'
+
+
+@pytest.mark.parametrize(
+    ("root", "member"),
+    [
+        (WORKSPACE, 'project = ["x"]\n'),
+        ('[project]\nname = "app"\n[tool]\nuv = ["x"]\n', None),
+        ('tool = {uv = {workspace = ["x"]}}\n', None),
+        ('tool = {uv = {workspace = {members = ["", "/abs", "packages/*"]}}}\n', None),
+        ('tool = {uv = {workspace = {members = [3], exclude = "x"}}}\n', None),
+    ],
+    ids=["member-project-list", "tool-uv-list", "workspace-list", "bad-globs", "glob-types"],
+)
+def test_a_pyproject_of_any_shape_never_fails_the_drivers_hook(
+    tmp_path: Path, root: str, member: str | None
+) -> None:
+    """Each once raised AttributeError, ValueError (an empty glob) or NotImplementedError (an
+    absolute one) out of the driver's hook, which stopped the driver."""
+    (tmp_path / "pyproject.toml").write_text(root)
+    member_dir = make_project(tmp_path / "packages" / "m", name="m")
+    if member is not None:
+        (member_dir / "pyproject.toml").write_text(member)
+    for cwd in (tmp_path, member_dir):
+        driver = read_uv_run(["uv", "run", "python", "x.py"], cwd, {}, PY)
+        assert (driver.value is None) != (driver.unmappable is None)

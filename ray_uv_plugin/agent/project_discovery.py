@@ -22,10 +22,19 @@ def _pyproject(directory: Path) -> dict[str, Any] | None:
         return None
 
 
+def _get(table: Any, *keys: str) -> Any:
+    """`table[k1][k2]...`, or None where a key is missing or a level is no table (a
+    pyproject.toml of a shape uv never reads: it is not taken for a project or workspace)."""
+    for key in keys:
+        if not isinstance(table, dict):
+            return None
+        table = table.get(key)
+    return table
+
+
 def project_name(directory: Path) -> str | None:
     """`[project] name` of the pyproject.toml in `directory`, if it has one."""
-    data = _pyproject(directory) or {}
-    name = data.get("project", {}).get("name")
+    name = _get(_pyproject(directory), "project", "name")
     return name if isinstance(name, str) else None
 
 
@@ -35,7 +44,7 @@ def is_package(directory: Path) -> bool:
     data = _pyproject(directory) or {}
     if "project" not in data:
         return False
-    declared = data.get("tool", {}).get("uv", {}).get("package")
+    declared = _get(data, "tool", "uv", "package")
     return declared if isinstance(declared, bool) else "build-system" in data
 
 
@@ -59,15 +68,20 @@ def plugin_groups(directory: Path) -> list[str]:
 
 def _workspace_members(root: Path) -> set[Path]:
     """The member directories a workspace root's `tool.uv.workspace` globs name, and itself."""
-    table = ((_pyproject(root) or {}).get("tool", {}).get("uv", {}).get("workspace")) or {}
+    table = _get(_pyproject(root), "tool", "uv", "workspace")
+    table = table if isinstance(table, dict) else {}
 
     def expand(key: str) -> set[Path]:
-        return {
-            p.resolve()
-            for pattern in table.get(key, [])
-            for p in root.glob(pattern)
-            if (p / "pyproject.toml").is_file()
-        }
+        patterns = table.get(key)
+        found = set()
+        for pattern in patterns if isinstance(patterns, list) else []:
+            try:
+                found |= {
+                    p.resolve() for p in root.glob(pattern) if (p / "pyproject.toml").is_file()
+                }
+            except (TypeError, ValueError, NotImplementedError):  # no relative glob: uv's error
+                continue
+        return found
 
     return {root, *(expand("members") - expand("exclude"))}
 
@@ -88,8 +102,8 @@ def find_project(start: Path) -> tuple[Path, Path] | None:
     if member is None:
         return None
     for directory in (member, *member.parents):
-        data = _pyproject(directory) or {}
-        if "workspace" in data.get("tool", {}).get("uv", {}):
+        uv_table = _get(_pyproject(directory), "tool", "uv")
+        if isinstance(uv_table, dict) and "workspace" in uv_table:
             # The nearest workspace decides: its member, or a project of its own.
             root = directory if member in _workspace_members(directory) else member
             return root, member

@@ -208,6 +208,8 @@ _ENV_VALUES = {
     "UV_LINK_MODE": "--link-mode",
 }
 _TRUE = {"1", "true", "yes", "y", "t", "on"}  # as uv reads a boolean env var
+# The options whose value names an extra, a group or a package: a blank one names none.
+_NAMING = ("--extra", "--no-extra", "--group", "--no-group", "--only-group", "--package")
 
 
 class UvRunParseError(ValueError):
@@ -411,6 +413,8 @@ def read_uv_run(
     for name, value in [*env_options(environ), *options]:
         if name in _UNMAPPABLE:
             return _refused(_shown(name, value), _UNMAPPABLE[name][1])
+        if name in _NAMING and value is not None and not value.strip():
+            return _refused(_shown(name, repr(value)), "names no extra, group or package")
         if name == "--python" and value is not None:
             if not _python_is_the_drivers(value, driver_python):
                 return _refused(
