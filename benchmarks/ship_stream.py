@@ -4,6 +4,8 @@ Shipping moves a venv at a node's link rate only if packing and unpacking keep u
 1 Gbit/s link carries 125 MB/s). This packs a copy of a venv in one process, then feeds its
 chunks to an `Unpacker` and installs nothing: the CPU seconds (user and system) and the wall
 time of each side, the stream's size and members. Default venv: this checkout's `.venv`.
+The copy is marked as a build marks a venv (`store.manifest`: the sender checks every file
+against its build's manifest); `manifest` is what that costs a build: one pass over the venv.
 
     uv run python -m benchmarks.ship_stream [--venv DIR] [--repeats 3] [--json OUT]
 """
@@ -23,7 +25,9 @@ from typing import Any
 
 from ray_uv_plugin.ship.archive import Chunk, Packer
 from ray_uv_plugin.ship.unpack import Unpacker
+from ray_uv_plugin.store import manifest
 from ray_uv_plugin.store.freezing import remove_tree
+from ray_uv_plugin.store.layout import MARKER_FORMAT, write_marker
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "0123456789abcdef"  # the copy's name: the receiver takes only a venv key's shape
@@ -43,8 +47,21 @@ def _took(start: tuple[float, float, float]) -> dict[str, float]:
     }
 
 
+def mark_built(venv: Path) -> dict[str, float]:
+    """Write the venv's manifest and a marker naming it, as a build does; what the manifest
+    cost (hashing every file: warm in the page cache here, just copied)."""
+    start = (*_cpu(), time.perf_counter())
+    listed = manifest.write(venv, manifest.scan(venv))
+    took = _took(start)
+    venv.chmod(0o755)  # a marker makes the top dir read-only: a second one needs it writable
+    write_marker(venv, {"format": MARKER_FORMAT, "key": KEY, "manifest": listed})
+    return took
+
+
 def measure(venv: Path, work: Path) -> dict[str, Any]:
-    """One pack and one receive of `venv` (a dir named by a key), the receive under `work`."""
+    """One build's manifest, one pack and one receive of `venv` (a dir named by a key), the
+    receive under `work`."""
+    build = mark_built(venv)
     start = (*_cpu(), time.perf_counter())
     packer = Packer(venv)
     chunks: list[Chunk] = [packer.next_chunk()]
@@ -67,7 +84,13 @@ def measure(venv: Path, work: Path) -> dict[str, Any]:
         members = sum(len(dirs) + len(files) for _, dirs, files in os.walk(tree))
     finally:
         remove_tree(root)
-    return {"stream_bytes": packer.total, "members": members, "pack": pack, "receive": receive}
+    return {
+        "stream_bytes": packer.total,
+        "members": members,
+        "manifest": build,
+        "pack": pack,
+        "receive": receive,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -419,14 +419,13 @@ def _write_manifest(venv: Path, logger: logging.Logger) -> dict[str, Any]:
     listed: dict[str, Any] = {}
     mismatches = manifest.records(venv, files)
     if mismatches:
+        files_named = ", ".join(mismatches[:5]) + (", ..." if len(mismatches) > 5 else "")
         logger.warning(
-            "uv_project %s: %d installed files differ from their distribution's RECORD: %s. "
-            "A file changed in uv's cache (through a hardlink to it) reaches every venv made "
-            "from it: `uv cache clean <package>` and rebuild; a wheel whose RECORD is wrong "
-            "is the wheel's fault. The venv is used here, and never sent to other nodes.",
-            venv.name,
-            len(mismatches),
-            ", ".join(mismatches[:5]) + (", ..." if len(mismatches) > 5 else ""),
+            f"uv_project {venv.name}: {len(mismatches)} installed files differ from their "
+            f"distribution's RECORD: {files_named}. A file changed in uv's cache (through a "
+            "hardlink to it) reaches every venv made from it: `uv cache clean <package>` and "
+            "rebuild; a wheel whose RECORD is wrong is the wheel's fault. The venv is used "
+            "here, and never sent to other nodes."
         )
         listed[manifest.NOT_AS_RECORDED] = {"count": len(mismatches), "first": mismatches[:5]}
     listed["manifest"] = manifest.write(venv, files)
