@@ -147,6 +147,7 @@ def test_list_and_gc_on_a_venv_dir(tmp_path: Path) -> None:
         "SIZE",
         "LAST",
         "USE",
+        "BUILT",
         "STATE",
     ]
     assert lines[1].split()[:5] == [new.name, "p", "/srv/new", "-", "-"]  # most recent first
@@ -458,3 +459,27 @@ def test_check_without_a_project_says_what_to_pass(tmp_path: Path) -> None:
     help_out = ray_uv("check", "--help")
     assert help_out.returncode == 0
     assert "--library" in help_out.stdout
+
+
+def test_list_says_how_each_venv_was_built(tmp_path: Path) -> None:
+    """Full, seeded from which key with how many distributions, shipped with how many bytes:
+    from each marker's `built` (issue 31); `-` for a venv of an earlier version."""
+    env = {"RAY_UV_PLUGIN_VENV_DIR": str(tmp_path)}
+    how = {
+        "a" * 16: {"how": "full"},
+        "b" * 16: {"how": "seeded", "seed": "a" * 16, "distributions": 424, "files": 9, "bytes": 1},
+        "c" * 16: {"how": "shipped", "from": "10.0.0.2", "bytes": 3 * 1024**3},
+        "d" * 16: None,
+    }
+    for i, (key, built) in enumerate(how.items()):
+        venv = fake_venv(tmp_path, key, f"/srv/p{i}", [], days_idle=i)
+        if built is not None:
+            meta = json.loads((venv / MARKER).read_text())
+            (venv / MARKER).write_text(json.dumps({**meta, "built": built}))
+    out = ray_uv("list", env=env).stdout
+    rows = {line.split()[0]: line for line in out.splitlines() if line[:16] in how}
+    assert " full " in rows["a" * 16]
+    assert f"seeded from {'a' * 16} (424 dists)" in rows["b" * 16]
+    assert "shipped (3.0GiB from 10.0.0.2)" in rows["c" * 16]
+    listed = json.loads(ray_uv("list", "--json", env=env).stdout)
+    assert {v["key"]: v["built"] for v in listed["venvs"]} == how

@@ -51,6 +51,23 @@ def project_label(project: str) -> str:
     return f"(Ray working_dir {package}){found.group(2) or ''}"
 
 
+def built_label(meta: Any) -> str:
+    """The BUILT column: how the venv came to be, from its marker's `built` (`full`,
+    `seeded from <key> (N dists)`, `shipped (<bytes> from <host>)`), `-` where it says nothing
+    (a venv of an earlier version)."""
+    built = meta.get("built") if isinstance(meta, dict) else None
+    if not isinstance(built, dict):
+        return "-"
+    how = built.get("how")
+    if how == "seeded":
+        return f"seeded from {built.get('seed')} ({built.get('distributions')} dists)"
+    if how == "shipped":
+        size = built.get("bytes")
+        sent = format_bytes(size) if isinstance(size, int) else "?"
+        return f"shipped ({sent} from {built.get('from')})"
+    return str(how or "-")
+
+
 def _utc(timestamp: float) -> str:
     """ISO 8601 in UTC, to the second: `2026-11-23T12:00:00Z`."""
     moment = datetime.datetime.fromtimestamp(timestamp, datetime.UTC)
@@ -78,6 +95,7 @@ def _json_row(e: VenvEntry, size: int) -> dict[str, Any]:
         "users": list(e.users),
         "ray": meta.get("ray"),
         "python": meta.get("python"),
+        "built": meta.get("built") if isinstance(meta.get("built"), dict) else None,
     }
 
 
@@ -162,7 +180,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         console.print(f"No venvs in {root}", markup=False, highlight=False)
     else:
         table = Table(box=None, pad_edge=False)
-        for column in ("KEY", "NAME", "PROJECT", "EXTRAS", "GROUPS", "SIZE", "LAST USE", "STATE"):
+        columns = ("KEY", "NAME", "PROJECT", "EXTRAS", "GROUPS", "SIZE", "LAST USE", "BUILT")
+        for column in (*columns, "STATE"):
             table.add_column(
                 column,
                 justify="right" if column == "SIZE" else "left",
@@ -178,6 +197,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 ",".join(e.groups) or "-",
                 format_bytes(usage.size(e.path)),
                 format_age(now - e.last_used),
+                built_label(e.meta),
                 _state(e),
             )
             table.add_row(*map(escape, cells))
