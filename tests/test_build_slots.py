@@ -373,3 +373,27 @@ def test_actors_of_many_keys_queue_in_ray_and_all_start(base_project, tmp_path):
     setup = "".join(p.read_text() for p in Path(logs).glob("runtime_env_setup-*.log"))
     assert "waiting for a build slot (2 of 2 in use; place 1 in queue)" in setup
     assert ": got a build slot in " in setup
+
+
+def test_what_a_dead_process_left_of_its_ticket_is_removed_by_the_next_waiter(tmp_path) -> None:
+    """A ticket whose process died (its flock gone), and one it was still making, do not count
+    and are removed by the next request that looks; a living one counts and stays."""
+    root = tmp_path / "venvs"
+    holder = hold_slot(root, limit=1)
+    dead = root / f".build-{'0' * 20}-1-deadbeef"
+    half_made = root / f".build-new-{'0' * 20}-2-deadbeef"
+    for path in (dead, half_made):
+        path.touch()
+    old = time.time() - 2 * build_slots.STALE_NEW_SECONDS
+    os.utime(half_made, (old, old))
+    try:
+        assert build_slots.living_tickets(root) == 1  # listed, not cleaned: `ray-uv list`
+        assert dead.exists() and half_made.exists()
+        slot = build_slots.BuildSlot(root, limit=2)
+        waited = asyncio.run(slot.acquire_async(10, "a test", print))
+        assert waited < 5 and slot.standing() == Standing(ahead=1, limit=2)
+        assert not dead.exists() and not half_made.exists()
+        slot.release()
+        assert len(tickets(root)) == 1  # the holder's
+    finally:
+        kill(holder)

@@ -177,9 +177,8 @@ def living_tickets(root: Path, before: str | None = None, clean: bool = False) -
         if not stat.S_ISREG(st.st_mode):
             continue
         if TICKET.match(entry.name):
-            if before is not None and entry.name >= before:
-                break
-            living += _ticket_state(Path(entry.path), clean)
+            if before is None or entry.name < before:
+                living += _ticket_state(Path(entry.path), clean)
         elif NEW_TICKET.match(entry.name) and clean and now - st.st_mtime > STALE_NEW_SECONDS:
             _ticket_state(Path(entry.path), clean)
     return living
