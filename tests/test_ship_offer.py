@@ -16,7 +16,7 @@ from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import KeyInputs, make_request
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv_env import sync_environment
-from ray_uv_plugin.ship.actors import VenvReceiver, platform_tag
+from ray_uv_plugin.ship.actors import ShipError, VenvReceiver, check_offer, platform_tag
 from tests.test_request import PINNED_LOCK, PINNED_PYPROJECT
 
 
@@ -93,3 +93,40 @@ def test_a_venv_whose_marker_does_not_give_its_key_is_refused(project):
     assert refusal(source, {}) == "its marker does not record the inputs of its key"
     source["marker"]["ray"] = "0.0.1"
     assert refusal(source, {}).startswith("another Ray here (")
+
+
+# --- found by the offer fuzzer (tests/fuzz/offer.py) -------------------------------------------
+
+
+def whole_offer(inputs: KeyInputs) -> dict[str, Any]:
+    """An offer as `VenvSender.describe` makes it, of the fields a receiver reads."""
+    return {**offered(inputs), "venv": f"/senders/venvs/{inputs.key}", "host": "10.0.0.8"}
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"marker": "x"}, "the offer's marker is 'x', not a dict"),
+        ({"host": None}, "the offer's host is None, not a str"),
+        ({"venv": ["/a"]}, r"the offer's venv is \['/a'\], not a str"),
+        ({"key": "../../x"}, "the offer's key: '../../x' is no venv key"),
+        ({"built_here": {"a": 1}, "target": {}}, "the offer's built_here"),
+        ({"built_here": [[1], 2], "target": None}, "the offer's built_here"),
+    ],
+    ids=["marker", "host", "venv", "key", "built-here-tags", "built-here-list"],
+)
+def test_an_offer_of_another_shape_is_refused_naming_the_part(project, change, words):
+    """Each once reached the driver as `checking the offer: 'marker'` (a KeyError), or a
+    TypeError out of the build target's comparison."""
+    source = {**whole_offer(make_request(parse_spec({}), project, {}).inputs), **change}
+    with pytest.raises(ShipError, match=words):
+        check_offer(source)
+    assert check_offer(whole_offer(make_request(parse_spec({}), project, {}).inputs)) is None
+
+
+@pytest.mark.parametrize("named", [3, [[1]], "CMAKE_ARGS", [None]])
+def test_a_marker_whose_build_variables_are_no_names_records_no_inputs(project, named):
+    """`build_env_vars: 3` in a marker's selection once raised TypeError out of the refusal."""
+    source = offered(make_request(parse_spec({}), project, {}).inputs)
+    source["marker"]["inputs"]["selection"]["build_env_vars"] = named
+    assert refusal(source, {}) == "its marker does not record the inputs of its key"

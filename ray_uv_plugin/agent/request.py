@@ -85,6 +85,14 @@ class KeyInputs:
             return None
         if not isinstance(values["selection"], dict):
             return None
+        named = values["selection"].get("build_env_vars", [])
+        if not isinstance(named, list) or not all(isinstance(n, str) for n in named):
+            return None  # `on_this_node` keys the build variables it names
+        strings = ("pyproject", "lock", "interpreter", "uv")
+        if not all(isinstance(values[name], str) for name in strings):
+            return None
+        if not isinstance(values["project_path"], (str, type(None))):
+            return None
         return cls(**values)
 
     def differs_on(self, other: KeyInputs) -> list[str]:

@@ -196,6 +196,7 @@ class VenvReceiver:
         return None
 
     def _offer(self, source: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+        check_offer(source)
         key = source["key"]
         env = sync_environment(
             settings["env_vars"], build_env_vars=settings.get("build_env_vars", ())
@@ -320,6 +321,37 @@ class VenvReceiver:
             if self.lock is not None:
                 lock, self.lock = self.lock, None
                 lock.release()
+
+
+# What a receiver reads of an offer (`VenvSender.describe`), and the type of each.
+_OFFER_FIELDS = {"key": str, "venv": str, "host": str, "platform": str, "marker": dict}
+
+
+def check_offer(source: Any) -> None:
+    """The sender's description of its venv, checked before any part of it is used: one of
+    another shape (another version's plugin, a hostile node) is refused naming the part."""
+    if not isinstance(source, dict):
+        raise ShipError(f"the offer is a {type(source).__name__}, not a venv's description")
+    for name, kind in _OFFER_FIELDS.items():
+        if not isinstance(source.get(name), kind):
+            raise ShipError(
+                f"the offer's {name} is {source.get(name)!r}, not a {kind.__name__}: the "
+                "sending node runs another version of the plugin?"
+            )
+    try:
+        archive.check_key(source["key"])
+    except archive.ArchiveError as e:
+        raise ShipError(f"the offer's key: {e}") from e
+    built, target = source.get("built_here"), source.get("target")
+    if built and not (
+        isinstance(built, dict)
+        and isinstance(target, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in built.items())
+    ):
+        raise ShipError(
+            f"the offer's built_here {built!r} (with target {target!r}) is no map of "
+            "distributions to the wheel tags built on the sending node, with that node's target"
+        )
 
 
 def _first_copy(sources: list[Any], wait: float) -> Any:
