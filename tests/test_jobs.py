@@ -1,11 +1,13 @@
 """Real clients against a real multi-process cluster: `ray start --head` with the plugin set up
-the way docs/operations.md says, the Ray Jobs CLI, `ray-uv prepare`, and `ray-uv gc` under load.
+the way docs/operations.md says, in token mode, the Ray Jobs CLI, `ray-uv prepare`, and `ray-uv
+gc` under load.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -158,9 +160,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         f"--object-manager-port={om}", "--worker-port-list=" + ",".join(map(str, ports[9:])),
         f"--temp-dir={temp_dir}", "--num-cpus=2", "--include-dashboard=true",
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_RUNTIME_ENV_PLUGIN")}
-    env.update(RAY_AUTH_MODE="disabled", RAY_UV_PLUGIN_VENV_DIR=str(venvs))
-    env.pop("RAY_ADDRESS", None)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RAY_RUNTIME_ENV_PLUGIN", "RAY_AUTH_")) and k != "RAY_ADDRESS"
+    }
+    # Token auth, as Ray 2.61 runs every cluster; the token in a file of the cluster's own, the
+    # way a machine's shells hold it. Every shell below (`ray job`, `ray-uv`, drivers) has both.
+    token_file = temp_dir / "auth_token"
+    token_file.write_text(secrets.token_hex(32))
+    token_file.chmod(0o600)
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file))
+    env.update(RAY_UV_PLUGIN_VENV_DIR=str(venvs))
     # Exactly the set-up that the docs give: eval the CLI's export lines, then `ray start`.
     script = f'eval "$({RAY_UV} plugin-config --shell)" && exec {" ".join(start)}'
     log = open(temp_dir / "ray-start.log", "w")  # noqa: SIM115 - closed below
@@ -169,11 +180,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         start_new_session=True,
     )  # fmt: skip
     dashboard = f"http://127.0.0.1:{dash}"
+    version = urllib.request.Request(
+        f"{dashboard}/api/version", headers={"Authorization": f"Bearer {token_file.read_text()}"}
+    )
     try:
         deadline = time.time() + 120
-        while True:
+        while True:  # the dashboard answers once the head is up (with the token only)
             try:
-                urllib.request.urlopen(f"{dashboard}/api/version", timeout=2).read()
+                urllib.request.urlopen(version, timeout=2).read()
                 break
             except OSError:
                 if proc.poll() is not None or time.time() > deadline:
@@ -368,10 +382,14 @@ def test_list_shows_the_cluster_venvs_with_du_sizes(cluster: Cluster, project: P
     assert f"{len(listed['venvs'])} venvs" in table.stdout
 
 
-def test_ray_job_cli_accepts_ray_auth_mode_disabled(cluster: Cluster) -> None:
+def test_ray_job_cli_works_with_the_clusters_token(cluster: Cluster) -> None:
+    """The `ray job` CLI of a shell with RAY_AUTH_MODE=token and the token's file: no warning,
+    and the token is not printed."""
     out = cluster.job("list")
     assert out.returncode == 0, out.stderr
-    assert "token" not in (out.stdout + out.stderr).lower()
+    token = Path(cluster.env["RAY_AUTH_TOKEN_PATH"]).read_text()
+    assert token not in out.stdout + out.stderr
+    assert "InvalidAuthToken" not in out.stderr and "Unauthenticated" not in out.stderr
 
 
 @pytest.mark.parametrize(
