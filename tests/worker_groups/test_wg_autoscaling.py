@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,9 @@ from worker_groups.cluster import (
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
 NODE_ID = "ab" * 28
+# The autoscaled cluster runs with token auth, its token in the environment of its `ray start`
+# (and so of every node the autoscaler adds) and of its driver: a multi-node token cluster.
+CLUSTER_AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
 # -- pure: the wait setting and the autoscaler's state ---------------------------------------
 
@@ -245,11 +249,15 @@ def temp_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def run_driver(script: str, tmp_path: Path, temp_dir: Path, *args: str) -> tuple[dict, str]:
-    """Run a driver script in a session of its own; its RESULT and its stderr."""
+def run_driver(
+    script: str, tmp_path: Path, temp_dir: Path, *args: str, auth: dict[str, str] | None = None
+) -> tuple[dict, str]:
+    """Run a driver script in a session of its own (with the cluster's `auth` settings, if it
+    has any); its RESULT and its stderr."""
     path = tmp_path / "driver.py"
     path.write_text(script)
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{WORKER_ENV['PYTHONPATH']}"}
+    env.update(auth or {})
     env.pop("RAY_ADDRESS", None)
     env.pop(WAIT_FOR_NODES_ENV, None)
     proc = subprocess.Popen(
@@ -411,6 +419,7 @@ def autoscaling_head(temp_dir: Path) -> Iterator[str]:
     config = fake_cluster_config(gcs_address)
     env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
     env.pop("RAY_ADDRESS", None)
+    env.update(CLUSTER_AUTH)  # the autoscaler's `ray start` of each node it adds inherits it
     config_path = temp_dir / "autoscaling.json"
     config_path.write_text(json.dumps(config))
     start = [
@@ -443,7 +452,9 @@ def autoscaling_head(temp_dir: Path) -> Iterator[str]:
 def test_a_group_waits_for_the_autoscaler_to_launch_a_gpu_node(
     tmp_path: Path, temp_dir: Path, autoscaling_head: str
 ) -> None:
-    out, stderr = run_driver(AUTOSCALED_DRIVER, tmp_path, temp_dir, autoscaling_head, "{}")
+    out, stderr = run_driver(
+        AUTOSCALED_DRIVER, tmp_path, temp_dir, autoscaling_head, "{}", auth=CLUSTER_AUTH
+    )
     assert out["node_types"] == ["ray.head.default"]  # no GPU node yet
     assert out["gpus_before"] == 0
     # Opting out keeps the fast error, even where the cluster could grow.
