@@ -12,6 +12,7 @@ another venv's key and this node's interpreter.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import io
 import json
@@ -381,6 +382,7 @@ class _Place:
         self.base = Path(tempfile.mkdtemp(prefix="fuzz-stream-", dir=parent))
         self.root = self.base / "venvs"
         self.outside = self.base / "outside"
+        atexit.register(freezing.remove_tree, self.base)
         self.reset()
 
     def reset(self) -> None:
