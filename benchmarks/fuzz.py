@@ -111,6 +111,8 @@ def run_target(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 }
             )
         batch += 1
+        elapsed = time.monotonic() - start
+        print(f"fuzz {name}: {count} cases in {elapsed:.0f}s", file=sys.stderr, flush=True)
     seconds = time.monotonic() - start
     result: dict[str, Any] = {
         "target": name,
