@@ -21,13 +21,15 @@ from ray_uv_plugin.agent.request import KeyInputs, interpreter_tag
 from ray_uv_plugin.agent.spec import ParsedUvProject
 from ray_uv_plugin.agent.uv import uv_version
 from ray_uv_plugin.agent.uv_env import UvEnvError, keyed_settings, sync_environment
-from ray_uv_plugin.ship import actors
+from ray_uv_plugin.ship import actors, unpack
 from ray_uv_plugin.ship.archive import ArchiveError
 from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store import freezing
 from tests.fuzz.harness import Case, Target, Violation, refused_clearly, seeded
 
 _Receiver = actors.VenvReceiver.__ray_metadata__.modified_class  # the class, not the actor
+# The unpacker polls for an abort this often; the fuzzer's aborts need not wait 0.2 s each.
+unpack._POLL_SECONDS = 0.01
 
 
 def _node() -> dict[str, str]:
