@@ -11,6 +11,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import signal
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,3 +110,38 @@ def toml_value(value: Any) -> str:
 def toml_text(doc: dict[str, Any]) -> str:
     """A TOML document of top-level keys with inline values: any table shape TOML can hold."""
     return "".join(f"{json.dumps(str(k))} = {toml_value(v)}\n" for k, v in doc.items())
+
+
+class _Hang(BaseException):
+    """Raised in the main thread by the alarm: no `except Exception` of the code under test
+    takes it for a refusal."""
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise _Hang
+
+
+def bounded(call: Callable[[], Any], seconds: float, what: str) -> Any:
+    """`call()`, or a `Violation` if it still runs after `seconds`: a SIGALRM in the main
+    thread (no thread per case, which a loaded machine makes slow to start and join). An
+    alarm set before (pytest-timeout's) is put back, less the time spent here."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("bounded() runs in the main thread (it uses SIGALRM)")
+    handler = signal.getsignal(signal.SIGALRM)
+    delay, interval = signal.getitimer(signal.ITIMER_REAL)
+    start = time.monotonic()
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, min(seconds, delay) if delay else seconds)
+    try:
+        return call()
+    except _Hang:
+        if delay and delay <= seconds:
+            signal.signal(signal.SIGALRM, handler)
+            handler(signal.SIGALRM, None)  # the earlier alarm's own
+        raise Violation(f"{what} still runs after {seconds:.0f}s: a hang") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, handler)
+        if delay:
+            left = delay - (time.monotonic() - start)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), interval)

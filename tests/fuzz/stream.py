@@ -21,8 +21,6 @@ import stat
 import sys
 import tarfile
 import tempfile
-import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,7 @@ from ray_uv_plugin.ship.install import install_received
 from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store import freezing, manifest
 from ray_uv_plugin.store.layout import MARKER_FORMAT, check_ready
-from tests.fuzz.harness import Case, Target, Violation, b64, refused_clearly, seeded, unb64
+from tests.fuzz.harness import Case, Target, Violation, b64, bounded, refused_clearly, seeded, unb64
 
 KEY = "0123456789abcdef"
 OTHER_KEY = "fedcba9876543210"
@@ -444,19 +442,6 @@ def _receive(root: Path, payload: bytes, case: Case, meta: dict[str, Any]) -> Ba
         return e
 
 
-def _run_bounded(call: Any) -> Any:
-    box: list[Any] = []
-    thread = threading.Thread(target=lambda: box.append(call()), daemon=True)
-    start = time.monotonic()
-    thread.start()
-    thread.join(BOUND_S)
-    if thread.is_alive():
-        raise Violation(f"the receive still runs after {BOUND_S:.0f}s: a hang")
-    if not box:
-        raise Violation("the receive raised past its own handler")
-    return box[0], time.monotonic() - start
-
-
 def check(case: Case) -> None:
     global _place
     if _place is None:
@@ -482,7 +467,7 @@ def check(case: Case) -> None:
         }[case["marker"]],
     }
     try:
-        error, _seconds = _run_bounded(lambda: _receive(root, payload, case, meta))
+        error = bounded(lambda: _receive(root, payload, case, meta), BOUND_S, "the receive")
         if error is not None:
             refused_clearly(error, (ArchiveError,), "the receive")
             _check_cause(error)

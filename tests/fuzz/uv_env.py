@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from ray_uv_plugin.agent.uv_env import (
     sync_environment,
 )
 from ray_uv_plugin.agent.uv_variables import UV_VARIABLES
-from tests.fuzz.harness import Case, Target, Violation, refused_clearly, seeded
+from tests.fuzz.harness import Case, Target, Violation, bounded, refused_clearly, seeded
 
 BOUND_S = 10.0  # reading one config file takes no longer
 
@@ -81,20 +80,15 @@ def _fill(value: Any, where: dict[str, str]) -> Any:
 
 
 def _bounded(call: Any, what: str) -> Any:
-    box: list[Any] = []
+    """("ok", what `call` gave) or ("raised", what it raised); a `Violation` if it hangs."""
 
-    def run() -> None:
+    def run() -> Any:
         try:
-            box.append(("ok", call()))
-        except BaseException as e:  # noqa: BLE001 - judged
-            box.append(("raised", e))
+            return ("ok", call())
+        except Exception as e:  # noqa: BLE001 - judged
+            return ("raised", e)
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(BOUND_S)
-    if thread.is_alive():
-        raise Violation(f"{what} still runs after {BOUND_S:.0f}s: a hang")
-    return box[0]
+    return bounded(run, BOUND_S, what)
 
 
 def _usable(env: dict[str, str], what: str) -> None:
