@@ -2,7 +2,7 @@
 before the venv is published, by removing the least recently used venvs that nothing uses.
 
 - **What counts**: what `du -s` says the venv dir's venvs and their locks take, each inode once:
-  the total of `ray-uv list` and what `ray-uv gc --max-size` prunes to. uv hardlinks installed
+  the figure on `ray-uv list`'s `Budget:` line, and what `ray-uv gc --max-size` prunes to. uv hardlinks installed
   files from its cache, and venvs of one project share most of them, so a venv adds what it
   does not share. Apparent bytes (each venv's files summed) would count a shared Ray or torch
   once per venv and evict venvs whose removal frees nothing. The blocks of a file that uv's
