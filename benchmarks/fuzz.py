@@ -43,6 +43,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-failures", type=int, default=20, help="stop a target after so many")
     p.add_argument("--no-coverage", action="store_true", help="skip coverage.py (faster)")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where the results go")
+    p.add_argument(
+        "--report", type=Path, nargs="+", help="print the table of these result files, run nothing"
+    )
     return p.parse_args(argv)
 
 
@@ -210,8 +213,35 @@ def _line(r: dict[str, Any]) -> str:
     )
 
 
+def report(paths: list[Path]) -> str:
+    """The figures of result files as docs/reliability.md gives them: a row per target (its
+    cases summed over the files), then each module's coverage in the run that measured it."""
+    runs = [json.loads(p.read_text()) for p in paths]
+    rows = ["| target | cases | seconds | cases/s | failures | coverage (lines, branches) |"]
+    rows.append("| --- | ---: | ---: | ---: | ---: | --- |")
+    for name in NAMES:
+        found = [run["targets"][name] for run in runs if name in run["targets"]]
+        if not found:
+            continue
+        cases = sum(r["cases"] for r in found)
+        seconds = sum(r["seconds"] for r in found)
+        failures = sum(len(r["failures"]) for r in found)
+        covered = "; ".join(
+            f"`{Path(path).name}` {c['lines']} ({c['line_percent']}%), {c['branches']} "
+            f"({c['branch_percent']}%)"
+            for r in found
+            for path, c in r.get("coverage", {}).items()
+        )
+        rate = f"{cases / seconds:.0f}" if seconds else "-"
+        rows.append(f"| `{name}` | {cases:,} | {seconds:,.0f} | {rate} | {failures} | {covered} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report:
+        print(report(args.report))
+        return 0
     names = list(NAMES) if args.target == "all" else [args.target]
     unknown = set(names) - set(NAMES)
     if unknown:
