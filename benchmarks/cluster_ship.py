@@ -38,6 +38,7 @@ import io
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -444,6 +445,11 @@ class HostCpu:
         return round(sum(window) / len(window), 2) if window else None
 
 
+# The simulated cluster runs with token auth, as Ray 2.61 runs every cluster: every node's
+# `ray start` and every driver hold its token (KubeRay's way: in the environment).
+CLUSTER_AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
 def free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
     for s in socks:
@@ -469,7 +475,7 @@ def raylets(
     procs: list[subprocess.Popen] = []
     env0 = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "UV_"))}
     env0["RAY_RUNTIME_ENV_PLUGINS"] = ray_uv_plugin.plugin_config()
-    env0["RAY_AUTH_MODE"] = "disabled"  # as the drivers below: a private cluster on this host
+    env0.update(CLUSTER_AUTH)  # token auth, as the drivers below: a token of this run's own
     env0["RAY_USAGE_STATS_ENABLED"] = "0"
     env0["UV_COMPILE_BYTECODE"] = os.environ.get("UV_COMPILE_BYTECODE", "1")
     prefix = [h.exec() for h in hosts] if hosts else [[] for _ in range(nodes)]
@@ -548,7 +554,7 @@ def wait_for_nodes(cluster: Cluster | None, count: int, timeout: float = 180) ->
 def driver_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
-    env["RAY_AUTH_MODE"] = "disabled"
+    env.update(CLUSTER_AUTH)
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     return env
 

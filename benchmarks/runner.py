@@ -86,7 +86,6 @@ def sample_env(settings: Settings, sync_log: Path) -> dict[str, str]:
         RAY_RUNTIME_ENV_PLUGINS=ray_uv_plugin.plugin_config(),
         RAY_UV_PLUGIN_UV=str(settings.workdir / "uv-logged"),
         **{VENV_DIR_ENV: str(settings.venv_dir), SYNC_LOG_ENV: str(sync_log)},
-        RAY_AUTH_MODE="disabled",
         # Ray's `uv run` hook would put py_executable="uv run ..." into every job's runtime_env
         # when the driver runs under `uv run`; with it, Ray's `uv` field never comes up here.
         RAY_ENABLE_UV_RUN_RUNTIME_ENV="0",

@@ -225,7 +225,6 @@ def way_env(way: str, bench: Bench, set_name: str) -> tuple[dict[str, str], str]
             UV_ENV_VAR: str(bench.workdir / "uv-logged"),
             SYNC_LOG_ENV: str(bench.sync_log),
             VENV_DIR_ENV: str(bench.venv_dir / set_name),
-            "RAY_AUTH_MODE": "disabled",
             "RAY_USAGE_STATS_ENABLED": "0",
             # Ray's files in a dir of ours: no other Ray on this host is joined or joins ours.
             "RAY_TMPDIR": str(bench.workdir / "ray"),
