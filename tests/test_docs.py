@@ -1,7 +1,8 @@
 """The user docs stay true: the messages docs/troubleshooting.md quotes are the ones the code
-raises, the runtime_envs of docs/migration.md pass the plugin's validation, the KubeRay example
-sets what `ray-uv plugin-config --shell` prints, and the commands of the README's install
-section and of the Dockerfile install the plugin into a fresh Python."""
+raises, the runtime_envs of docs/migration.md pass the plugin's validation, the KubeRay examples
+set what `ray-uv plugin-config --shell` prints and validate against KubeRay's CRDs, and the
+commands of the README's install section and of the Dockerfile install the plugin into a fresh
+Python."""
 
 from __future__ import annotations
 
@@ -216,6 +217,7 @@ def test_migration_uv_run_table_is_what_the_driver_hook_maps(tmp_path: Path) -> 
 # --- examples/kuberay and examples/docker ------------------------------------------------------
 
 KUBERAY = REPO / "examples" / "kuberay" / "raycluster.yaml"
+KUBERAY_JOB = REPO / "examples" / "kuberay" / "rayjob.yaml"
 DOCKERFILE = REPO / "examples" / "docker" / "Dockerfile"
 INSTALL_SCRIPT = REPO / "examples" / "docker" / "install-plugin.sh"
 # Node settings of the example beyond the plugin's own registration: both in the one volume.
@@ -237,14 +239,23 @@ def dockerfile_arg(name: str) -> str:
     return match.group(1)
 
 
-def pod_specs() -> Iterator[tuple[str, dict]]:
+def cluster_specs() -> Iterator[tuple[str, dict]]:
+    """The RayCluster specs of the examples: the RayCluster's, and the one a RayJob makes."""
     import yaml
 
     cluster = yaml.safe_load(KUBERAY.read_text())
     assert cluster["apiVersion"] == "ray.io/v1" and cluster["kind"] == "RayCluster"
-    yield "head", cluster["spec"]["headGroupSpec"]["template"]["spec"]
-    for group in cluster["spec"]["workerGroupSpecs"]:
-        yield group["groupName"], group["template"]["spec"]
+    yield "raycluster", cluster["spec"]
+    job = yaml.safe_load(KUBERAY_JOB.read_text())
+    assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob"
+    yield "rayjob", job["spec"]["rayClusterSpec"]
+
+
+def pod_specs() -> Iterator[tuple[str, dict]]:
+    for example, spec in cluster_specs():
+        yield f"{example} head", spec["headGroupSpec"]["template"]["spec"]
+        for group in spec["workerGroupSpecs"]:
+            yield f"{example} {group['groupName']}", group["template"]["spec"]
 
 
 def plugin_config_shell() -> dict[str, str]:
@@ -275,7 +286,9 @@ def test_kuberay_example_sets_what_plugin_config_prints() -> None:
     expected = {k: v.replace(here, in_image) for k, v in plugin_config_shell().items()}
     assert "RAY_RUNTIME_ENV_PLUGINS" in expected
     specs = list(pod_specs())
-    assert [name for name, _ in specs] == ["head", "gpu"]
+    assert [name for name, _ in specs] == [
+        "raycluster head", "raycluster gpu", "rayjob head", "rayjob gpu"
+    ]  # fmt: skip
     for name, spec in specs:
         volumes = {v["name"] for v in spec["volumes"]}
         for container in spec["containers"]:
@@ -293,8 +306,47 @@ def test_kuberay_example_sets_what_plugin_config_prints() -> None:
 
     ray_version = yaml.safe_load(KUBERAY.read_text())["spec"]["rayVersion"]
     assert ray_version == ray.__version__
+    assert {spec["rayVersion"] for _, spec in cluster_specs()} == {ray_version}
     assert dockerfile_arg("RAY_IMAGE").startswith(f"rayproject/ray:{ray_version}-")
     assert "python3.11" in in_image and dockerfile_arg("RAY_IMAGE").split("-")[1] == "py311"
+
+
+@pytest.mark.parametrize(("path", "kind"), [(KUBERAY, "RayCluster"), (KUBERAY_JOB, "RayJob")])
+def test_kuberay_examples_are_valid_objects_of_kuberays_crd(path: Path, kind: str) -> None:
+    """Each example validates against its CRD's schema (KubeRay 1.6.0, the oldest with the
+    token auth they use: tests/kuberay_crd.py), with no field the schema lacks; a misspelt field
+    and a mode KubeRay does not know fail the same check."""
+    import yaml
+
+    from tests.kuberay_crd import KUBERAY_VERSION, validator
+
+    check = validator(kind)
+    example = yaml.safe_load(path.read_text())
+    assert [e.message for e in check.iter_errors(example)] == []
+    spec = example["spec"] if kind == "RayCluster" else example["spec"]["rayClusterSpec"]
+    assert spec["authOptions"] == {"mode": "token"}
+    spec["authOptions"]["mode"] = "tokens"
+    spec["headGroupSpec"]["rayStartParam"] = {}
+    errors = [e.message for e in check.iter_errors(example)]
+    assert any("'tokens' is not one of" in e for e in errors), errors
+    assert any("'rayStartParam' was unexpected" in e for e in errors), errors
+    readme = (REPO / "examples" / "kuberay" / "README.md").read_text()
+    assert f"KubeRay {KUBERAY_VERSION.lstrip('v')} or later" in readme
+    assert f"KubeRay {KUBERAY_VERSION.lstrip('v')} or later" in path.read_text()
+
+
+def test_kuberay_rayjob_runs_on_the_example_cluster_with_a_valid_uv_project() -> None:
+    """The RayJob's cluster is the RayCluster example's; its runtime_env passes the plugin."""
+    import yaml
+
+    from ray_uv_plugin.agent.spec import parse_spec
+
+    (_, cluster), (_, job_cluster) = cluster_specs()
+    assert job_cluster == cluster
+    job = yaml.safe_load(KUBERAY_JOB.read_text())
+    runtime_env = yaml.safe_load(job["spec"]["runtimeEnvYAML"])
+    assert parse_spec(runtime_env["uv_project"]).extras == ("vllm",)
+    assert set(runtime_env) == {"working_dir", "uv_project", "config"}
 
 
 def _as_user(uid: int, gid: int, action) -> int:
