@@ -296,7 +296,7 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
         return result
 
     try:
-        result, built = _sync_seeded(venv, env, sync, logger)
+        result, taken = _sync_seeded(venv, env, sync, logger)
         installed = installed_ray_version(venv)
         if installed != ray.__version__:
             raise UvSyncError(
@@ -305,7 +305,7 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
                 f"=={ray.__version__} a dependency of the environment you ask for and run "
                 "`uv lock`."
             )
-        listed = _write_manifest(venv, logger)
+        listed = _write_manifest(venv, logger, taken.known if taken else None)
         try:  # the venv is whole but for its marker: what it adds to the venv dir is known
             budget.make_room(venv, lambda line: logger.info("uv_project %s: %s", venv.name, line))
         except budget.OverBudget as e:
@@ -313,6 +313,7 @@ def _build(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: fl
         immutable = freezing.freeze(venv)
         if os.geteuid() == 0 and not immutable:
             logger.warning("uv_project %s: %s.", venv.name, freezing.unfrozen_note())
+        built = taken.as_json() if taken else {"how": "full"}
         _write_marker(venv, request, result.seconds, immutable, {**listed, "built": built})
     except OSError as e:
         freezing.remove_tree(venv)
@@ -334,22 +335,21 @@ def _sync_seeded(
     env: Mapping[str, str],
     sync: Callable[[Mapping[str, str]], UvResult],
     logger: logging.Logger,
-) -> tuple[UvResult, dict[str, Any]]:
+) -> tuple[UvResult, seeding.Taken | None]:
     """`uv sync` into `venv`, seeded from the nearest ready venv where one may give bytecode
-    (`agent.seeding`); returns uv's result (both runs' seconds) and how the venv was built,
-    for its marker. A seed that cannot be used gives a full build, and the log says why."""
+    (`agent.seeding`); returns uv's result (both runs' seconds) and what the seed gave (None:
+    a full build). A seed that cannot be used gives a full build, and the log says why."""
     compiles = env.get("UV_COMPILE_BYTECODE", "").lower() in ("1", "true", "yes", "on")
     interpreter = interpreter_tag()
     if not compiles or not seeding.has_candidates(venv.parent, venv.name, interpreter):
-        return sync(env), {"how": "full"}
-    start = time.perf_counter()
+        return sync(env), None
     first = sync({**env, "UV_COMPILE_BYTECODE": "0"})
-    built: dict[str, Any] = {"how": "full"}
+    start = time.perf_counter()
+    taken = None
     try:
         seed = seeding.choose(venv.parent, venv, interpreter)
         if seed is not None:
             taken = seeding.take_bytecode(seed, venv)
-            built = taken.as_json()
             logger.info(
                 "uv_project %s: seeded from %s: the bytecode of %d distributions (%d files, "
                 "%.0f MB) in %.2fs",
@@ -358,15 +358,16 @@ def _sync_seeded(
                 taken.distributions,
                 taken.files,
                 taken.bytes / 1e6,
-                time.perf_counter() - start - first.seconds,
+                time.perf_counter() - start,
             )
     except Exception as e:
         if not seeding.untrusted_seed(e):
             raise
         logger.warning("uv_project %s: %s; a full build instead.", venv.name, e)
         freezing.remove_tree(venv)
+        taken = None
     second = sync(env)  # uv's bytecode step: what the seed did not give (or all of it)
-    return replace(second, seconds=first.seconds + second.seconds), built
+    return replace(second, seconds=first.seconds + second.seconds), taken
 
 
 def _removed(path: Path, fd: int) -> bool:
@@ -408,14 +409,18 @@ def _site_packages(venv: Path) -> str:
     return str(site.relative_to(venv))
 
 
-def _write_manifest(venv: Path, logger: logging.Logger) -> dict[str, Any]:
+def _write_manifest(
+    venv: Path,
+    logger: logging.Logger,
+    known: Mapping[str, tuple[int, manifest.Entry]] | None = None,
+) -> dict[str, Any]:
     """The venv's manifest (`store.manifest`), before it is frozen; returns what the marker
     records of it: its sha256, and the files that differ from their distribution's RECORD.
     Such a file was changed in uv's cache (through another venv's hardlink to it), or its
     wheel's RECORD is wrong (some are): the venv is used here, with a warning, and never sent
     to another node (`ship.archive.Packer`), which builds its own."""
     start = time.perf_counter()
-    files = manifest.scan(venv)
+    files = manifest.scan(venv, known)  # a seed's bytecode was read as it was linked
     listed: dict[str, Any] = {}
     mismatches = manifest.records(venv, files)
     if mismatches:

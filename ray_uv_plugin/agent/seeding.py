@@ -30,8 +30,7 @@ import os
 import stat
 import sys
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ray_uv_plugin.store import manifest, trust
@@ -68,6 +67,8 @@ class Taken:
     distributions: int  # distributions whose bytecode came from the seed
     files: int  # `.pyc` files linked
     bytes: int
+    # What was read of them: path in the venv -> (inode, manifest entry), for its manifest.
+    known: dict[str, tuple[int, manifest.Entry]] = field(default_factory=dict, repr=False)
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -191,42 +192,38 @@ def take_bytecode(seed: Seed, venv: Path) -> Taken:
     docstring); raises SeedError for a seed file that is not what its manifest says."""
     site = site_packages(venv)
     assert site is not None  # `choose` found it
+    base = site.relative_to(venv)
     seed_base = seed.site.relative_to(seed.path)
     wanted: list[str] = []
     for dist in seed.common:
         for source in _sources(site / dist):
             if _same_source(site / source, seed.site / source):
                 wanted += _pycs(seed, source)
-    made: set[str] = set()
-    for rel in wanted:
-        folder = rel.rpartition("/")[0]
-        if folder not in made:
-            os.makedirs(site / folder, mode=0o755, exist_ok=True)
-            made.add(folder)
-
-    def link(rel: str) -> int:
+    for folder in sorted({rel.rpartition("/")[0] for rel in wanted}):
+        try:
+            os.mkdir(site / folder, 0o755)  # a `__pycache__`: its package's dir is uv's
+        except FileExistsError:
+            pass
+    known: dict[str, tuple[int, manifest.Entry]] = {}
+    for rel in wanted:  # one thread: the per-file work holds the GIL, threads only queue
         entry = seed.files.get(f"{seed_base}/{rel}")
         if entry is None or entry.kind != "file":
             raise SeedError(f"the nearest venv {seed.key} has {rel}, which its manifest lacks")
         target = site / rel
         try:
             os.link(seed.site / rel, target, follow_symlinks=False)
-        except FileNotFoundError:
-            return 0  # removed meanwhile (gc): compiled by uv instead
-        except FileExistsError:
-            return 0
+        except (FileNotFoundError, FileExistsError):
+            continue  # removed meanwhile (gc): compiled by uv instead
         st, sha = manifest.hash_file(str(target))
         if st.st_size != entry.size or sha != entry.content:
             os.unlink(target)
             raise SeedError(
-                f"the nearest venv {seed.key} has {rel} with other content than when it was built"
+                f"the nearest venv {seed.key} has {rel} with other content than when it was "
+                "built"
             )
-        return st.st_size
-
-    with ThreadPoolExecutor(max_workers=4) as pool:  # hashing releases the GIL
-        sizes = list(pool.map(link, wanted, chunksize=64))
-    linked = [size for size in sizes if size]
-    return Taken(seed.key, len(seed.common), len(linked), sum(linked))
+        known[f"{base}/{rel}"] = (st.st_ino, entry)
+    size = sum(entry.size for _, entry in known.values())
+    return Taken(seed.key, len(seed.common), len(known), size, known)
 
 
 def untrusted_seed(error: BaseException) -> bool:

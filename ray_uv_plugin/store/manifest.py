@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -76,6 +77,9 @@ def own(top_level_name: str) -> bool:
     return top_level_name.startswith(OWN_PREFIX)
 
 
+SMALL_FILE = 1 << 20  # read in one call: most of a venv's files (a `.py`, a `.pyc`)
+
+
 def hash_file(path: str) -> tuple[os.stat_result, str]:
     """(`fstat`, sha256) of the regular file at `path`, opened without following a link."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -83,6 +87,13 @@ def hash_file(path: str) -> tuple[os.stat_result, str]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ManifestError(f"{path} is not a regular file")
+        if st.st_size < SMALL_FILE:  # no 256 KiB buffer per file: 30% faster here
+            data = b""
+            while len(data) <= st.st_size and (part := os.read(fd, st.st_size + 1 - len(data))):
+                data += part
+            if len(data) <= st.st_size:
+                return st, hashlib.sha256(data).hexdigest()
+            os.lseek(fd, 0, os.SEEK_SET)  # grew while read: hash what is there now
         return st, hashlib.file_digest(f, "sha256").hexdigest()
 
 
@@ -90,9 +101,12 @@ def _walk_error(error: OSError) -> None:
     raise error
 
 
-def scan(venv: Path) -> Files:
+def scan(venv: Path, known: Mapping[str, tuple[int, Entry]] | None = None) -> Files:
     """Every entry below `venv` (never following a link), each file read and hashed: a build's
-    one pass over its venv. A special file (a FIFO, a device) is an error: a venv has none."""
+    one pass over its venv. A special file (a FIFO, a device) is an error: a venv has none.
+    `known`: files whose hash the caller took itself (path -> (inode, entry)), not read again
+    while they are that inode with that size (a seeded build's linked bytecode)."""
+    known = known or {}
     files: Files = {}
     for dirpath, dirnames, filenames in os.walk(venv, onerror=_walk_error):
         rel = os.path.relpath(dirpath, venv)
@@ -107,6 +121,10 @@ def scan(venv: Path) -> Files:
             elif stat.S_ISDIR(st.st_mode):
                 files[key] = DIR
             elif stat.S_ISREG(st.st_mode):
+                inode, entry = known.get(key, (None, None))
+                if entry is not None and inode == st.st_ino and entry.size == st.st_size:
+                    files[key] = file_entry(st.st_mode, st.st_size, entry.content)
+                    continue
                 st, sha = hash_file(path)
                 files[key] = file_entry(st.st_mode, st.st_size, sha)
             else:
