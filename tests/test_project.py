@@ -213,3 +213,36 @@ def test_a_local_source_that_is_no_path_is_named(tmp_path: Path) -> None:
     lock = 'version = 1\n[[package]]\nname = "a"\nsource = { path = "a\\u0000b" }\n'
     with pytest.raises(ProjectError, match="which is no path on this node"):
         copied_sources(lock_files(tmp_path, lock))
+
+
+@pytest.mark.parametrize(
+    "source", ['"path" = "libs/a"', "'directory' = 'libs/a'", '"editable" = "libs/a"']
+)
+def test_a_lock_whose_keys_are_quoted_is_read_for_its_local_sources(
+    tmp_path: Path, source: str
+) -> None:
+    """TOML's `"path" = ...` is `path = ...`: the quick check once skipped such a lock, and the
+    venv's key missed the source's content (a changed source would reuse the old venv)."""
+    lock = f'version = 1\n[[package]]\nname = "a"\nsource = {{ {source} }}\n'
+    found = local_sources(lock_files(tmp_path, lock))
+    assert found == locked_sources(lock_files(tmp_path, lock)) and found.refers_to_paths
+
+
+def test_a_fifo_in_a_directory_source_is_keyed_without_reading_it(tmp_path: Path) -> None:
+    """A FIFO in a source dir once blocked the node's agent in `copied_sources` for good."""
+    import os
+    import threading
+
+    (tmp_path / "libs" / "a").mkdir(parents=True)
+    (tmp_path / "libs" / "a" / "x.py").write_text("x = 1\n")
+    os.mkfifo(tmp_path / "libs" / "a" / "pipe")
+    files = lock_files(
+        tmp_path, 'version = 1\n[[package]]\nname = "a"\nsource = { directory = "libs/a" }\n'
+    )
+    found: list = []
+    thread = threading.Thread(target=lambda: found.append(copied_sources(files)), daemon=True)
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive(), "copied_sources blocks on the FIFO"
+    ((source, digest),) = found[0]
+    assert source == "libs/a" and len(digest) == 64

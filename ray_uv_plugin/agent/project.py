@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 import sys
 import threading
 import tomllib
@@ -69,10 +70,11 @@ _LOCKS_KEPT = 64
 # `editable` one other than the project itself. Most locks have none, and a request for them
 # (in a new agent too: a new Ray session) parses nothing; the others are parsed. Three
 # searches for a literal each: about 1 ms for a 0.5 MB lock.
+# A key may be quoted (`"path" = ...`, TOML's same key; uv writes it bare).
 _MAY_BE_LOCAL = (
-    re.compile(rb"path\s*="),
-    re.compile(rb"directory\s*="),
-    re.compile(rb'editable\s*=\s*"(?!\.")'),
+    re.compile(rb"path[\"']?\s*="),
+    re.compile(rb"directory[\"']?\s*="),
+    re.compile(rb"editable[\"']?\s*=\s*+(?![\"']\.[\"'])"),  # not the project's
 )
 
 
@@ -292,9 +294,19 @@ def _tree_digest(path: Path) -> str:
             if os.path.islink(full):
                 h.update(b"link:" + os.readlink(full).encode())
             else:
-                with open(full, "rb") as f:
-                    h.update(hashlib.file_digest(f, "sha256").digest())
+                h.update(_file_digest(full))
     return h.hexdigest()
+
+
+def _file_digest(path: str) -> bytes:
+    """A regular file's sha256; for a FIFO or a device, its kind alone: reading one would block
+    the node's agent (a FIFO without a writer) or never end (/dev/zero)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with open(fd, "rb", closefd=True) as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            return b"special:" + oct(stat.S_IFMT(mode)).encode()
+        return hashlib.file_digest(f, "sha256").digest()
 
 
 def copied_sources(

@@ -18,6 +18,7 @@ from tests.fuzz.harness import (
     Target,
     Violation,
     b64,
+    bounded,
     refused_clearly,
     seeded,
     toml_text,
@@ -115,9 +116,13 @@ fresh = st.fixed_dictionaries(
         "spec": spec_value,
         "node_ray": st.sampled_from(["2.60.0", "2.44.1"]),
         "layout": st.fixed_dictionaries({"pyproject.toml": layout, "uv.lock": layout}),
-        "local": st.booleans(),  # a libs/a dir beside the project files
+        # a libs/a dir beside the project files; "fifo": with a FIFO in it (a build's pipe)
+        "local": st.sampled_from([False, True, "fifo"]),
     }
 )
+
+
+BOUND_S = 10.0  # hashing a project's local sources takes no longer
 
 
 def _flip(data: bytes, at: float, xor: int) -> bytes:
@@ -159,6 +164,8 @@ def _write(base: Path, case: Case) -> None:
         (base / "libs" / "a").mkdir(parents=True)
         (base / "libs" / "a" / "x.py").write_text("x = 1\n")
         (base / "libs" / "a.whl").write_bytes(b"PK")
+    if case["local"] == "fifo":
+        os.mkfifo(base / "libs" / "a" / "pipe")
 
 
 def _judged(what: str, call: Any) -> Any:
@@ -213,17 +220,37 @@ def _check(base: Path, case: Case) -> None:
             raise Violation(f"{what} gave refers_to_paths={found.refers_to_paths!r}")
         inside = all(_inside(base, s) for s in found.copied)
         if what == "local_sources" and inside:  # hashing what is outside the project: skipped
-            digests = _judged("copied_sources", lambda f=found: project.copied_sources(files, f))
+            digests = bounded(
+                lambda f=found: _judged("copied_sources", lambda: project.copied_sources(files, f)),
+                BOUND_S,
+                "copied_sources",
+            )
             if digests is not None and not all(
                 isinstance(a, str) and isinstance(b, str) for a, b in digests
             ):
                 raise Violation(f"copied_sources gave {digests!r}")
+    _check_shortcut(files)
     refers = _judged("refers_to_project_path", lambda: project.refers_to_project_path(files, spec))
     if refers is not None and not isinstance(refers, bool):
         raise Violation(f"refers_to_project_path gave {refers!r}")
     configs = _judged("config_files", lambda: project.config_files(files))
     if configs is not None and not all(isinstance(c, project.ConfigFile) for c in configs):
         raise Violation(f"config_files gave {configs!r}")
+
+
+def _check_shortcut(files: ProjectFiles) -> None:
+    """`local_sources` skips the parse of a lock that cannot name a local source: the parse
+    must then find none (else the key would miss a source's content)."""
+    try:
+        parsed = project.locked_sources(files)
+    except ProjectError:
+        return
+    quick = project.local_sources(files)
+    if quick is project.NO_LOCAL_SOURCES and (parsed.copied or parsed.refers_to_paths):
+        raise Violation(
+            f"local_sources skipped a lock whose parse names local sources {parsed.copied} "
+            f"(refers to paths: {parsed.refers_to_paths})"
+        )
 
 
 TARGET = Target(
@@ -237,5 +264,7 @@ TARGET = Target(
         "config_files each give a value of their declared type or raise ProjectError (a "
         "ValueError) with a message, for any bytes in pyproject.toml and uv.lock and either "
         "being a file, a dir, a symlink or absent",
+        "copied_sources returns within 10 s, a FIFO in a source dir included",
+        "local_sources skips the parse only of a lock whose parse names no local source",
     ),
 )
