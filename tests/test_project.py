@@ -229,13 +229,17 @@ def test_a_lock_whose_keys_are_quoted_is_read_for_its_local_sources(
 
 
 def test_a_fifo_in_a_directory_source_is_keyed_without_reading_it(tmp_path: Path) -> None:
-    """A FIFO in a source dir once blocked the node's agent in `copied_sources` for good."""
+    """A FIFO in a source dir once blocked the node's agent in `copied_sources` for good (and
+    a socket failed it with OSError)."""
     import os
+    import socket
     import threading
 
     (tmp_path / "libs" / "a").mkdir(parents=True)
     (tmp_path / "libs" / "a" / "x.py").write_text("x = 1\n")
     os.mkfifo(tmp_path / "libs" / "a" / "pipe")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(tmp_path / "libs" / "a" / "sock"))  # open(2) fails on one: ENXIO
     files = lock_files(
         tmp_path, 'version = 1\n[[package]]\nname = "a"\nsource = { directory = "libs/a" }\n'
     )

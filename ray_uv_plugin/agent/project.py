@@ -301,6 +301,8 @@ def _tree_digest(path: Path) -> str:
 def _file_digest(path: str) -> bytes:
     """A regular file's sha256; for a FIFO or a device, its kind alone: reading one would block
     the node's agent (a FIFO without a writer) or never end (/dev/zero)."""
+    if stat.S_ISSOCK(os.lstat(path).st_mode):  # no open(2) at all
+        return b"special:" + oct(stat.S_IFSOCK).encode()
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     with open(fd, "rb", closefd=True) as f:
         mode = os.fstat(fd).st_mode
