@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +59,11 @@ def _module_files(modules: tuple[str, ...]) -> list[str]:
     return found
 
 
-def run_target(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Fuzz one target in this process; coverage starts before its modules are imported."""
+def run_target(
+    name: str, args: argparse.Namespace, on_batch: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    """Fuzz one target in this process; coverage starts before its modules are imported.
+    `on_batch` gets the result so far after each batch (a run stopped early keeps its figures)."""
     fuzz_module = importlib.util.find_spec(f"tests.fuzz.{name}")
     assert fuzz_module is not None, name
     cov = None
@@ -116,7 +120,22 @@ def run_target(name: str, args: argparse.Namespace) -> dict[str, Any]:
         batch += 1
         elapsed = time.monotonic() - start
         print(f"fuzz {name}: {count} cases in {elapsed:.0f}s", file=sys.stderr, flush=True)
-    seconds = time.monotonic() - start
+        result = _result(name, args, module, count, batch, elapsed, failures, cov)
+        on_batch(result)
+    return _result(name, args, module, count, batch, time.monotonic() - start, failures, cov)
+
+
+def _result(
+    name: str,
+    args: argparse.Namespace,
+    module: Any,
+    count: int,
+    batch: int,
+    seconds: float,
+    failures: list[dict[str, Any]],
+    cov: Any,
+) -> dict[str, Any]:
+    target = module.TARGET
     result: dict[str, Any] = {
         "target": name,
         "cases": count,
@@ -130,8 +149,9 @@ def run_target(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if hasattr(module, "OUTCOMES"):
         result["outcomes"] = dict(Counter(module.OUTCOMES).most_common())
     if cov is not None:
-        cov.stop()
+        cov.stop()  # reported between batches, then measuring again
         result["coverage"] = _coverage(cov)
+        cov.start()
     return result
 
 
@@ -220,17 +240,25 @@ def report(paths: list[Path]) -> str:
     rows = ["| target | cases | seconds | cases/s | failures | coverage (lines, branches) |"]
     rows.append("| --- | ---: | ---: | ---: | ---: | --- |")
     for name in NAMES:
-        found = [run["targets"][name] for run in runs if name in run["targets"]]
+        found = [run["targets"][name] for run in runs if "cases" in run["targets"].get(name, {})]
         if not found:
             continue
         cases = sum(r["cases"] for r in found)
         seconds = sum(r["seconds"] for r in found)
         failures = sum(len(r["failures"]) for r in found)
+        best: dict[str, dict[str, Any]] = {}  # per module, the run that reached most
+        for r in found:
+            for path, c in r.get("coverage", {}).items():
+                key = (c["line_percent"], c["branch_percent"])
+                if path not in best or key > (
+                    best[path]["line_percent"],
+                    best[path]["branch_percent"],
+                ):
+                    best[path] = c
         covered = "; ".join(
             f"`{Path(path).name}` {c['lines']} ({c['line_percent']}%), {c['branches']} "
             f"({c['branch_percent']}%)"
-            for r in found
-            for path, c in r.get("coverage", {}).items()
+            for path, c in best.items()
         )
         rate = f"{cases / seconds:.0f}" if seconds else "-"
         rows.append(f"| `{name}` | {cases:,} | {seconds:,.0f} | {rate} | {failures} | {covered} |")
@@ -246,23 +274,28 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(names) - set(NAMES)
     if unknown:
         raise SystemExit(f"unknown target(s) {sorted(unknown)}: the targets are {NAMES}")
-    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    if len(names) == 1:
-        results = {names[0]: run_target(names[0], args)}
-        print(f"fuzz {names[0]}: {_line(results[names[0]])}", flush=True)
-    else:
-        results = _children(args, names)
     from benchmarks.report import machine
 
     doc = {
         "command": "python -m benchmarks.fuzz "
         + " ".join(argv if argv is not None else sys.argv[1:]),
-        "started": started,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": machine(),
-        "targets": results,
+        "targets": {},
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=1) + "\n")
+
+    def write(results: dict[str, Any]) -> None:
+        doc["targets"] = results
+        doc["written"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+
+    if len(names) == 1:
+        results = {names[0]: run_target(names[0], args, lambda r: write({names[0]: r}))}
+        print(f"fuzz {names[0]}: {_line(results[names[0]])}", flush=True)
+    else:
+        results = _children(args, names)
+    write(results)
     failed = sum(len(r.get("failures", [])) + ("error" in r) for r in results.values())
     return 1 if failed else 0
 
