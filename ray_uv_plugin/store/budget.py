@@ -2,15 +2,16 @@
 before the venv is published, by removing the least recently used venvs that nothing uses.
 
 - **What counts**: what `du -s` says the venv dir's venvs and their locks take, each inode once:
-  the figure on `ray-uv list`'s `Budget:` line, and what `ray-uv gc --max-size` prunes to. uv hardlinks installed
-  files from its cache, and venvs of one project share most of them, so a venv adds what it
-  does not share. Apparent bytes (each venv's files summed) would count a shared Ray or torch
-  once per venv and evict venvs whose removal frees nothing. The blocks of a file that uv's
-  cache also holds stay allocated until the cache drops it too (`uv cache prune`): the budget
-  bounds the venv dir, not the disk.
-- **When**: after uv made the venv and before its marker is written: the first moment its
-  size, shared files counted once, is known. While uv runs the dir may hold the budget plus the
-  venvs being built; a venv that does not fit is removed unpublished and never used.
+  the figure on `ray-uv list`'s `Budget:` line, and what `ray-uv gc --max-size` prunes to. uv
+  hardlinks installed files from its cache, and venvs of one project share most of them, so a
+  venv adds what it does not share. Apparent bytes (each venv's files summed) would count a
+  shared Ray or torch once per venv and evict venvs whose removal frees nothing. The blocks of a
+  file that uv's cache also holds stay allocated until the cache drops it too (`uv cache
+  prune`): the budget bounds the venv dir, not the disk.
+- **When**: after uv made the venv (and its manifest) and before its marker is written: the
+  first moment its size, shared files counted once, is known. While uv runs the dir may hold the
+  budget plus the venvs being built; a venv that does not fit is removed unpublished and never
+  used.
 - **What goes**: `gc`'s own plan and removal (`gc.collect` with the budget as its max size):
   least recently used first; never a venv in use by a live process, being built, being shipped,
   another user's, used in the last `gc.MIN_IDLE_SECONDS` (a request may have been handed it
@@ -29,6 +30,7 @@ import contextlib
 import fcntl
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -91,6 +93,7 @@ def make_room(venv: Path, say: Callable[[str], None]) -> None:
     if limit is None:
         return
     root = venv.parent
+    start = time.perf_counter()
     with _one_at_a_time(root):
         for _round in range(ROUNDS):
             report = gc.collect(root, max_size_bytes=limit)
@@ -103,6 +106,10 @@ def make_room(venv: Path, say: Callable[[str], None]) -> None:
                 break
     if report.remaining_bytes > limit:
         raise OverBudget(_over(venv, limit, report))
+    say(
+        f"the venv dir holds {format_bytes(report.remaining_bytes)} of its budget of "
+        f"{format_bytes(limit)} (checked in {time.perf_counter() - start:.2f}s)"
+    )
 
 
 def _over(venv: Path, limit: int, report: gc.GcReport) -> str:
