@@ -568,14 +568,27 @@ def deep_manifest() -> bytes:
         (deep_manifest(), "the sender's manifest is unreadable", RecursionError),
         (b"\x01" * 1024, "the stream is not a tar the packer writes", tarfile.TarError),
         (b"", "the stream is not a tar the packer writes", tarfile.TarError),
+        # (a non-ASCII name goes into a pax header, which keeps the NUL)
+        (tar_bytes(SKELETON + [d("lib/\u00e9\x00b")]), "a NUL byte in its name or link", None),
+        (tar_bytes(SKELETON + [link("lib/x", "\u00e9\x00b")]), "NUL byte in its name", None),
     ],
-    ids=["empty-symlink", "empty-hardlink", "name-too-long", "deep-manifest", "garbage", "empty"],
+    ids=[
+        "empty-symlink",
+        "empty-hardlink",
+        "name-too-long",
+        "deep-manifest",
+        "garbage",
+        "empty",
+        "nul-in-name",
+        "nul-in-link",
+    ],
 )
 def test_a_stream_that_breaks_the_unpacking_is_refused_in_the_receivers_words(
     tmp_path: Path, payload: bytes, message: str, cause: type[BaseException] | None
 ) -> None:
-    """Each once reached the caller as an OSError, a RecursionError or tarfile's own error
-    wrapped as `unpacking: <that error>` (`[Errno 2] No such file or directory: '' -> ...`)."""
+    """Each once reached the caller as an OSError, a RecursionError, a ValueError (`embedded
+    null byte`: a pax name with a NUL) or tarfile's own error wrapped as `unpacking: <that
+    error>` (`[Errno 2] No such file or directory: '' -> ...`)."""
     with pytest.raises(ArchiveError, match=message) as raised:
         feed(tmp_path / "v", payload)
     extracted = raised.value.__cause__

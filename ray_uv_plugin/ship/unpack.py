@@ -205,6 +205,8 @@ class Unpacker:
             raise ArchiveError(f"more than {self.max_members} members, more than a venv has")
         if any(part in ("", ".", "..") for part in name.split("/")):
             raise ArchiveError(f"{name!r}: a name outside the venv (absolute, empty, . or ..)")
+        if "\x00" in name + member.linkname:  # a pax header may hold one; no path can
+            raise ArchiveError(f"{name!r}: a NUL byte in its name or link")
         if name in self._kinds:
             raise ArchiveError(f"{name!r} is in the stream twice")
         parent, _, base = name.rpartition("/")
