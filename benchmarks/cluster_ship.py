@@ -33,6 +33,7 @@ stream over one node's link.
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import io
 import json
@@ -68,7 +69,8 @@ from ray_uv_plugin.agent.uv import find_uv, uv_version
 from ray_uv_plugin.store.freezing import thaw
 
 BIN = Path(sys.executable).parent
-WHEEL_CACHE = Path(tempfile.gettempdir()) / "ruv-bench-wheels"
+# "-2": the wheels' RECORDs in the wheel spec's hash form (the plugin checks installs against them)
+WHEEL_CACHE = Path(tempfile.gettempdir()) / "ruv-bench-wheels-2"
 NODE_MBIT = 1000  # each simulated node's link, both ways
 INDEX_MBIT = 200  # the index's uplink, shared by every node that downloads
 
@@ -89,9 +91,7 @@ def make_wheel(out: Path, index: int, size: int) -> Path:
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: bench\nRoot-Is-Purelib: true\n"
         b"Tag: py3-none-any\n",
     }
-    record = "".join(
-        f"{n},sha256={hashlib.sha256(d).hexdigest()},{len(d)}\n" for n, d in files.items()
-    )
+    record = "".join(f"{n},{record_hash(d)},{len(d)}\n" for n, d in files.items())
     files[f"{dist}/RECORD"] = (record + f"{dist}/RECORD,,\n").encode()
     tmp = path.with_suffix(".tmp")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as z:
@@ -99,6 +99,13 @@ def make_wheel(out: Path, index: int, size: int) -> Path:
             z.writestr(n, d)
     tmp.rename(path)
     return path
+
+
+def record_hash(data: bytes) -> str:
+    """A RECORD entry's hash as the wheel spec writes it (urlsafe base64, no padding): the
+    plugin checks installed files against it."""
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"sha256={digest}"
 
 
 def metadata(index: int) -> str:
@@ -109,7 +116,7 @@ def metadata(index: int) -> str:
 # metadata comes at once, its wheel after SECONDS, tagged for this platform as a compiled
 # extension's would be (so the venv ships only to nodes of the same build target).
 SLOW_BACKEND = """\
-import hashlib, os, sys, sysconfig, time, zipfile
+import base64, hashlib, os, sys, sysconfig, time, zipfile
 
 SECONDS = {seconds}
 NAME, VERSION = "slowbuild", "1.0"
@@ -138,9 +145,11 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
         f"{{DIST}}/WHEEL": f"Wheel-Version: 1.0\\nRoot-Is-Purelib: false\\nTag: {{tag}}\\n"
         .encode(),
     }}
-    record = "".join(
-        f"{{n}},sha256={{hashlib.sha256(d).hexdigest()}},{{len(d)}}\\n" for n, d in files.items()
-    )
+    def record_hash(d):
+        digest = base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=")
+        return "sha256=" + digest.decode()
+
+    record = "".join(f"{{n}},{{record_hash(d)}},{{len(d)}}\\n" for n, d in files.items())
     files[f"{{DIST}}/RECORD"] = (record + f"{{DIST}}/RECORD,,\\n").encode()
     name = f"{{NAME}}-{{VERSION}}-{{tag}}.whl"
     with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
