@@ -30,6 +30,7 @@ import asyncio
 import json
 import logging
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -99,6 +100,15 @@ class Lines(logging.Handler):
     def count(self, text: str) -> int:
         return sum(text in line for line in self.lines)
 
+    def keys(self, text: str) -> int:
+        """How many keys logged a line with `text` (`uv_project <key>: ...`)."""
+        return len({line.split(":")[0] for line in self.lines if text in line})
+
+    def budget_checks(self) -> list[float]:
+        """The seconds each build took to make room within the budget."""
+        found = [line.rsplit("(checked in ", 1) for line in self.lines if "(checked in " in line]
+        return [float(part[1].rstrip("s)")) for part in found]
+
 
 class SizeSampler:
     """`held(root)` every `every` seconds in a thread, until stopped: the largest seen."""
@@ -156,8 +166,9 @@ def build_all(
         "wall_s": round(wall, 2),
         "peak_syncs": peak(spans),
         "syncs": sum(1 for line in spans.read_text().splitlines() if line.startswith("start")),
-        "waited_for_a_slot": lines.count("waiting for a build slot ("),
+        "waited_for_a_slot": lines.keys("waiting for a build slot ("),
         "removed_venvs": lines.count(": removed venv "),
+        "budget_check_s": lines.budget_checks(),
     }
 
 
@@ -233,8 +244,8 @@ def markdown(results: dict[str, Any]) -> str:
     rows += [
         "",
         "| keys | budget | one venv adds | venv dir before (N old venvs) | largest sampled | "
-        "at end | venvs removed | venvs left |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "at end | venvs removed | venvs left | making room per build, s (median / max) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results["runs"]:
         b = r["budget"]
@@ -242,7 +253,8 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {r['keys']} | {format_bytes(b['budget_bytes'])} | "
             f"{format_bytes(b['venv_own_bytes'])} | {format_bytes(b['before_bytes'])}"
             f" | {format_bytes(b['peak_sampled_bytes'])} | {format_bytes(b['end_bytes'])} | "
-            f"{b['removed_venvs']} | {b['venvs_left']} |"
+            f"{b['removed_venvs']} | {b['venvs_left']} | "
+            f"{statistics.median(b['budget_check_s']):.2f} / {max(b['budget_check_s']):.2f} |"
         )
     return "\n".join(rows)
 
