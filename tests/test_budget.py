@@ -21,6 +21,7 @@ from ray_uv_plugin.agent.uv import UV_ENV_VAR, UvSyncError
 from ray_uv_plugin.store import budget, disk
 from ray_uv_plugin.store.budget import VENV_DIR_MAX_BYTES_ENV, parse_size
 from ray_uv_plugin.store.build_slots import MAX_BUILDS_ENV
+from ray_uv_plugin.store.freezing import remove_tree
 from ray_uv_plugin.store.layout import BUDGET_LOCK, MARKER, VENV_DIR_ENV, VenvDirError, lock_path
 from ray_uv_plugin.store.units import format_bytes
 from tests.test_build_slots import Lines, hold_slot, kill
@@ -192,3 +193,36 @@ def test_list_shows_what_the_budget_holds_and_the_builds(
     assert (listed["builds_running"], listed["builds_waiting"], listed["max_builds"]) == (1, 1, 1)
     listed = json.loads(ray_uv_list(root, "--json", **{VENV_DIR_MAX_BYTES_ENV: "2M"}).stdout)
     assert listed["budget_bytes"] == 2 * 1024**2 and listed["builds_running"] == 0
+
+
+def test_ready_venvs_are_walked_once_and_again_once_replaced(tmp_path, monkeypatch) -> None:
+    """The budget measures the venv dir before every build: a ready venv (read-only, marked)
+    is walked the first time only, a venv that is not ready every time, and a ready venv that
+    was replaced (a new dir at its path) again; the sizes are those of a fresh walk."""
+    walked: list[str] = []
+    walk = disk._walk_inodes
+    monkeypatch.setattr(disk, "_walk_inodes", lambda p: walked.append(p.name) or walk(p))
+
+    def venv(name: str, files: int, ready: bool) -> Path:
+        path = tmp_path / name
+        (path / "lib").mkdir(parents=True)
+        for i in range(files):
+            (path / "lib" / f"m{i}.py").write_bytes(bytes(5000))
+        if ready:
+            (path / MARKER).write_text("{}")
+            path.chmod(0o555)
+        return path
+
+    ready, building = venv("ready", 3, True), venv("building", 2, False)
+    trees = disk.ReadyTrees()
+    for _ in range(3):
+        cached = disk.measure([ready, building], trees)
+        assert cached.inodes == disk.measure([ready, building]).inodes
+    assert walked.count("ready") == 1 + 3 and walked.count("building") == 3 + 3  # + fresh walks
+    walked.clear()
+    ready.chmod(0o755)
+    remove_tree(ready)
+    ready = venv("ready", 4, True)  # rebuilt: another tree at the same path
+    assert disk.measure([ready], trees).inodes == disk.measure([ready]).inodes
+    assert walked.count("ready") == 2
+    assert list(trees.seen) == [ready]  # only what the latest call measured is kept

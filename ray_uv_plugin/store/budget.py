@@ -42,6 +42,7 @@ VENV_DIR_MAX_BYTES_ENV = "RAY_UV_PLUGIN_VENV_DIR_MAX_BYTES"
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 ROUNDS = 3  # collect again while a chosen venv was used meanwhile and others may go instead
+_READY = disk.ReadyTrees()  # the ready venvs this process measured: walked once (`make_room`)
 
 
 class OverBudget(RuntimeError):
@@ -96,7 +97,7 @@ def make_room(venv: Path, say: Callable[[str], None]) -> None:
     start = time.perf_counter()
     with _one_at_a_time(root):
         for _round in range(ROUNDS):
-            report = gc.collect(root, max_size_bytes=limit)
+            report = gc.collect(root, max_size_bytes=limit, ready=_READY)
             for d in report.removed:
                 say(
                     f"removed venv {d.entry.key} ({d.entry.project}): {d.reason}, to keep the "

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import os
 import stat
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ray_uv_plugin.store.layout import MARKER
 
 Inode = tuple[int, int]  # (st_dev, st_ino)
 
@@ -81,8 +84,58 @@ class DiskUsage:
         return sum(size for inode, size in gone.items() if inode not in still)
 
 
-def measure(paths: Iterable[Path]) -> DiskUsage:
+def _walk_inodes(path: Path) -> dict[Inode, int]:
+    return {(st.st_dev, st.st_ino): st.st_blocks * 512 for st in walk(path)}
+
+
+def _ready_stamp(path: Path) -> tuple[int, ...] | None:
+    """What tells a ready venv apart from any other tree at `path`: its top dir's identity and
+    last change, and its marker's inode; None unless it is a read-only dir with a marker (a
+    venv is made read-only when its marker is written, and nothing changes it after)."""
+    try:
+        top, marker = os.lstat(path), os.lstat(path / MARKER)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(top.st_mode) or top.st_mode & 0o222:
+        return None
+    return top.st_dev, top.st_ino, top.st_ctime_ns, marker.st_ino
+
+
+@dataclass
+class ReadyTrees:
+    """The inodes of ready venvs, walked once per process: `budget` measures the whole venv dir
+    before each build, and walking every venv each time made a burst of builds quadratic.
+
+    A ready venv is read-only and nothing of the plugin changes it; a rebuild, a receive or a
+    removal gives a new top dir (another inode or ctime), which is walked again. What root
+    changes inside a venv by hand (modes do not stop root) is not seen until then: the sizes
+    are for a budget, never for deciding what is safe to remove. Kept compact (arrays, ~24
+    bytes a file), and only for the venvs of the latest `measure`."""
+
+    seen: dict[Path, tuple[tuple[int, ...], array, array, array]] = field(default_factory=dict)
+
+    def inodes(self, path: Path) -> dict[Inode, int]:
+        stamp = _ready_stamp(path)
+        cached = self.seen.get(path)
+        if stamp is not None and cached is not None and cached[0] == stamp:
+            return dict(zip(zip(cached[1], cached[2], strict=True), cached[3], strict=True))
+        inodes = _walk_inodes(path)
+        if stamp is not None and _ready_stamp(path) == stamp:  # unchanged while walked
+            devs, inos = array("Q", (d for d, _ in inodes)), array("Q", (i for _, i in inodes))
+            self.seen[path] = (stamp, devs, inos, array("Q", inodes.values()))
+        return inodes
+
+    def keep_only(self, paths: Iterable[Path]) -> None:
+        keep = set(paths)
+        for path in [p for p in self.seen if p not in keep]:
+            del self.seen[path]
+
+
+def measure(paths: Iterable[Path], ready: ReadyTrees | None = None) -> DiskUsage:
+    """The inodes under each path; with `ready`, ready venvs measured before are not walked."""
     usage = DiskUsage()
     for path in paths:
-        usage.inodes[path] = {(st.st_dev, st.st_ino): st.st_blocks * 512 for st in walk(path)}
+        usage.inodes[path] = ready.inodes(path) if ready else _walk_inodes(path)
+    if ready is not None:
+        ready.keep_only(usage.inodes)
     return usage

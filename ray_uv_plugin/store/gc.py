@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ray_uv_plugin.store import inventory, trust
-from ray_uv_plugin.store.disk import DiskUsage, measure
+from ray_uv_plugin.store.disk import DiskUsage, ReadyTrees, measure
 from ray_uv_plugin.store.inventory import BROKEN, BUILDING, INCOMPLETE, UNTRUSTED, Other, VenvEntry
 from ray_uv_plugin.store.layout import lock_path
 from ray_uv_plugin.store.processes import Processes, processes
@@ -214,10 +214,12 @@ def collect(
     everything: bool = False,
     assume_unused: bool = False,
     max_size_bytes: int | None = None,
+    ready: ReadyTrees | None = None,
 ) -> GcReport:
     """Plan and (unless `dry_run`) remove; `freed_bytes` is what `du -s root` drops by.
     `everything` is `ray-uv gc --all`; `assume_unused` is `--assume-unused` (`plan`);
-    `max_size_bytes` is `max_size_gb` to the byte (a build's venv dir budget: `budget`).
+    `max_size_bytes` is `max_size_gb` to the byte (a build's venv dir budget: `budget`);
+    `ready`: the ready venvs measured by earlier calls of this process (`disk.ReadyTrees`).
 
     Raises `VenvDirError` for a venv dir it must not clean (`inventory.check_venv_dir`) and
     `UntrustedPathError` for one the plugin would not trust."""
@@ -233,7 +235,7 @@ def collect(
     # What stays but is named like ours (e.g. a venv uv made without the plugin) may share
     # hardlinks with what goes; other things are not walked: they can be anything, and large.
     near = [o.path for o in inv.leftovers + inv.others if inventory.KEY_PREFIX.match(o.path.name)]
-    usage = measure([*locks, *locks.values(), *inv.garbage, *near])
+    usage = measure([*locks, *locks.values(), *inv.garbage, *near], ready)
     max_bytes = None if max_size_gb is None else int(max_size_gb * 1024**3)
     max_bytes = max_size_bytes if max_size_bytes is not None else max_bytes
     why_unseen, hint = unseen or (None, ASSUME_UNUSED_HINT)
