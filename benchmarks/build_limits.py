@@ -80,13 +80,13 @@ def peak(spans: Path) -> int:
     return most
 
 
-def held(root: Path, venvs: list[Path] | None = None) -> int:
+def held(root: Path, venvs: list[Path] | None = None, ready: disk.ReadyTrees | None = None) -> int:
     """What the budget counts: the venvs (all of `root`'s by default) and their locks, each
-    inode once."""
+    inode once; `ready`: ready venvs measured before are not walked again."""
     if venvs is None:
         venvs = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
     paths = venvs + [lock_path(root, v.name) for v in venvs]
-    return disk.measure(paths).size(*paths)
+    return disk.measure(paths, ready).size(*paths)
 
 
 class Lines(logging.Handler):
@@ -111,16 +111,18 @@ class Lines(logging.Handler):
 
 
 class SizeSampler:
-    """`held(root)` every `every` seconds in a thread, until stopped: the largest seen."""
+    """`held(root)` every `every` seconds in a thread, until stopped: the largest seen. Ready
+    venvs are walked once (they do not change), so sampling costs the builds little CPU."""
 
     def __init__(self, root: Path, every: float) -> None:
         self.root, self.every, self.samples = root, every, []
+        self.ready = disk.ReadyTrees()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append(held(self.root))
+            self.samples.append(held(self.root, ready=self.ready))
             self._stop.wait(self.every)
 
     def __enter__(self) -> SizeSampler:
