@@ -579,3 +579,16 @@ def test_a_pyproject_of_any_shape_never_fails_the_drivers_hook(
     for cwd in (tmp_path, member_dir):
         driver = read_uv_run(["uv", "run", "python", "x.py"], cwd, {}, PY)
         assert (driver.value is None) != (driver.unmappable is None)
+
+
+@pytest.mark.parametrize(
+    "flags", [["--only-dev", "--group", "g"], ["--only-group", "g", "--all-groups"]]
+)
+def test_a_selection_no_uv_project_value_holds_keeps_rays_uv_run(
+    app: Path, flags: list[str]
+) -> None:
+    """`--only-dev --group g` once mapped to {'groups': ['g'], 'only_groups': ['dev']}, which
+    parse_spec refuses on every node; found by the uv_run fuzzer's long run."""
+    driver = read_uv_run(["uv", "run", *flags, "python", "x.py"], app, {}, PY)
+    assert driver.value is None
+    assert f"`uv run {' '.join(flags)}` selects what no uv_project value can" in driver.warning

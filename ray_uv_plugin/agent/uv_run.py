@@ -27,6 +27,7 @@ from ray_uv_plugin.agent.project_discovery import (
     project_name,
     workspace_member,
 )
+from ray_uv_plugin.agent.spec import parse_spec
 
 # --- uv run's options ------------------------------------------------------------------------
 
@@ -410,6 +411,7 @@ def read_uv_run(
             e.option, f"cannot be read ({e}), so what it does to the environment is unknown"
         )
     selection = _Selection()
+    chosen: list[str] = []  # the selecting options, as given: what a refusal names
     for name, value in [*env_options(environ), *options]:
         if name in _UNMAPPABLE:
             return _refused(_shown(name, value), _UNMAPPABLE[name][1])
@@ -424,6 +426,8 @@ def read_uv_run(
                 )
             continue
         selection.apply(name, value)
+        if name in _SELECTING and name not in ("--project", "--python"):
+            chosen.append(_shown(name, value))
     start = cwd / selection.project if selection.project else cwd
     layout = find_project(start.resolve())
     if layout is None:
@@ -451,4 +455,11 @@ def read_uv_run(
         and not selection.no_install_project
         and not selection.lists["only_groups"]
     )
-    return UvRunDriver({"project": str(root), **selection.value(install, package)}, root, None)
+    value = {"project": str(root), **selection.value(install, package)}
+    try:  # as every node will read it: a value they all refuse would fail the whole job
+        parse_spec({**value, "job_default": True})
+    except ValueError as e:
+        return _refused(
+            " ".join(chosen), f"selects what no uv_project value can ({str(e).rstrip('.')})"
+        )
+    return UvRunDriver(value, root, None)
