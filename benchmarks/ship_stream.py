@@ -82,6 +82,7 @@ def measure(venv: Path, work: Path) -> dict[str, Any]:
             raise
         receive = _took(start)
         members = sum(len(dirs) + len(files) for _, dirs, files in os.walk(tree))
+        members -= sum(1 for name in os.listdir(tree) if manifest.own(name))  # the plugin's own
     finally:
         remove_tree(root)
     return {

@@ -117,7 +117,9 @@ def test_a_cancelled_wait_leaves_no_thread_and_no_lock(projects, tmp_path):
 def test_a_slow_build_does_not_hold_up_another_key(projects, tmp_path, monkeypatch):
     monkeypatch.setenv(UV_ENV_VAR, str(CountingUv(tmp_path / "uv").path))
     root = tmp_path / "venvs"
-    slow = make_request(parse_spec({}), load_project(projects[0]), {"SLOW_UV_SECONDS": "15"})
+    # A job's variable reaches uv only where the job names it (and so keys it).
+    slow_spec = parse_spec({"build_env_vars": ["SLOW_UV_SECONDS"]})
+    slow = make_request(slow_spec, load_project(projects[0]), {"SLOW_UV_SECONDS": "15"})
     small = make_request(parse_spec({}), load_project(projects[1]), {})
     finished: dict[str, float] = {}
 
@@ -222,7 +224,7 @@ def test_timed_out_requests_do_not_stop_other_envs_from_building(ray_with_slow_u
     """Ten requests for a slow env, each given up by Ray after 3 s (and retried by Ray's agent),
     then an unrelated env: it builds at once instead of queueing behind parked threads."""
     slow_env = {
-        "uv_project": {"project": str(projects[0])},
+        "uv_project": {"project": str(projects[0]), "build_env_vars": ["SLOW_UV_SECONDS"]},
         "env_vars": {"SLOW_UV_SECONDS": "30"},
         "config": {"setup_timeout_seconds": 3},
     }

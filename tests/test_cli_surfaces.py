@@ -375,7 +375,8 @@ def test_list_says_why_sizes_do_not_add_up(tmp_path: Path) -> None:
     b = fake_venv(root, "2" * 16, "/srv/b", [], 2)
     os.link(a / "lib" / "blob", b / "lib" / "shared")
     env = {"RAY_UV_PLUGIN_VENV_DIR": str(root)}
-    footer = ray_uv("list", env=env).stdout.splitlines()[-1]
+    lines = ray_uv("list", env=env).stdout.splitlines()
+    footer = next(line for line in lines if line.startswith("2 venvs, "))  # then Budget, Builds
     assert footer == (
         f"2 venvs, {format_bytes(du_bytes(a, b))} in {root} (the SIZEs add up to "
         f"{format_bytes(du_bytes(a) + du_bytes(b))}: files that venvs share as hardlinks count "

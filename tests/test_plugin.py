@@ -231,8 +231,9 @@ def test_a_slow_build_does_not_hold_up_other_environments(env):
     slow_project = write_project(env["tmp"] / "slow", ["pyfiglet", "six"])
     slow = Probe.options(
         runtime_env={
-            "uv_project": {"project": str(slow_project)},
-            "env_vars": {"SLOW_UV_SECONDS": "10"},  # seen by the sync: the wrapper sleeps
+            # Named in build_env_vars, so the sync sees it: the wrapper sleeps.
+            "uv_project": {"project": str(slow_project), "build_env_vars": ["SLOW_UV_SECONDS"]},
+            "env_vars": {"SLOW_UV_SECONDS": "10"},
         }
     ).remote()
     slow_ref = slow.where.remote()

@@ -76,7 +76,8 @@ def project_variants(base: Path, where: Path, n: int) -> list[Path]:
 class CountingUv:
     """A uv wrapper for `RAY_UV_PLUGIN_UV` that logs each call, then runs the real uv.
 
-    `SLOW_UV_SECONDS` in its environment (e.g. a runtime_env's env_vars) delays it. Each sync's
+    `SLOW_UV_SECONDS` in its environment (the node's, or a job's that names it in the
+    uv_project's `build_env_vars`) delays it. Each sync's
     start and end times go to `spans`, from which `peak_syncs` tells how many ran at once.
     """
 
