@@ -226,3 +226,24 @@ def test_ready_venvs_are_walked_once_and_again_once_replaced(tmp_path, monkeypat
     assert disk.measure([ready], trees).inodes == disk.measure([ready]).inodes
     assert walked.count("ready") == 2
     assert list(trees.seen) == [ready]  # only what the latest call measured is kept
+
+
+def test_a_venv_dir_over_its_budget_by_its_lock_files_alone_makes_room(
+    base_project, tmp_path, counting_uv, monkeypatch
+):
+    """The budget counts the venvs' lock files too (4 KiB each, as `du` does): a dir whose
+    venvs fit but whose venvs and locks do not is over, and the oldest venv goes; it was
+    kept, and the build failed, while gc's plan counted the venvs alone."""
+    root = tmp_path / "venvs"
+    old, new = project_variants(base_project, tmp_path, 2)
+    a = build(old, root)
+    age(a, 2)
+    b = build(new, root)
+    venvs_alone = disk.measure([a, b]).size(a, b)
+    assert held(root) > venvs_alone
+    monkeypatch.setenv(VENV_DIR_MAX_BYTES_ENV, str(venvs_alone))  # fits without the locks
+    logger, lines = logger_with_lines()
+    remove_tree(b)  # what a build makes again, then has to make room for
+    c = build(new, root, logger)
+    assert c == b and not a.exists() and held(root) <= venvs_alone
+    assert len(lines.having("removed venv")) == 1

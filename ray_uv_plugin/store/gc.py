@@ -236,6 +236,8 @@ def collect(
     # hardlinks with what goes; other things are not walked: they can be anything, and large.
     near = [o.path for o in inv.leftovers + inv.others if inventory.KEY_PREFIX.match(o.path.name)]
     usage = measure([*locks, *locks.values(), *inv.garbage, *near], ready)
+    for venv, lock in locks.items():  # a venv's lock goes with it: the plan counts both
+        usage.inodes[venv] = {**usage.inodes[venv], **usage.inodes.get(lock, {})}
     max_bytes = None if max_size_gb is None else int(max_size_gb * 1024**3)
     max_bytes = max_size_bytes if max_size_bytes is not None else max_bytes
     why_unseen, hint = unseen or (None, ASSUME_UNUSED_HINT)
