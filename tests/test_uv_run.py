@@ -564,8 +564,16 @@ WORKSPACE = 'tool = {uv = {workspace = {members = ["packages/*"]}}}\n'
         ('tool = {uv = {workspace = ["x"]}}\n', None),
         ('tool = {uv = {workspace = {members = ["", "/abs", "packages/*"]}}}\n', None),
         ('tool = {uv = {workspace = {members = [3], exclude = "x"}}}\n', None),
+        ('tool = {uv = {workspace = {exclude = [{"" = {}}]}}}\n', None),
     ],
-    ids=["member-project-list", "tool-uv-list", "workspace-list", "bad-globs", "glob-types"],
+    ids=[
+        "member-project-list",
+        "tool-uv-list",
+        "workspace-list",
+        "bad-globs",
+        "glob-types",
+        "glob-table",
+    ],
 )
 def test_a_pyproject_of_any_shape_never_fails_the_drivers_hook(
     tmp_path: Path, root: str, member: str | None

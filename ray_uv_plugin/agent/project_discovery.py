@@ -75,6 +75,8 @@ def _workspace_members(root: Path) -> set[Path]:
         patterns = table.get(key)
         found = set()
         for pattern in patterns if isinstance(patterns, list) else []:
+            if not isinstance(pattern, str):
+                continue  # no glob: uv's error
             try:
                 found |= {
                     p.resolve() for p in root.glob(pattern) if (p / "pyproject.toml").is_file()

@@ -475,7 +475,7 @@ def check(case: Case) -> None:
         EXAMPLES.setdefault(_outcome(error), str(error)[:300])
         if error is not None and case.get("honest"):
             raise Violation(f"an honest stream of a venv a build could make was refused: {error}")
-        _check_place(place, error, built, case)
+        _check_place(place, error, built, {i.name: d for i, d in infos})
     except BaseException:
         place.reset()
         raise
@@ -501,7 +501,7 @@ def _outcome(error: BaseException | None) -> str:
 
 
 def _check_place(
-    place: _Place, error: BaseException | None, built: manifest.Files, case: Case
+    place: _Place, error: BaseException | None, built: manifest.Files, data: dict[str, Any]
 ) -> None:
     root = place.root
     after = _snapshot(place.base, root / KEY)
@@ -518,8 +518,7 @@ def _check_place(
     now = manifest.scan(root / KEY)
     for name, entry in built.items():  # scripts naming the sender's path were relocated
         if name.startswith("bin/") and entry.kind == "file" and name in now:
-            data = next(unb64(m["data"]) for m in case["members"] if m["name"] == name)
-            if SENDER_VENV.encode() in data:
+            if SENDER_VENV.encode() in (data.get(name) or b""):
                 now[name] = entry
     why = manifest.first_difference(built, now)
     if why:
