@@ -20,7 +20,7 @@ start and end); requests that waited for a slot; for the budget run, the venv di
 venvs and locks, hardlinks once, as the budget counts it) sampled every `--sample-s` seconds
 and at the end, and the venvs removed. uv's cache is warmed first.
 
-    uv run python -m benchmarks.build_limits [--keys 6 24] [--json OUT]
+    uv run python -m benchmarks.build_limits [--keys 6 24] [--no-bytecode] [--json OUT]
 """
 
 from __future__ import annotations
@@ -266,14 +266,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, nargs="+", default=[6, 24])
     parser.add_argument("--budget-slack", type=float, default=2.5)
     parser.add_argument("--sample-s", type=float, default=1.0)
+    parser.add_argument(
+        "--no-bytecode",
+        action="store_true",
+        help="UV_COMPILE_BYTECODE=0 on the node: syncs that link files only, and no seeding",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="build-limits-"))
-    settings = (UV_ENV_VAR, MAX_BUILDS_ENV, VENV_DIR_MAX_BYTES_ENV)
+    settings = (UV_ENV_VAR, MAX_BUILDS_ENV, VENV_DIR_MAX_BYTES_ENV, "UV_COMPILE_BYTECODE")
     saved = {name: os.environ.get(name) for name in settings}  # each run sets its own
     try:
         base = write_project(SET, work / "base")
         os.environ[UV_ENV_VAR] = REAL_UV
+        if args.no_bytecode:
+            os.environ["UV_COMPILE_BYTECODE"] = "0"
         warm = asyncio.run(  # uv's cache: every later build links from it
             ensure_venv_async(
                 make_request(parse_spec({"extras": [SET]}), load_project(base.path), {}),
@@ -289,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                 "loadavg_start": os.getloadavg(),
             },
             "set": SET,
+            "bytecode": not args.no_bytecode,
             "runs": [one_n(base, n, work, args.budget_slack, args.sample_s) for n in args.keys],
         }
         results["machine"]["loadavg_end"] = os.getloadavg()
