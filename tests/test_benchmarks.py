@@ -229,6 +229,68 @@ def test_the_host_cpu_sampler_sees_a_busy_core_and_reads_a_window(tmp_path: Path
     assert (tmp_path / "netns.png").stat().st_size > 10_000
 
 
+def test_the_node_cpu_sampler_counts_a_process_tree_and_its_exited_children() -> None:
+    """`bounds.NodeCpu`: a root's CPU seconds include a child that burned CPU and exited (its
+    parent reaped it: cutime); `used` reads a window off the samples."""
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks.bounds import NodeCpu
+
+    burn = "import time\nend = time.process_time() + 0.8\nwhile time.process_time() < end: pass"
+    child = f"subprocess.run([sys.executable, '-c', {burn!r}])"
+    parent = f"import subprocess, sys, time; {child}; time.sleep(60)"
+    root = subprocess.Popen([sys.executable, "-c", parent])
+    try:
+        with NodeCpu([root.pid, 1 << 30], every=0.2) as cpu:  # the second: a pid that is none
+            time.sleep(2.5)  # the child's burn and exit
+    finally:
+        root.kill()
+        root.wait()
+    whole, nothing = cpu.used(0.0)
+    assert nothing == 0.0
+    assert whole >= 0.7, cpu.samples  # the child's 0.8 s, from the parent's cutime
+    assert cpu.used(cpu.samples[-1][0], None) == [0.0, 0.0]
+
+
+def test_the_ship_is_judged_against_the_larger_of_the_link_and_cpu_bounds(tmp_path: Path) -> None:
+    """A ship beyond 1.5 x the link bound but within 1.5 x the CPU bound meets the target; the
+    table's row and the chart carry both bounds; an older run without a CPU bound is read as
+    before."""
+    from benchmarks.bounds import cpu_bound, judge, link_bound
+    from benchmarks.cluster_ship import plot_netns, summarize_netns
+
+    assert link_bound(30.0, 125_000_000, 1000) == 31.0  # 1 Gbit/s: 125 MB in a second
+    assert cpu_bound(30.0, [4.0, 6.0, 10.0], 2) == 40.0
+    assert judge(62.0, 31.0, 40.0) == {
+        "larger_bound_seconds": 40.0, "ship_over_bound": 1.55, "within_1_5x_bound": False,
+    }  # fmt: skip
+    assert judge(62.0, 31.0, None)["larger_bound_seconds"] == 31.0
+
+    def run(nodes: int, ready: float, cpu: float | None) -> dict:
+        return {
+            "scenario": "ship", "nodes": nodes, "ready_seconds": ready, "index_bytes": 1,
+            "builds": 1, "shipped": nodes - 1, "source_sent_bytes": 2, "stream_bytes": 2,
+            "bound_seconds": 40.0, "cpu_bound_seconds": cpu, "node_cpu_seconds": [1.0] * nodes,
+        }  # fmt: skip
+
+    rows = summarize_netns([run(2, 50.0, 35.0), run(8, 75.0, 55.0), run(4, 65.0, None)])
+    by_n = {r["nodes"]: r for r in rows}
+    assert (by_n[2]["ship_over_bound"], by_n[2]["within_1_5x_bound"]) == (1.25, True)
+    assert (by_n[8]["larger_bound_seconds"], by_n[8]["ship_over_bound"]) == (55.0, 1.36)
+    assert by_n[8]["within_1_5x_bound"]  # 1.88 x the link bound alone: missed
+    assert by_n[4]["cpu_bound_seconds"] is None and not by_n[4]["within_1_5x_bound"]
+    results = {
+        "runs": [run(2, 50.0, 35.0), run(8, 75.0, 55.0)],
+        "links": {"node_mbit": 1000, "index_uplink_mbit": 200},
+        "wheels": {"bytes": 10**9}, "build_seconds": 30, "machine": "2 CPUs",
+    }  # fmt: skip
+    results["summary"] = summarize_netns(results["runs"])
+    plot_netns(results, tmp_path / "bounds.png")
+    assert (tmp_path / "bounds.png").stat().st_size > 10_000
+
+
 def test_uv_run_driver_targets_read_off_the_medians() -> None:
     """Ours above the floor against Ray's hook above it, at the largest N of the set; one sync
     in the session that builds the venv and none later; no worker `uv run` of ours."""

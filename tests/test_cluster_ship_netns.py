@@ -192,6 +192,8 @@ def test_two_simulated_nodes_ship_the_env_built_once() -> None:
     assert run["source_sent_bytes"] >= run["stream_bytes"] > 0
     assert run["links"]["n1"]["received"] >= run["stream_bytes"]
     assert run["bound_seconds"] > run["first_build_seconds"] >= 3
+    receiver_cpu = run["node_cpu_seconds_after_build"][1]  # it received, checked, installed
+    assert receiver_cpu > 0 and run["cpu_bound_seconds"] > run["first_build_seconds"]
     assert 0 < len(run["host_cpu_busy"]) and all(0 <= s <= 1 for s in run["host_cpu_busy"])
     if node_disks.unavailable() is None:
         assert results["node_disks"].startswith("each node's own ext4"), results["node_disks"]

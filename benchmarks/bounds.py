@@ -1,0 +1,161 @@
+"""The simulated cluster's lower bounds on a ship, and the CPU samplers they are read from.
+
+`benchmarks.cluster_ship --netns` runs every simulated node on this one host, so two things can
+set the best time a ship could have, and the benchmark judges "within 1.5 x" against the larger:
+
+- the **link bound**: the first node's build, then the venv's stream over one node's link (what
+  N machines with their own CPUs would be limited by);
+- the **CPU bound**: the first node's build, then the CPU-seconds the receiving nodes used to
+  take the venv, divided by the host's cores (what N nodes sharing these cores are limited by,
+  however well the work is spread). The CPU-seconds are measured, not estimated: `NodeCpu`
+  samples, every second, the user + system CPU time of every process under each node's
+  `ray start` (the raylet and its object transfers, the receiver actor's pull, checks, unpack,
+  relay and install, the probe worker's start; processes that exited are counted through their
+  parents' cutime and cstime), and the bound takes each receiver's from the end of the first
+  build to the end of the ship, summed over the receivers. The sender's CPU after the build is
+  left out (it is recorded), as is what the receivers did during the build (starting their
+  actors), which a cluster overlaps with the build. Being measured, it is what this code
+  needed, not the least any code could need: it says whether the time left is the host's CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Self
+
+
+def link_bound(first_build: float, stream_bytes: int, link_mbit: float) -> float:
+    """The first build, then the stream over one node's link."""
+    return round(first_build + stream_bytes * 8 / (link_mbit * 1e6), 2)
+
+
+def cpu_bound(first_build: float, receiver_cpu_seconds: Sequence[float], cores: int) -> float:
+    """The first build, then every receiver's CPU-seconds spread over the host's cores."""
+    return round(first_build + sum(receiver_cpu_seconds) / max(cores, 1), 2)
+
+
+def judge(ready: float, link: float, cpu: float | None) -> dict[str, float | bool]:
+    """The larger bound, the ship against it, and whether that is within 1.5 x."""
+    larger = max(link, cpu or 0.0)
+    over = round(ready / larger, 2)
+    return {
+        "larger_bound_seconds": larger,
+        "ship_over_bound": over,
+        "within_1_5x_bound": over <= 1.5,
+    }
+
+
+def tree_cpu_seconds(roots: Sequence[int]) -> list[float]:
+    """CPU seconds (user + system) used so far by each root and every process below it, those
+    that exited included: a parent's cutime and cstime hold its reaped children's."""
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()  # after the command's name
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        ticks[int(entry)] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    totals = []
+    for root in roots:
+        total, todo = 0, [root]
+        while todo:
+            pid = todo.pop()
+            total += ticks.get(pid, 0)
+            todo += children.get(pid, [])
+        totals.append(total / os.sysconf("SC_CLK_TCK"))
+    return totals
+
+
+class _Sampler:
+    """A thread that calls `_sample_once` every `every` seconds while a block runs."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class HostCpu(_Sampler):
+    """How busy the host's cores are while a block runs: each second's busy share of all of
+    them (`/proc/stat`: everything but idle and iowait; kernel work that no process is charged
+    for, such as the links' packet processing, included)."""
+
+    def __init__(self, every: float = 1.0) -> None:
+        super().__init__(every)
+        self.shares: list[float] = []
+
+    @staticmethod
+    def _ticks() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            values = [int(x) for x in f.readline().split()[1:]]
+        idle = values[3] + values[4]  # idle, iowait
+        return sum(values[:8]) - idle, sum(values[:8])
+
+    def _run(self) -> None:
+        busy, total = self._ticks()
+        while not self._stop.wait(self.every):
+            now_busy, now_total = self._ticks()
+            self.shares.append(round((now_busy - busy) / max(now_total - total, 1), 2))
+            busy, total = now_busy, now_total
+
+    def mean(self, start: float, end: float) -> float | None:
+        """The mean busy share from `start` to `end` seconds into the block."""
+        window = self.shares[int(start / self.every) : int(end / self.every)]
+        return round(sum(window) / len(window), 2) if window else None
+
+
+class NodeCpu(_Sampler):
+    """Each node's CPU seconds so far (`tree_cpu_seconds` of its root), sampled when the block
+    starts, every `every` seconds, and when it ends; `used` reads a window off the samples."""
+
+    def __init__(self, roots: Sequence[int], every: float = 1.0) -> None:
+        super().__init__(every)
+        self.roots = tuple(roots)
+        self.samples: list[tuple[float, list[float]]] = []  # (seconds into the block, per node)
+        self._start = 0.0
+
+    def _take(self) -> None:
+        self.samples.append((time.monotonic() - self._start, tree_cpu_seconds(self.roots)))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self._take()
+
+    def __enter__(self) -> Self:
+        self._start = time.monotonic()
+        self._take()
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        self._take()
+
+    def at(self, seconds: float) -> list[float]:
+        """Each node's CPU seconds at the last sample taken at or before `seconds`."""
+        taken = [cpu for when, cpu in self.samples if when <= seconds]
+        return taken[-1] if taken else self.samples[0][1]
+
+    def used(self, start: float, end: float | None = None) -> list[float]:
+        """Each node's CPU seconds from `start` seconds into the block to `end` (the end)."""
+        last = self.samples[-1][1] if end is None else self.at(end)
+        return [round(b - a, 2) for a, b in zip(self.at(start), last, strict=True)]
