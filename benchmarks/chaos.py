@@ -1,0 +1,265 @@
+"""Faults at random on a real multi-node cluster: does anything get lost?
+
+A 3-node `ray start` cluster in network namespaces, token auth on, node 2's venv dir and uv
+cache on a small loop device (`chaos_cluster`). Each round starts four jobs at once, each
+asking for a venv its own way (`chaos_jobs`: plain actors and `prepare` with shipping on fresh
+keys, a worker group and a `uv run` driver on warm ones), and meanwhile injects the round's
+faults at random moments (`chaos_faults`: SIGKILL, or SIGSTOP then SIGCONT, of a `uv sync`, a
+runtime-env agent, a raylet, a ship sender or receiver, a driver; a node's link dropped or
+delayed; the loop disk filled). Then it lets every fault go, starts again the nodes that went
+down, asks once more for every key of the round (an actor on each node), and checks the
+invariants (`chaos_invariants`).
+
+    flock /work/notes/heavy.lock uv run python -m benchmarks.chaos --seed 1 --faults 200 \\
+        --out benchmarks/results/chaos-1.jsonl
+
+Writes one JSON line per fault (the planned fault, what it hit and when, the round's
+invariants), one per job, and a last line with the summary. The plan depends on the seed alone.
+Needs root (namespaces, `tc`, a loop mount); everything it makes is removed however it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, TextIO
+
+import ray
+
+from benchmarks import netns, node_disks
+from benchmarks.chaos_cluster import (
+    BUILD_TIMEOUT_S,
+    LOOP_NODE,
+    NODE_MBIT,
+    NODES,
+    ChaosCluster,
+    Node,
+)
+from benchmarks.chaos_faults import KINDS, Injector, plan
+from benchmarks.chaos_invariants import leftovers, locks, ran_in_ready, whole
+from benchmarks.chaos_jobs import JOB_TIMEOUT_S, Job, Projects, jobs_for_round, verify_job
+from benchmarks.cluster_ship import BIN, WHEEL_CACHE, CountingIndex, mirror_pypi, remove
+from ray_uv_plugin.agent.uv import find_uv, uv_version
+
+INVARIANTS = ("whole", "ran_in_ready", "locks", "leftovers", "no_hang", "next_round")
+LOOP_SIZE = "3G"
+
+
+def check_round(
+    cluster: ChaosCluster, jobs: list[Job], verify: Job, checked: set[tuple[int, str]]
+) -> dict[str, list[str]]:
+    """Every invariant's violations after a round (empty lists: it held)."""
+    dirs = [n.venv_dir for n in cluster.nodes]
+    reports = [r for j in [*jobs, verify] for r in j.result.get("reports", [])]
+    found: dict[str, list[str]] = {
+        "no_hang": [
+            f"{j.kind} hung past {JOB_TIMEOUT_S}s" for j in [*jobs, verify] if j.result["hung"]
+        ],
+        "next_round": (
+            [] if verify.result["rc"] == 0 and not verify.result["hung"]
+            else [f"the requests after the faults failed: {verify.result.get('error', '')}"]
+        ),
+        "ran_in_ready": ran_in_ready(reports, dirs),
+        "whole": whole(dirs, checked),
+        "locks": locks(dirs, BUILD_TIMEOUT_S),
+    }  # fmt: skip
+    found["leftovers"] = [
+        v for n in cluster.nodes for v in leftovers(n.venv_dir, n.env(), str(BIN / "ray-uv"))
+    ]
+    return found
+
+
+def one_round(
+    round_no: int,
+    args: argparse.Namespace,
+    cluster: ChaosCluster,
+    projects: Projects,
+    uv_project: Path,
+    logs: Path,
+    checked: set[tuple[int, str]],
+    out: TextIO,
+) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    prefix = cluster.driver_prefix
+    jobs = jobs_for_round(round_no, cluster.gcs, prefix, projects, uv_project)
+    injector = Injector(cluster, lambda: [p for j in jobs for p in j.pids()])
+    faults = plan(args.seed, round_no, args.per_round, args.window, NODES)
+    done = threading.Event()
+    records: list[dict[str, Any]] = []
+    start = time.monotonic()
+    for job in jobs:
+        job.start(logs)
+
+    def inject(fault: Any) -> None:
+        records.append(injector.run(fault, start, done))
+
+    threads = [threading.Thread(target=inject, args=(f,), daemon=True) for f in faults]
+    try:
+        for t in threads:
+            t.start()
+        deadline = start + JOB_TIMEOUT_S
+        for job in jobs:
+            job.wait(deadline)
+        done.set()
+        for t in threads:
+            t.join()
+    finally:
+        done.set()
+        injector.release()
+        for job in jobs:
+            if job.proc is not None and job.proc.poll() is None:
+                job.proc.kill()
+    restarted = cluster.heal()
+    keys = [projects.variant(f"r{round_no}-prepare"), projects.variant(f"r{round_no}-actors")]
+    verify = verify_job(round_no, cluster.gcs, prefix, [*keys, projects.base])
+    verify.start(logs)
+    verify.wait(time.monotonic() + JOB_TIMEOUT_S)
+    found = check_round(cluster, jobs, verify, checked)
+    held = {name: not v for name, v in found.items()}
+    for record in sorted(records, key=lambda r: r["offset_s"]):
+        out.write(json.dumps({"type": "fault", **record, "invariants_held": held}) + "\n")
+    for job in [*jobs, verify]:
+        line = {k: v for k, v in job.result.items() if k != "reports"}
+        out.write(json.dumps({"type": "job", **line, "workers": len(job.result["reports"])}) + "\n")
+    out.write(json.dumps({"type": "round", "round": round_no, "restarted": restarted,
+                          "seconds": round(time.monotonic() - start, 1),
+                          "violations": {k: v for k, v in found.items() if v}}) + "\n")  # fmt: skip
+    out.flush()
+    return records, found
+
+
+def summarize(
+    faults: list[dict[str, Any]], rounds: int, violations: list[dict[str, Any]], jobs: Counter
+) -> dict[str, Any]:
+    hit = [f for f in faults if f["target"] is not None]
+    by_kind = Counter(f"{f['kind']}:{f['action']}" for f in hit)
+    return {
+        "type": "summary",
+        "rounds": rounds,
+        "faults_injected": len(hit),
+        "faults_without_target": len(faults) - len(hit),
+        "faults_per_kind": dict(sorted(Counter(f["kind"] for f in hit).items())),
+        "faults_per_kind_action": dict(sorted(by_kind.items())),
+        "invariants": list(INVARIANTS),
+        "violations": violations,
+        "jobs": dict(sorted(jobs.items())),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    files = [*mirror_pypi(f"ray=={ray.__version__}", WHEEL_CACHE / "pypi")]
+    files += mirror_pypi("six", WHEEL_CACHE / "pypi")
+    base = Path(tempfile.mkdtemp(prefix=f"{netns.PREFIX}chaos-", dir="/tmp"))
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    faults: list[dict[str, Any]] = []
+    violations: list[dict[str, Any]] = []
+    jobs: Counter = Counter()
+    rounds = 0
+    began = time.monotonic()
+    with open(out_path, "w") as out, ExitStack() as stack:
+        stack.callback(remove, base)
+        net = stack.enter_context(netns.network())
+        index_host = net.add_host("index", 1000, 1000)
+        hosts = [net.add_host(f"n{i}", NODE_MBIT, NODE_MBIT) for i in range(NODES)]
+        with netns.inside(index_host):
+            index = CountingIndex(files, bind=index_host.ip)
+        stack.callback(index.server.server_close)
+        stack.callback(index.server.shutdown)
+        loop_dir = base / f"node{LOOP_NODE}"
+        stack.enter_context(node_disks.mounted([loop_dir], base, size=LOOP_SIZE))
+        stack.callback(_kill_namespaces, net)  # before the unmount: nothing holds the disk
+        nodes = [
+            Node(i, h, base / f"node{i}" / "venvs", base / f"node{i}" / "uv-cache")
+            for i, h in enumerate(hosts)
+        ]
+        for n in nodes:
+            n.venv_dir.mkdir(parents=True, exist_ok=True)
+        temp = base / "ray"
+        temp.mkdir()
+        cluster = ChaosCluster(net, nodes, temp)
+        stack.callback(cluster.close)
+        projects = Projects(base / "projects", index.url, hosts[0].exec())
+        uv_project = projects.variant("uv-run")
+        subprocess_env = {**os.environ, "UV_CACHE_DIR": str(base / "driver-uv-cache")}
+        _run([*hosts[0].exec(), find_uv(), "sync", "--quiet", "--project", str(uv_project)],
+             subprocess_env)  # fmt: skip
+        for n in nodes:
+            cluster.start(n)
+            if n.index == 0:
+                time.sleep(3)
+        cluster.heal()
+        logs = base.parent / f"{base.name}-logs"
+        logs.mkdir(exist_ok=True)
+        out.write(json.dumps({"type": "setup", "seed": args.seed, "ray": ray.__version__,
+                              "uv": uv_version(), "machine": f"{os.cpu_count()} CPUs",
+                              "logs": str(logs), "loop_disk": LOOP_SIZE,
+                              "link_mbit": NODE_MBIT}) + "\n")  # fmt: skip
+        checked: set[tuple[int, str]] = set()
+        while sum(f["target"] is not None for f in faults) < args.faults:
+            if args.minutes and time.monotonic() - began > args.minutes * 60:
+                break
+            records, found = one_round(
+                rounds, args, cluster, projects, uv_project, logs, checked, out
+            )
+            faults += records
+            for name, items in found.items():
+                violations += [{"round": rounds, "invariant": name, "what": v} for v in items]
+            rounds += 1
+            hit = sum(f["target"] is not None for f in faults)
+            bad = sum(bool(v) for v in found.values())
+            print(f"round {rounds}: {hit} faults so far, {bad} invariants broken", flush=True)
+        jobs.update(
+            json.loads(line)["job"] + (":ok" if json.loads(line)["rc"] == 0 else ":failed")
+            for line in out_path.read_text().splitlines()
+            if '"type": "job"' in line
+        )
+        summary = summarize(faults, rounds, violations, jobs)
+        summary["seconds"] = round(time.monotonic() - began)
+        out.write(json.dumps(summary) + "\n")
+    return summary
+
+
+def _run(argv: list[str], env: dict[str, str]) -> None:
+    import subprocess
+
+    subprocess.run(argv, check=True, env=env, timeout=600)
+
+
+def _kill_namespaces(net: netns.Network) -> None:
+    for pid in net.pids():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    time.sleep(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--faults", type=int, default=200, help="stop once this many faults hit")
+    p.add_argument("--per-round", type=int, default=len(KINDS), help="faults per round")
+    p.add_argument("--window", type=float, default=40.0, help="seconds of a round faults fall in")
+    p.add_argument("--minutes", type=float, default=0, help="stop after the round past this")
+    p.add_argument("--out", default="benchmarks/results/chaos.jsonl")
+    args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        print("chaos: needs root (network namespaces, tc, a loop mount)", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, netns.interrupted)  # the teardown runs
+    summary = run(args)
+    print(json.dumps(summary, indent=1))
+    return 1 if summary["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

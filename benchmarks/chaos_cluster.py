@@ -1,0 +1,195 @@
+"""The chaos run's cluster: three `ray start` nodes in network namespaces, token auth on, one
+node's venv dir (and uv cache) on a small loop device, and a package index on a host of its own.
+
+Built from the pieces of `cluster_ship --netns` (`netns`, `node_disks`, its `CountingIndex`
+and PyPI mirror, its token), with one difference: a node can be restarted. A SIGKILLed raylet
+or runtime-env agent takes its node down (`ray start --block` then stops the rest), so the run
+starts that node's `ray start` again before the next round. Everything is stopped by the pids
+the run started (each `ray start --block` leads a process group) and by the namespaces, which
+only this run's processes can be in; `ray stop` is never used.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray_uv_plugin
+from benchmarks import netns
+from benchmarks.cluster_ship import BIN, CLUSTER_AUTH, driver_env, free_ports
+
+NODES = 3
+LOOP_NODE = 2  # the node whose venv dir and uv cache sit on a small loop device
+NODE_MBIT = 200  # slow enough that a venv's stream lasts seconds: a window for ship faults
+BUILD_TIMEOUT_S = 240  # the nodes' RAY_UV_PLUGIN_BUILD_TIMEOUT_S: the bound for a held lock
+
+
+@dataclass
+class Node:
+    index: int
+    host: netns.Host
+    venv_dir: Path
+    uv_cache: Path
+    proc: subprocess.Popen | None = None
+    starts: int = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def env(self) -> dict[str, str]:
+        """The environment of this node's `ray start` (and of `ray-uv gc` for its venv dir)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "UV_"))}
+        env.update(CLUSTER_AUTH)  # token auth: a token of this run's own
+        env["RAY_RUNTIME_ENV_PLUGINS"] = ray_uv_plugin.plugin_config()
+        env["RAY_USAGE_STATS_ENABLED"] = "0"
+        env["RAY_UV_PLUGIN_VENV_DIR"] = str(self.venv_dir)
+        env["RAY_UV_PLUGIN_BUILD_TIMEOUT_S"] = str(BUILD_TIMEOUT_S)
+        env["UV_CACHE_DIR"] = str(self.uv_cache)
+        env["UV_COMPILE_BYTECODE"] = "0"  # builds of seconds, not minutes, on 2 shared cores
+        return env
+
+
+@dataclass
+class ChaosCluster:
+    net: netns.Network
+    nodes: list[Node]
+    temp: Path  # Ray's temp dir (the head's --temp-dir; short: socket paths)
+    gcs: str = ""
+    procs: list[subprocess.Popen] = field(default_factory=list)  # every `ray start` made
+
+    @property
+    def driver_prefix(self) -> list[str]:
+        return self.nodes[0].host.exec()
+
+    def start(self, node: Node) -> None:
+        """`ray start --block` on `node` (the head first), fresh ports each time."""
+        p = free_ports(9 + 8)
+        args = [
+            *node.host.exec(), str(BIN / "ray"), "start", "--block", "--num-cpus=4",
+            "--object-store-memory=300000000", f"--node-manager-port={p[0]}",
+            f"--object-manager-port={p[1]}", f"--dashboard-agent-listen-port={p[2]}",
+            f"--dashboard-agent-grpc-port={p[3]}", f"--runtime-env-agent-port={p[4]}",
+            f"--metrics-export-port={p[5]}", "--worker-port-list=" + ",".join(map(str, p[9:])),
+            f"--node-ip-address={node.host.ip}",
+        ]  # fmt: skip
+        if node.index == 0:
+            self.gcs = f"{node.host.ip}:{p[6]}"
+            args += ["--head", f"--port={p[6]}", f"--temp-dir={self.temp}"]
+            args += ["--include-dashboard=false", f"--ray-client-server-port={p[7]}"]
+        else:
+            args += [f"--address={self.gcs}"]
+        log = open(self.temp.parent / f"ray-start-{node.index}-{node.starts}.log", "w")  # noqa: SIM115
+        node.proc = subprocess.Popen(
+            args, env=node.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        node.starts += 1
+        self.procs.append(node.proc)
+
+    def alive_nodes(self) -> int | None:
+        """How many nodes the GCS counts alive; None if it cannot be asked."""
+        code = (
+            "import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
+            "print(sum(n['Alive'] for n in ray.nodes()))"
+        )
+        try:
+            out = subprocess.run(
+                [*self.driver_prefix, sys.executable, "-c", code, self.gcs],
+                capture_output=True, text=True, env=driver_env(), timeout=60,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return None
+        text = out.stdout.strip().splitlines()
+        return int(text[-1]) if out.returncode == 0 and text and text[-1].isdigit() else None
+
+    def heal(self, timeout: float = 240) -> list[int]:
+        """Start again every node whose `ray start` ended (the head is never a target of a
+        kill); wait until the GCS counts every node alive. Returns the nodes restarted."""
+        if not self.nodes[0].alive:
+            raise RuntimeError("the head node is down: the run cannot go on")
+        restarted = []
+        for node in self.nodes[1:]:
+            if not node.alive:
+                self.stop(node)
+                self.start(node)
+                restarted.append(node.index)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.alive_nodes() == len(self.nodes) and all(n.alive for n in self.nodes):
+                return restarted
+            for node in self.nodes[1:]:  # a node the GCS gave up on while it waited
+                if not node.alive:
+                    self.start(node)
+                    restarted.append(node.index)
+            time.sleep(2)
+        raise RuntimeError(f"the cluster did not come back to {len(self.nodes)} nodes")
+
+    def stop(self, node: Node) -> None:
+        """Stop what `node`'s `ray start` leads (its process group), and what is left in its
+        namespace of that start (a raylet's orphans)."""
+        if node.proc is not None:
+            _kill_group(node.proc)
+        for pid in in_namespace(node.host):
+            if _ray_process(pid):
+                _signal(pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            _kill_group(proc)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGCONT, signal.SIGTERM):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=20)
+
+
+def _ray_process(pid: int) -> bool:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"ray" in cmd
+
+
+def namespace_inode(host: netns.Host) -> int:
+    return os.stat(f"/run/netns/{host.ns}").st_ino
+
+
+def in_namespace(host: netns.Host) -> list[int]:
+    """The live processes in `host`'s namespace: only this run's can be there."""
+    want = f"net:[{namespace_inode(host)}]"
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry}/ns/net") == want:
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found

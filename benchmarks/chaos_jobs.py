@@ -1,0 +1,257 @@
+"""The chaos run's traffic: small uv projects (one `uv lock`, a key per variant) and the four
+ways a job asks for a venv, each a driver process in the head's namespace with a timeout.
+
+- `actors`: plain actors with `uv_project`, one pinned to each node;
+- `group`: a worker group (`worker_groups`), one worker per node;
+- `prepare`: `ray-uv prepare` with shipping (one node builds, the others receive);
+- `uv_run`: a driver started with `uv run` under the plugin's driver hook, two actors with the
+  job's venv.
+
+Every worker reports, as it starts, its `sys.prefix` and the venv's marker as it read it then
+(`chaos_invariants.ran_in_ready` checks them). A job's result is its exit status, its time,
+and what it printed after `RESULT `.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.cluster_ship import BIN, driver_env
+from ray_uv_plugin.agent.uv import find_uv
+from tests.uvproject import write_project
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB_TIMEOUT_S = 420  # a job not ended by then hung (a build's bound, 240 s, and margin)
+GET_TIMEOUT_S = 360  # what a driver's ray.get waits before it says so
+
+WORKER = textwrap.dedent(
+    """\
+    import json, os, sys
+
+
+    def report():
+        try:
+            with open(os.path.join(sys.prefix, ".ray-uv-ready")) as f:
+                marker = json.load(f)
+        except Exception as e:  # noqa: BLE001 - reported, then judged by the harness
+            marker = f"unreadable: {e!r}"
+        return {"pid": os.getpid(), "prefix": sys.prefix, "marker": marker,
+                "venv_env": os.environ.get("RAY_UV_PLUGIN_VENV")}
+
+
+    class Pinger:
+        def __init__(self):
+            self.started = report()  # at the worker's start, before any call
+
+        def ping(self):
+            return self.started
+    """
+)
+
+ACTORS = textwrap.dedent(
+    """\
+    import json, sys
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    gcs, timeout, projects = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+    ray.init(address=gcs, logging_level="ERROR")
+    sys.path.insert(0, projects[0])
+    from chaosworker import Pinger
+    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+    actors = []
+    for project in projects:
+        for node in nodes:
+            actors.append(ray.remote(Pinger).options(
+                num_cpus=0, runtime_env={"working_dir": project, "uv_project": {}},
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote())
+    reports = ray.get([a.ping.remote() for a in actors], timeout=timeout)
+    print("RESULT " + json.dumps({"reports": reports}))
+    """
+)
+
+GROUP = textwrap.dedent(
+    """\
+    import json, sys
+    import ray
+    from worker_groups import (ACTOR_ENVIRONMENT_REGISTRY, RayVirtualCluster, RayWorkerBuilder,
+                               RayWorkerGroup)
+    gcs, timeout, project = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    ray.init(address=gcs, runtime_env={"working_dir": project}, logging_level="ERROR")
+    ACTOR_ENVIRONMENT_REGISTRY["chaosworker.Pinger"] = {}
+    cluster = RayVirtualCluster([1] * 3, use_gpus=False)
+    group = RayWorkerGroup(cluster, RayWorkerBuilder("chaosworker.Pinger"))
+    reports = ray.get(group.run_all_workers_single_data("ping"), timeout=timeout)
+    group.shutdown()
+    cluster.shutdown()
+    print("RESULT " + json.dumps({"reports": reports}))
+    """
+)
+
+UV_RUN = textwrap.dedent(
+    """\
+    import json, sys
+    import ray
+    from chaosworker import Pinger
+    gcs, timeout = sys.argv[1], float(sys.argv[2])
+    ray.init(address=gcs, logging_level="ERROR")
+    actors = [ray.remote(Pinger).options(num_cpus=0).remote() for _ in range(2)]
+    reports = ray.get([a.ping.remote() for a in actors], timeout=timeout)
+    print("RESULT " + json.dumps({"reports": reports}))
+    """
+)
+
+
+@dataclass
+class Job:
+    kind: str
+    round: int
+    argv: list[str]
+    cwd: Path
+    env: dict[str, str]
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    log: Path | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+
+    def start(self, logs: Path) -> None:
+        self.log = logs / f"r{self.round:03d}-{self.kind}.log"
+        out = open(self.log, "w")  # noqa: SIM115 - the job's own, closed with it
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.argv, cwd=self.cwd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        out.close()
+
+    def pids(self) -> list[int]:
+        """The driver's Python process (below `uv run` for that kind) while it runs."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        if self.kind != "uv_run":
+            return [self.proc.pid]
+        return children(self.proc.pid) or [self.proc.pid]
+
+    def wait(self, deadline: float) -> None:
+        """Until it ends or `deadline` (monotonic); past it, it hung: killed, and said so."""
+        assert self.proc is not None and self.log is not None
+        try:
+            rc = self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            hung = False
+        except subprocess.TimeoutExpired:
+            stop_group(self.proc)
+            rc, hung = self.proc.wait(), True
+        text = self.log.read_text(errors="replace")
+        found = [x for x in text.splitlines() if x.startswith("RESULT ")]
+        self.result = {
+            "job": self.kind,
+            "round": self.round,
+            "rc": rc,
+            "seconds": round(time.monotonic() - self.started, 1),
+            "hung": hung,
+            "reports": json.loads(found[-1][7:]).get("reports", []) if found else [],
+        }
+        if rc != 0:
+            self.result["error"] = _last_error(text)
+
+
+def _last_error(text: str) -> str:
+    lines = [x for x in text.splitlines() if x.strip()]
+    errors = [x for x in lines if "Error" in x or "error" in x]
+    return (errors[-1] if errors else (lines[-1] if lines else ""))[-300:]
+
+
+def children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGCONT, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+
+
+class Projects:
+    """The run's projects: one locked base (Ray and `six` from the run's index), and variants of
+    it that differ by a comment (a key each, the same lock)."""
+
+    def __init__(self, where: Path, index_url: str, lock_prefix: list[str]) -> None:
+        self.where = where
+        self.base = write_project(
+            where / "base", ["six"], lock=False, name="chaosproj",
+            requires_python=f"=={sys.version_info[0]}.{sys.version_info[1]}.*",
+            files={"chaosworker.py": WORKER, "uv_run_driver.py": UV_RUN},
+        )  # fmt: skip
+        with open(self.base / "pyproject.toml", "a") as f:
+            f.write(f'\n[[tool.uv.index]]\nname = "chaos"\nurl = "{index_url}"\ndefault = true\n')
+        with tempfile.TemporaryDirectory() as cache:
+            argv = [*lock_prefix, find_uv(), "lock", "--quiet", "--project", str(self.base)]
+            subprocess.run(argv, check=True, env={**os.environ, "UV_CACHE_DIR": cache})
+
+    def variant(self, tag: str) -> Path:
+        path = self.where / tag
+        if not path.exists():
+            shutil.copytree(self.base, path, ignore=shutil.ignore_patterns(".venv"))
+            with open(path / "pyproject.toml", "a") as f:
+                f.write(f"# {tag}\n")
+        return path
+
+
+def uv_run_env() -> dict[str, str]:
+    """A driver's environment under `ray-uv plugin-config --shell`, the README's set-up."""
+    out = subprocess.run(
+        [str(BIN / "ray-uv"), "plugin-config", "--shell"], capture_output=True, text=True,
+        check=True,
+    )  # fmt: skip
+    env = driver_env()
+    for line in out.stdout.splitlines():
+        name, _, value = line.removeprefix("export ").partition("=")
+        env[name] = shlex.split(value)[0] if value else ""
+    return env
+
+
+def jobs_for_round(
+    round_no: int, gcs: str, prefix: list[str], projects: Projects, uv_project: Path
+) -> list[Job]:
+    """The round's four jobs: fresh keys for `prepare` and the actors, the base's for the group,
+    the `uv run` project's for its driver."""
+    py, t = sys.executable, str(GET_TIMEOUT_S)
+    env = driver_env()
+    prep = projects.variant(f"r{round_no}-prepare")
+    fresh = projects.variant(f"r{round_no}-actors")
+    ray_uv = [str(BIN / "ray-uv"), "prepare", "--address", gcs, "--project", str(prep), "--json"]
+    return [
+        Job("prepare", round_no, [*prefix, *ray_uv], ROOT, env),
+        Job("actors", round_no, [*prefix, py, "-c", ACTORS, gcs, t, str(fresh)], ROOT, env),
+        Job("group", round_no, [*prefix, py, "-c", GROUP, gcs, t, str(projects.base)], ROOT, env),
+        Job(
+            "uv_run",
+            round_no,
+            [*prefix, find_uv(), "run", "python", "uv_run_driver.py", gcs, t],
+            uv_project,
+            uv_run_env(),
+        ),  # fmt: skip
+    ]
+
+
+def verify_job(round_no: int, gcs: str, prefix: list[str], projects: list[Path]) -> Job:
+    """Once the faults are gone: an actor on every node in every key the round asked for."""
+    argv = [*prefix, sys.executable, "-c", ACTORS, gcs, str(GET_TIMEOUT_S), *map(str, projects)]
+    return Job("verify", round_no, argv, ROOT, driver_env())
