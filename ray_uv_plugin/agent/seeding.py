@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,19 +118,20 @@ def _candidates(root: Path, key: str, interpreter: str) -> Iterator[tuple[str, P
         yield name, venv, meta
 
 
-def choose(root: Path, venv: Path, interpreter: str) -> Seed | None:
-    """The ready venv of `root` nearest to the new `venv` (just synced, without bytecode): the
-    same interpreter, the most distributions alike; None where none shares `MIN_COMMON`."""
-    site = site_packages(venv)
-    if site is None:
-        return None
-    new = dist_infos(site)
+def nearest(
+    root: Path, key: str, interpreter: str, distributions: Collection[str]
+) -> tuple[str, Path, dict] | None:
+    """(key, path, marker) of the ready venv of `root` nearest to the venv `key` whose
+    site-packages holds the dist-info dirs `distributions`: the same interpreter, the most
+    dist-info dirs in common; None where none shares `MIN_COMMON`. One notion of "near" for a
+    build (`choose`) and a ship's receiver (`ship.delta`)."""
+    new = set(distributions)
     best: tuple[int, str, Path, dict] | None = None
-    for name, path, meta in _candidates(root, venv.name, interpreter):
+    for name, path, meta in _candidates(root, key, interpreter):
         rel = meta.get("site_packages")
         if not isinstance(rel, str):
             continue
-        shared = len(new.keys() & dist_infos(path / rel).keys())
+        shared = len(new & dist_infos(path / rel).keys())
         if shared >= MIN_COMMON and (best is None or shared > best[0]):
             best = (shared, name, path, meta)
     if best is None:
@@ -138,6 +139,20 @@ def choose(root: Path, venv: Path, interpreter: str) -> Seed | None:
     _, name, path, meta = best
     if check_ready(root, name) is not None:  # trusted, whole, and marked used: it is
         return None
+    return name, path, meta
+
+
+def choose(root: Path, venv: Path, interpreter: str) -> Seed | None:
+    """The ready venv of `root` nearest to the new `venv` (just synced, without bytecode): the
+    same interpreter, the most distributions alike; None where none shares `MIN_COMMON`."""
+    site = site_packages(venv)
+    if site is None:
+        return None
+    new = dist_infos(site)
+    found = nearest(root, venv.name, interpreter, new.keys())
+    if found is None:
+        return None
+    name, path, meta = found
     seed_site = path / meta["site_packages"]
     common = tuple(
         sorted(

@@ -53,7 +53,8 @@ def project_label(project: str) -> str:
 
 def built_label(meta: Any) -> str:
     """The BUILT column: how the venv came to be, from its marker's `built` (`full`,
-    `seeded from <key> (N dists)`, `shipped (<bytes> from <host>)`), `-` where it says nothing
+    `seeded from <key> (N dists)`, `shipped (<bytes> from <host>)`, with `; N files, <bytes>,
+    from seed <key>` where the receiver took those from its seed), `-` where it says nothing
     (a venv of an earlier version)."""
     built = meta.get("built") if isinstance(meta, dict) else None
     if not isinstance(built, dict):
@@ -64,7 +65,15 @@ def built_label(meta: Any) -> str:
     if how == "shipped":
         size = built.get("bytes")
         sent = format_bytes(size) if isinstance(size, int) else "?"
-        return f"shipped ({sent} from {built.get('from')})"
+        seed = built.get("seed")
+        if seed is None:
+            return f"shipped ({sent} from {built.get('from')})"
+        reused = built.get("reused_bytes")
+        taken = format_bytes(reused) if isinstance(reused, int) else "?"
+        return (
+            f"shipped ({sent} from {built.get('from')}; {built.get('reused_files')} files, "
+            f"{taken}, from seed {seed})"
+        )
     return str(how or "-")
 
 

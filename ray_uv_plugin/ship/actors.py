@@ -17,7 +17,7 @@ import ray
 
 from ray_uv_plugin.agent.request import KeyInputs
 from ray_uv_plugin.agent.uv_env import sync_environment
-from ray_uv_plugin.ship import archive, unpack
+from ray_uv_plugin.ship import archive, delta, unpack
 from ray_uv_plugin.ship.build_target import build_target, local_builds, target_differs
 from ray_uv_plugin.ship.install import install_received
 from ray_uv_plugin.store import trust
@@ -118,7 +118,15 @@ class VenvSender:
             "pid": os.getpid(),
             "built_here": built_here,  # {distribution: wheel tag}, built on this node by uv
             "target": build_target(_keyed_env(self.marker or {})) if built_here else None,
+            "distributions": delta.distributions(self.venv),  # for a receiver's seed
+            "files": delta.offered_files(self.packer.built),  # sha256s it may take from one
         }
+
+    def refer(self, sha256s: list[str]) -> int:
+        """Stream the files of these sha256s as references (every receiver staged them from
+        its seed: `delta`); before the first chunk. Returns how many."""
+        self.packer.refer = frozenset(sha256s)
+        return len(self.packer.refer)
 
     @ray.method(num_returns=2)
     def next_chunk(self) -> tuple[dict[str, Any], bytes]:
@@ -217,13 +225,14 @@ class VenvReceiver:
             return {"decision": "reused"}
         remove_leftovers(self.root, key)
         self.unpacker = unpack.Unpacker(self.root, key, source["host"], sender_venv=source["venv"])
+        self.unpacker.staged = delta.stage(self.root, self.unpacker.tmp, key, source)
         self.start = time.monotonic()
         limit = build_timeout()
         threading.Thread(
             target=self._watch, args=(limit,), name="ship watchdog", daemon=True
         ).start()
         threading.Thread(target=self._unpack_chunks, name="ship unpack", daemon=True).start()
-        return {"decision": "take"}
+        return delta.take_answer(self.unpacker.staged)
 
     def _unpack_chunks(self) -> None:
         """Add the chunks `relay` queued, in order; the first failure is kept for `relay` or
@@ -301,7 +310,7 @@ class VenvReceiver:
                     "shipped_from": self.source["host"],
                     "received_at": time.time(),
                     # How this node's venv came to be (the sender's marker says how it was built).
-                    "built": {"how": "shipped", "from": self.source["host"], "bytes": total},
+                    "built": delta.built(self.source["host"], total, unpacker.staged),
                 }
                 install_received(self.root, self.source["key"], tree, meta)
             except Exception as e:
@@ -342,6 +351,10 @@ def check_offer(source: Any) -> None:
         archive.check_key(source["key"])
     except archive.ArchiveError as e:
         raise ShipError(f"the offer's key: {e}") from e
+    try:
+        delta.check_offered(source)
+    except archive.ArchiveError as e:
+        raise ShipError(f"{e}: the sending node runs another version of the plugin?") from e
     built, target = source.get("built_here"), source.get("target")
     if built and not (
         isinstance(built, dict)

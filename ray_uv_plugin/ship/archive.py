@@ -49,6 +49,8 @@ MAX_BYTES = 64 * 1024**3
 STALL_SECONDS = 300.0
 _KEY = re.compile(rf"[0-9a-f]{{{KEY_LENGTH}}}")
 END = None  # what follows the last chunk in a queue of chunks
+# The link text of a file the receiver takes from its seed (+ its sha256): `delta`.
+SEED_REFERENCE = ".ray-uv-seed/"
 
 
 class ArchiveError(RuntimeError):
@@ -206,11 +208,21 @@ class _Hashing:
 
 
 def _add(
-    tar: tarfile.TarFile, path: str, arcname: str, seen: dict[tuple[int, int], str]
+    tar: tarfile.TarFile,
+    path: str,
+    arcname: str,
+    seen: dict[tuple[int, int], str],
+    refer: bool = False,
 ) -> tuple[tarfile.TarInfo, manifest.Entry | None]:
     """Stream the member at `path`; returns it and its manifest entry as streamed (None for a
-    hard link to a member streamed before: the same inode, so that member's entry)."""
+    hard link to a member streamed before: the same inode, so that member's entry). `refer`: a
+    file the receiver has, streamed as a link to `SEED_REFERENCE` + its sha256 (`delta`)."""
     info = _tarinfo(path, arcname, seen)
+    if info.isreg() and refer:
+        st, sha256 = manifest.hash_file(path)  # checked against the build's all the same
+        info.type, info.linkname, info.size = tarfile.LNKTYPE, SEED_REFERENCE + sha256, 0
+        tar.addfile(info)
+        return info, manifest.file_entry(info.mode, st.st_size, sha256)
     if info.isreg():
         with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
             hashing = _Hashing(f)
@@ -263,6 +275,7 @@ class Packer:
                 "a rebuild restore it; else the wheel's RECORD is wrong)"
             )
         self.left_out = 0  # `.pyc` files the build did not make (`_leftover_bytecode`)
+        self.refer: frozenset[str] = frozenset()  # sha256s the receivers have (`delta`)
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._error: BaseException | None = None
         self._index = 0
@@ -292,7 +305,8 @@ class Packer:
                     raise DriftError(f"{self.venv}: {name} was added after the build")
                 self.left_out += 1
                 continue
-            info, entry = _add(tar, path, name, seen)
+            refer = built.kind == "file" and built.content in self.refer
+            info, entry = _add(tar, path, name, seen, refer)
             if entry is None:
                 entry = entries[info.linkname]  # the same inode: checked under its first name
             why = manifest.difference(name, built, entry)

@@ -54,7 +54,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ray_uv_plugin.ship import archive
+from ray_uv_plugin.ship import archive, delta
 from ray_uv_plugin.ship.actors import VenvReceiver, VenvSender, is_ready
 
 SHIP_ENV = "RAY_UV_PLUGIN_SHIP"  # "0" on the driver: `prepare` and worker groups never ship
@@ -333,6 +333,12 @@ def ship(
             results[n] = ShipResult(n, "failed", why=why)
         for n in targets:
             on_decided(n, "take" if n in takers else results[n].outcome)
+        shared = delta.shared_files([answers[n] for n in takers])
+        if shared:  # what every taker has from its seed is not sent (`delta`)
+            try:
+                ray.get(actors.sender.refer.remote(shared), timeout=first_answer)
+            except Exception:  # noqa: BLE001 - the stream says what became of the sender
+                pass
         stream = _Stream(
             actors.sender, source, takers, results, where, deadline, stall_timeout, chunk_bytes
         )

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ray_uv_plugin.ship import delta
 from ray_uv_plugin.ship.archive import (
     END,
     MANIFEST,
@@ -133,8 +134,8 @@ def _member_kind(member: tarfile.TarInfo) -> str:
         return "file"
     if member.issym():
         return "symlink"
-    if member.islnk():
-        return "hardlink"
+    if member.islnk():  # to a member before, or to a file staged from the seed (`delta`)
+        return "seeded" if member.linkname.startswith(delta.REFERENCE) else "hardlink"
     raise ArchiveError(f"{member.name!r}: a tar member of type {member.type!r}, not in a venv")
 
 
@@ -175,6 +176,7 @@ class Unpacker:
         self._symlinks: list[str] = []
         self._file_bytes = 0
         self._complete = False
+        self.staged: delta.Staged | None = None  # files taken from a seed, set before the stream
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._extract, name=f"unpack {key}", daemon=True)
         self._thread.start()
@@ -223,7 +225,7 @@ class Unpacker:
             self._make(tar, member, kind)
         except OSError as e:  # a name too long here, a full disk: this node cannot take it
             raise ArchiveError(f"{name!r} cannot be made here: {e.strerror}") from e
-        self._kinds[name] = kind
+        self._kinds[name] = "file" if kind == "seeded" else kind
         self._entries.append(manifest_entry(member))
 
     def _make(self, tar: tarfile.TarFile, member: tarfile.TarInfo, kind: str) -> None:
@@ -241,6 +243,8 @@ class Unpacker:
             os.symlink(member.linkname, path)
             self._symlinks.append(name)
             self._files[name] = manifest.link_entry(member.linkname)
+        elif kind == "seeded":
+            self._files[name] = delta.place(self.staged, member, path)
         else:
             if self._kinds.get(member.linkname) != "file":
                 raise ArchiveError(
@@ -378,6 +382,7 @@ class Unpacker:
             raise ArchiveError("unpacking ended without checking the whole stream")
         if self._kinds.get("bin/python") not in ("file", "symlink"):
             raise ArchiveError("the stream holds no bin/python")
+        delta.discard(self.staged)  # what was staged and not placed
         manifest.write(self.tmp, self._files)  # what was unpacked: `install` checks it
         os.chmod(self.tmp, 0o755)  # as uv makes a venv's top dir (mkdtemp's is 0700)
         return self.tmp
