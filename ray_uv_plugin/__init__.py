@@ -31,7 +31,7 @@ __all__ = [
 if TYPE_CHECKING:
     from ray_uv_plugin.agent.plugin import UvProjectPlugin
     from ray_uv_plugin.agent.spec import UvProject
-    from ray_uv_plugin.ops.prepare import prepare_env
+    from ray_uv_plugin.cluster.prepare import prepare_env
     from ray_uv_plugin.registration import PluginNotLoadedError
 
 
@@ -76,7 +76,7 @@ def setup_driver() -> None:
     one, which Ray reads from the environment when it is imported, so it is also turned off in
     an already imported Ray). Called after `ray.init()`, where that Ray does not load the
     plugin, it raises `PluginNotLoadedError` (`registration`): too late for it."""
-    from ray_uv_plugin.driver_hook import hook_settings
+    from ray_uv_plugin.driver.hook import hook_settings
     from ray_uv_plugin.registration import watch
     from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
 
@@ -96,7 +96,7 @@ def __getattr__(name: str) -> Any:
 
         return UvProjectPlugin
     if name == "prepare_env":
-        from ray_uv_plugin.ops.prepare import prepare_env
+        from ray_uv_plugin.cluster.prepare import prepare_env
 
         return prepare_env
     if name == "UvProject":  # the builder that also checks that the driver's Ray loads us

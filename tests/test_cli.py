@@ -270,7 +270,7 @@ def test_a_failed_nodes_error_keeps_its_brackets() -> None:
     """`ray-uv prepare` prints each node's error through rich: `[default]` must survive."""
     from rich.console import Console
 
-    from ray_uv_plugin.ops.prepare import NodeResult
+    from ray_uv_plugin.cluster.prepare import NodeResult
 
     error = "uv_project: ray[default]==2.60.0 is not in [project] dependencies: [bold]x"
     failed = NodeResult("3f2a9c1d00ff", "10.0.0.7", ok=False, seconds=1.5, error=error)
@@ -307,7 +307,7 @@ def test_prepare_reports_a_failing_ray_init_as_what_it_is(
     import ray
     from ray._private import ray_constants
 
-    from ray_uv_plugin.ops import connect
+    from ray_uv_plugin.cluster import connect
 
     seen: dict[str, object] = {}
 

@@ -202,7 +202,7 @@ def uv_run_table(page: str) -> list[tuple[str, dict]]:
 
 def test_migration_uv_run_table_is_what_the_driver_hook_maps(tmp_path: Path) -> None:
     from ray_uv_plugin.agent.spec import parse_spec
-    from ray_uv_plugin.agent.uv_run import read_uv_run
+    from ray_uv_plugin.driver.uv_run import read_uv_run
 
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "job"\nversion = "0"\n')
     rows = uv_run_table((DOCS / "migration.md").read_text())

@@ -240,7 +240,7 @@ CHOICES = textwrap.dedent(
     """
     import json, os
     from ray._private.runtime_env import uv_runtime_env_hook
-    from ray_uv_plugin.driver_hook import hook
+    from ray_uv_plugin.driver.hook import hook
 
     def outcome(f, env):
         try:

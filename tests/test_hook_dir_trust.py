@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import ray_uv_plugin
-from ray_uv_plugin.driver_hook import check_hook_dir
+from ray_uv_plugin.driver.hook import check_hook_dir
 from ray_uv_plugin.store.trust import UntrustedPathError
 
 PACKAGE = Path(ray_uv_plugin.__file__).resolve().parent
@@ -130,7 +130,7 @@ def test_a_root_owned_install_is_trusted_by_another_user(
     dirs above the venv dir may be root's."""
     _, uid, gid = other_user
     code = (
-        "import os, pathlib, sys; from ray_uv_plugin.driver_hook import check_hook_dir; "
+        "import os, pathlib, sys; from ray_uv_plugin.driver.hook import check_hook_dir; "
         f"os.setgid({gid}); os.setuid({uid}); check_hook_dir(pathlib.Path(sys.argv[1])); "
         "print('trusted as', os.geteuid())"
     )

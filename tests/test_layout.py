@@ -1,10 +1,14 @@
 """The package's layout is a contract: each folder says where its code runs, and lower layers
 import nothing above them. Read from the source (ast), without importing it or starting Ray.
 
-    store   the venv dir every role reads: imports only store
-    agent   Ray's runtime-env agent, on every request: store and agent
-    ship    moving venvs between nodes: store, agent and ship
-    ops     an operator's commands: anything
+    store          the venv dir every role reads: imports only store
+    agent          Ray's runtime-env agent, on every request: store and agent
+    ship           moving venvs between nodes: store, agent and ship
+    cluster        driving a running cluster (connect, prepare, watch, the probe): the above
+    driver         the driver's process (the `uv run` hook): store, agent and the top modules
+    ops            an operator's commands: anything
+    worker_groups  the worker-group API: store, agent, ship, cluster and the top modules,
+                   never the CLI (`ops`) nor the driver hook
 
 Besides, no product code imports the checkout's `benchmarks`, and none finds files through the
 checkout (a `Path(__file__)` climbed out of its own package to reach `examples/` and the like):
@@ -22,9 +26,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: tests may read it
 PACKAGE = ROOT / "ray_uv_plugin"
 PRODUCT = (PACKAGE, ROOT / "worker_groups")
-LAYERS = ("store", "agent", "ship", "ops")
-ALLOWED = {layer: set(LAYERS[: i + 1]) for i, layer in enumerate(LAYERS)}
-ALLOWED["ops"].add("top")  # ops may use the public helpers (`plugins_setting`, the schema)
+LAYERS = ("store", "agent", "ship", "cluster", "driver", "ops")
+ALLOWED = {
+    "store": {"store"},
+    "agent": {"store", "agent"},
+    "ship": {"store", "agent", "ship"},
+    "cluster": {"store", "agent", "ship", "cluster"},
+    # the hook waits for the plugin's registration (`registration`, a top module)
+    "driver": {"store", "agent", "driver", "top"},
+    # ops may use the public helpers (`plugins_setting`, the schema)
+    "ops": {"store", "agent", "ship", "cluster", "driver", "ops", "top"},
+    "worker_groups": {"store", "agent", "ship", "cluster", "top", "worker_groups"},
+}
 
 
 def modules(*roots: Path) -> list[Path]:
@@ -58,10 +71,12 @@ def imports(path: Path) -> Iterator[tuple[int, str]]:
 
 
 def layer_of(name: str) -> str | None:
-    """`store`, `agent`, `ship` or `ops` for a module of theirs; `top` for another module of
-    the package (its `__init__`, `driver_hook`, `registration`, `schema`); None outside the
-    package."""
+    """The layer (`store` ... `ops`) of a module of the package's folders; `top` for another
+    module of the package (its `__init__`, `driver_hook`, `registration`, `schema`);
+    `worker_groups` for that package's; None outside both."""
     parts = name.split(".")
+    if parts[0] == "worker_groups":
+        return "worker_groups"
     if parts[0] != "ray_uv_plugin":
         return None
     if len(parts) > 1 and parts[1] in LAYERS:
@@ -77,10 +92,14 @@ def test_every_product_module_sits_in_a_layer_or_is_named_here() -> None:
         assert (PACKAGE / layer / "__init__.py").is_file()
 
 
-@pytest.mark.parametrize("layer", LAYERS)
+def folder(layer: str) -> Path:
+    return ROOT / "worker_groups" if layer == "worker_groups" else PACKAGE / layer
+
+
+@pytest.mark.parametrize("layer", [*LAYERS, "worker_groups"])
 def test_lower_layers_import_nothing_above_them(layer: str) -> None:
     wrong = []
-    for path in modules(PACKAGE / layer):
+    for path in modules(folder(layer)):
         for line, name in imports(path):
             target = layer_of(name)
             if target is None or name == "ray_uv_plugin" or target in ALLOWED[layer]:
@@ -92,7 +111,7 @@ def test_lower_layers_import_nothing_above_them(layer: str) -> None:
 
 def test_the_probe_imports_only_the_standard_library_at_module_level() -> None:
     """It runs in a job's venv, which need not hold ray_uv_plugin (shipped by value)."""
-    tree = ast.parse((PACKAGE / "ops" / "_probe.py").read_text())
+    tree = ast.parse((PACKAGE / "cluster" / "probe.py").read_text())
     top_level = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
     names = [a.name for n in top_level if isinstance(n, ast.Import) for a in n.names]
     names += [n.module or "" for n in top_level if isinstance(n, ast.ImportFrom)]
@@ -164,6 +183,8 @@ def test_the_climb_check_sees_what_it_looks_for() -> None:
     path = ROOT / "tests" / "test_layout.py"
     assert ("tests.test_layout" == dotted(path)) and layer_of("ray_uv_plugin.ops.cli") == "ops"
     assert layer_of("ray_uv_plugin.driver_hook") == "top" and layer_of("ray") is None
+    assert layer_of("ray_uv_plugin.cluster.prepare") == "cluster"
+    assert layer_of("worker_groups.group") == "worker_groups"
 
 
 @pytest.mark.parametrize(

@@ -104,7 +104,7 @@ def test_a_node_that_lacks_the_plugin_is_named(tmp_path, node_env, monkeypatch):
     """A raylet started without RAY_RUNTIME_ENV_PLUGINS ignores the field (Ray only warns in
     its setup log) and would run workers in the node's own Python: prepare and worker groups
     say which node and how to register the plugin."""
-    from ray_uv_plugin.ops.prepare import alive_nodes, prepare_nodes
+    from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
     from worker_groups import RayVirtualCluster, RayWorkerBuilder, RayWorkerGroup
     from worker_groups.registry import ACTOR_ENVIRONMENT_REGISTRY
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ray_uv_plugin.ops.prepare import (
+from ray_uv_plugin.cluster.prepare import (
     EXCLUDES,
     NodeResult,
     PrepareError,
@@ -91,7 +91,7 @@ def test_shipping_folds_into_the_nodes_result() -> None:
 def test_a_received_venv_is_never_counted_as_built_on_its_node() -> None:
     """A probe submitted when its node took a shipped venv may answer long after the source's
     build (whose `built_at` a received marker keeps): still not a build there."""
-    from ray_uv_plugin.ops._probe import was_built_within
+    from ray_uv_plugin.cluster.probe import was_built_within
 
     now = 1000.0
     built = {"now": now, "marker": {"built_at": now - 5}}
@@ -103,7 +103,7 @@ def test_a_received_venv_is_never_counted_as_built_on_its_node() -> None:
 def test_a_probe_may_take_as_long_as_the_whole_prepare_to_set_up() -> None:
     """Ray's runtime_env setup timeout (600 s by default) would fail a probe waiting for a long
     build or receive: probes get the prepare's timeout, unless the env sets its own."""
-    from ray_uv_plugin.ops.prepare import Probes
+    from ray_uv_plugin.cluster.prepare import Probes
 
     assert Probes({"uv_project": {}}, 1800.0).env == {
         "uv_project": {},

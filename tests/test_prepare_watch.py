@@ -22,7 +22,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from ray_uv_plugin.ops.prepare import NodeResult, alive_nodes
+from ray_uv_plugin.cluster.prepare import NodeResult, alive_nodes
 from ray_uv_plugin.store.layout import check_ready, read_marker
 from tests.test_ship import run_on
 from tests.uvproject import CountingUv, write_project
@@ -39,7 +39,7 @@ def result(node_id: str, ok: bool = True, key: str | None = "k1") -> NodeResult:
 
 
 def test_the_source_is_a_live_node_that_has_the_env_the_drivers_first() -> None:
-    from ray_uv_plugin.ops.watch import pick_source
+    from ray_uv_plugin.cluster.watch import pick_source
 
     results = {n: result(n) for n in ("a", "b", "c")} | {"f": result("f", ok=False)}
     assert pick_source(results, {"a", "b", "c", "f"}, here="b").node_id == "b"
@@ -53,7 +53,7 @@ def test_each_round_prepares_the_new_nodes_once(monkeypatch: pytest.MonkeyPatch)
     node is prepared once, from a node alive and ready; a round that raises fails its nodes,
     not the watch; a node that fails after it left is said to have left; with no live node
     that has the env, the new nodes build."""
-    from ray_uv_plugin.ops import watch
+    from ray_uv_plugin.cluster import watch
 
     looks = iter(
         [
@@ -113,7 +113,7 @@ class _Here:
 
 
 def test_sigterm_stops_the_watch_as_ctrl_c_does_and_nohup_is_kept() -> None:
-    from ray_uv_plugin.ops.watch import stop_on_signals
+    from ray_uv_plugin.cluster.watch import stop_on_signals
 
     before = signal.getsignal(signal.SIGTERM)
     saved_hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under `nohup`

@@ -56,7 +56,7 @@ DRIVER = textwrap.dedent(
 
 
 def run_driver(way: str) -> dict:
-    from ray_uv_plugin.driver_hook import hook_settings
+    from ray_uv_plugin.driver.hook import hook_settings
 
     env = dict(os.environ)
     if way == "hook":  # the driver's side of `ray-uv plugin-config --shell`, less the plugin

@@ -29,7 +29,7 @@ from ray.cluster_utils import Cluster
 from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.ops.prepare import alive_nodes, prepare_nodes
+from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
 from ray_uv_plugin.ship import archive, relocation
 from ray_uv_plugin.ship.archive import ArchiveError, Packer
 from ray_uv_plugin.ship.install import install_received
@@ -404,7 +404,7 @@ DRIVER = textwrap.dedent(
     """\
     import sys, time
     import ray
-    from ray_uv_plugin.ops.prepare import alive_nodes, prepare_nodes
+    from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
 
     def slow(p):
         print("chunk", p.chunk, flush=True)
@@ -526,7 +526,7 @@ def test_a_worker_group_ships_its_env_before_its_workers_start(
 def test_the_building_node_dying_mid_way_fails_cleanly(two_nodes, tmp_path: Path) -> None:
     """Node D has the venv and ships it to B; D's raylet dies after chunk 2. B's receive fails
     naming D and the step, B keeps nothing of it, and B's next prepare ships from A."""
-    from ray_uv_plugin.ops.prepare import probe_nodes
+    from ray_uv_plugin.cluster.prepare import probe_nodes
     from ray_uv_plugin.ship.transfer import ship
 
     cluster, _, b = two_nodes
@@ -568,7 +568,7 @@ def driver_node() -> str:
 
 def build_on_driver_node(project: Path) -> str:
     """The project's venv, built on the driver's node A only; returns its key."""
-    from ray_uv_plugin.ops.prepare import probe_nodes
+    from ray_uv_plugin.cluster.prepare import probe_nodes
 
     here = driver_node()
     (result,) = probe_nodes({"uv_project": {"project": str(project)}}, [(here, "A")], 600)
@@ -772,7 +772,7 @@ UV_RUN_DRIVER = textwrap.dedent(
     """\
     import json, sys
     import ray
-    from ray_uv_plugin.ops.prepare import alive_nodes, prepare_nodes
+    from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
 
     # As under `uv run` on a laptop: the job's py_executable and this driver's interpreter are
     # paths that the cluster's nodes do not have.

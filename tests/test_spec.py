@@ -89,7 +89,7 @@ def test_type_errors_are_type_errors_too():
 def test_every_list_field_refuses_a_string_whatever_the_way_in(field, given):
     """`UvProject(extras="table")` once became ['t', 'a', 'b', 'l', 'e']: the builder, the
     plain dict and `prepare_env`'s value all get the dict's own message."""
-    from ray_uv_plugin.ops.prepare import uv_project_value
+    from ray_uv_plugin.cluster.prepare import uv_project_value
 
     with pytest.raises(UvProjectTypeError) as parsed:
         parse_spec({field: given})

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from ray_uv_plugin.agent.uv import find_uv
-from ray_uv_plugin.ops import cluster_auth
+from ray_uv_plugin.cluster import auth as cluster_auth
 from tests.test_jobs import RAY, RAY_UV, REPO, free_ports, stop_own_cluster
 from tests.uvproject import write_project
 from tests.worker_groups.conftest import WORKER_ENV
@@ -149,7 +149,7 @@ def test_connect_never_says_no_cluster_runs_where_one_answered(
 
     import ray
 
-    from ray_uv_plugin.ops import connect
+    from ray_uv_plugin.cluster import connect
 
     def init(**kwargs: object) -> None:
         last = "... InvalidAuthToken" if refused else "Deadline Exceeded"

@@ -23,8 +23,7 @@ from ray_uv_plugin.agent.spec import (
     yields_to,
 )
 from ray_uv_plugin.agent.uv import find_uv
-from ray_uv_plugin.agent.uv_run import _IGNORED, _UNMAPPABLE, read_uv_run, split_options
-from ray_uv_plugin.driver_hook import (
+from ray_uv_plugin.driver.hook import (
     HOOK_PATH,
     PORTABLE_HOOK,
     PREVIOUS_HOOK_ENV,
@@ -32,6 +31,7 @@ from ray_uv_plugin.driver_hook import (
     THIS_HOOK,
     hook_settings,
 )
+from ray_uv_plugin.driver.uv_run import _IGNORED, _UNMAPPABLE, read_uv_run, split_options
 from ray_uv_plugin.schema import load_schema
 
 PY = "3.11.7"
@@ -533,7 +533,7 @@ def test_the_portable_hook_imports_in_a_python_without_the_plugin(tmp_path: Path
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [
-        "ray_uv_plugin.driver_hook",
+        "ray_uv_plugin.driver.hook",
         str(ROOT / "ray_uv_plugin" / "__init__.py"),
     ]
 

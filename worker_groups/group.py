@@ -302,13 +302,13 @@ class RayWorkerGroup:
 
     def _prepare_env(self, runtime_env: dict[str, Any], pgs: list) -> None:
         """Before any worker starts: build the workers' uv_project env on one of the group's
-        nodes and ship it to the others (`ray_uv_plugin.ops.prepare`), as `ray-uv prepare` does.
+        nodes and ship it to the others (`ray_uv_plugin.cluster.prepare`), as `ray-uv prepare` does.
         Nodes that have it already cost one small task each; off with RAY_UV_PLUGIN_SHIP=0.
         Workers without a uv_project of their own under a `uv run` driver run in the job's
         default env (`job_default_uv_project`): that one is prepared then."""
         from ray.util import placement_group_table
 
-        from ray_uv_plugin.ops.prepare import outcome_counts, prepare_nodes
+        from ray_uv_plugin.cluster.prepare import outcome_counts, prepare_nodes
         from ray_uv_plugin.ship.transfer import shipping_enabled
 
         value = runtime_env.get("uv_project") or job_default_uv_project(runtime_env)

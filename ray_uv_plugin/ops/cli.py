@@ -80,7 +80,7 @@ def cmd_plugin_config(args: argparse.Namespace) -> int:
     if not args.shell:
         print(plugins)
         return 0
-    from ray_uv_plugin.driver_hook import hook_settings
+    from ray_uv_plugin.driver.hook import hook_settings
     from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
     from ray_uv_plugin.store.trust import UntrustedPathError
 

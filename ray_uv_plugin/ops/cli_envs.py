@@ -17,8 +17,8 @@ from ray_uv_plugin.agent.uv import format_duration
 from ray_uv_plugin.ops.cli_common import CliError, node_count, selection_flags
 
 if TYPE_CHECKING:
+    from ray_uv_plugin.cluster.prepare import NodeResult
     from ray_uv_plugin.ops.check import FoundEnv
-    from ray_uv_plugin.ops.prepare import NodeResult
 
 
 # --- prepare ---------------------------------------------------------------------------------
@@ -42,8 +42,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     from ray_uv_plugin.agent.project import ProjectError
     from ray_uv_plugin.agent.spec import UvProjectSpecError
-    from ray_uv_plugin.ops import prepare
-    from ray_uv_plugin.ops.connect import ConnectError
+    from ray_uv_plugin.cluster import prepare
+    from ray_uv_plugin.cluster.connect import ConnectError
 
     console = Console(stderr=True, soft_wrap=True)  # log-friendly: no hard wraps in pipes
     project = Path(args.project).expanduser().resolve()
@@ -53,7 +53,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if args.watch and args.json:
         raise CliError("--json does not go with --watch: the watch prints a line per node")
     if args.watch:
-        from ray_uv_plugin.ops import watch
+        from ray_uv_plugin.cluster import watch
 
         interval = watch.DEFAULT_INTERVAL if args.interval is None else args.interval
         try:
@@ -276,7 +276,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     except Exception as e:
         if type(e).__name__ == "RuntimeEnvSetupError":
-            from ray_uv_plugin.ops.connect import clean_error
+            from ray_uv_plugin.cluster.connect import clean_error
 
             raise CliError(clean_error(e)) from e
         raise

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ray_uv_plugin import PLUGINS_ENV, plugins_setting
-from ray_uv_plugin.ops.connect import init_unhooked
-from ray_uv_plugin.ops.prepare import EXCLUDES
+from ray_uv_plugin.cluster.connect import init_unhooked
+from ray_uv_plugin.cluster.prepare import EXCLUDES
 from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
 from ray_uv_plugin.store.layout import MARKER, VENV_ENV
 
@@ -75,7 +75,7 @@ def run(
     import ray
 
     from ray_uv_plugin.agent.spec import UvProject
-    from ray_uv_plugin.ops import _probe
+    from ray_uv_plugin.cluster import probe
 
     init_unhooked(  # the actors ask for their envs: no `uv run` driver hook applies
         address="local",
@@ -86,8 +86,8 @@ def run(
         runtime_env={"working_dir": str(project), "excludes": EXCLUDES},
     )
     try:
-        _probe.ship_by_value()
-        probe_cls = ray.remote(num_cpus=1)(_probe.Probe)
+        probe.ship_by_value()
+        probe_cls = ray.remote(num_cpus=1)(probe.Probe)
         start = time.perf_counter()
         pending = {}
         for extra in DEMO_EXTRAS:
@@ -110,7 +110,7 @@ def run(
                     actor.toml.remote({"env": {"extra": extra, "python": report["python"]}})
                 )
             result = EnvResult(
-                extra, took, _probe.was_built_within(report, took + 1.0), report, output
+                extra, took, probe.was_built_within(report, took + 1.0), report, output
             )
             results.append(result)
             on_result(result)

@@ -10,9 +10,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ray_uv_plugin.agent import uv_run
 from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.agent.uv_run import UvRunParseError, read_uv_run, split_options
+from ray_uv_plugin.driver import uv_run
+from ray_uv_plugin.driver.uv_run import UvRunParseError, read_uv_run, split_options
 from tests.fuzz.harness import (
     Case,
     Target,
@@ -169,7 +169,7 @@ TARGET = Target(
     name="uv_run",
     cases=seeded("uv_run", fresh, _mutate),
     check=check,
-    modules=("ray_uv_plugin.agent.uv_run", "ray_uv_plugin.agent.project_discovery"),
+    modules=("ray_uv_plugin.driver.uv_run", "ray_uv_plugin.driver.project_discovery"),
     properties=(
         "split_options gives (options, command) or raises UvRunParseError with a message",
         "read_uv_run never raises, whatever the command line, the driver's uv env vars and "

@@ -24,7 +24,7 @@ from typing import Any
 
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.ops.connect import clean_error, connect
+from ray_uv_plugin.cluster.connect import clean_error, connect
 
 # Not shipped with the project: Ray's working_dir upload has a size limit and needs none of it.
 EXCLUDES = [".venv", ".git", "__pycache__", "*.pyc", ".ruff_cache", ".pytest_cache"]
@@ -303,15 +303,15 @@ class Probes:
     def __init__(self, env: Mapping[str, Any], timeout: float) -> None:
         import ray
 
-        from ray_uv_plugin.ops import _probe
+        from ray_uv_plugin.cluster import probe
 
         self.start = time.perf_counter()
         self.timeout = timeout
         config = dict(env.get("config") or {})
         config.setdefault("setup_timeout_seconds", max(int(timeout), 1))
         self.env = {**env, "config": config}
-        _probe.ship_by_value()
-        self._remote = ray.remote(_probe.environment_report)
+        probe.ship_by_value()
+        self._remote = ray.remote(probe.environment_report)
         self._pending: dict[Any, tuple[str, str, float]] = {}  # ref -> node id, address, submitted
 
     def left(self) -> float:
@@ -370,7 +370,7 @@ class Probes:
     def _result(ref: Any, node_id: str, address: str, took: float) -> NodeResult:
         import ray
 
-        from ray_uv_plugin.ops import _probe
+        from ray_uv_plugin.cluster import probe
 
         try:
             env_report = ray.get(ref)
@@ -380,7 +380,7 @@ class Probes:
             error = lacks_plugin(address, env_report["python"])
             return NodeResult(node_id, address, False, took, error=error)
         marker = env_report.get("marker") or {}
-        built = _probe.was_built_within(env_report, took + 1.0)
+        built = probe.was_built_within(env_report, took + 1.0)
         return NodeResult(
             node_id,
             address,

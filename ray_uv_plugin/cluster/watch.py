@@ -26,9 +26,9 @@ from pathlib import Path
 from time import sleep
 from typing import Any, NoReturn
 
-from ray_uv_plugin.ops import prepare
-from ray_uv_plugin.ops.connect import clean_error
-from ray_uv_plugin.ops.prepare import NodeResult
+from ray_uv_plugin.cluster import prepare
+from ray_uv_plugin.cluster.connect import clean_error
+from ray_uv_plugin.cluster.prepare import NodeResult
 
 DEFAULT_INTERVAL = 10.0
 MIN_INTERVAL = 2.0  # each poll is one GCS call listing every node: not a busy loop

@@ -3,7 +3,7 @@
 `prepare`, `watch` and the demo start a driver of their own whose job runtime_env must
 be exactly theirs (no `uv run` or RAY_RUNTIME_ENV_HOOK hook may rewrite it), and that fails at
 once with what to do where no cluster answers, or where the cluster requires a token this shell
-does not send (`cluster_auth`), instead of Ray's minutes of retries.
+does not send (`auth`), instead of Ray's minutes of retries.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import socket
 from typing import Any
 
-from ray_uv_plugin.ops.cluster_auth import (
+from ray_uv_plugin.cluster.auth import (
     TokenAuthError,
     check_token_auth,
     is_refused_token,

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.agent.project_discovery import (
+from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.driver.project_discovery import (
     find_project,
     is_package,
     plugin_groups,
     project_name,
     workspace_member,
 )
-from ray_uv_plugin.agent.spec import parse_spec
 
 # --- uv run's options ------------------------------------------------------------------------
 
