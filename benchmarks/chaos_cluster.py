@@ -76,7 +76,7 @@ class ChaosCluster:
             "--object-store-memory=300000000", f"--node-manager-port={p[0]}",
             f"--object-manager-port={p[1]}", f"--dashboard-agent-listen-port={p[2]}",
             f"--dashboard-agent-grpc-port={p[3]}", f"--runtime-env-agent-port={p[4]}",
-            f"--metrics-export-port={p[5]}", "--worker-port-list=" + ",".join(map(str, p[9:])),
+            f"--metrics-export-port={p[5]}", "--min-worker-port=20000", "--max-worker-port=29999",
             f"--node-ip-address={node.host.ip}",
         ]  # fmt: skip
         if node.index == 0:

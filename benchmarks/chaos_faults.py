@@ -9,7 +9,8 @@ seconds); a fault that found none is recorded so and not counted.
 
 Kinds: SIGKILL, or SIGSTOP then SIGCONT, of a `uv sync`, a runtime-env agent, a raylet, a ship
 sender and a receiver (the `VenvSender`/`VenvReceiver` actors' processes) and a driver; a node's
-link dropped or delayed (`tc netem` in place of its shaping, put back after); the loop node's
+link dropped or delayed (a `tbf` in place of its shaping, put back after: this kernel has no
+`netem`); the loop node's
 disk filled (a file that takes all its free room, removed after).
 """
 
@@ -43,7 +44,7 @@ class Fault:
     node: int  # the node it is aimed at (a process kind takes another node's if it has none)
     offset_s: float  # when, from the round's start
     hold_s: float  # how long a stop, a link fault or a full disk lasts
-    delay_ms: int = 0  # link_delay: netem's delay (jitter a quarter of it)
+    delay_ms: int = 0  # link_delay: the rate (kbit/s) of its long queue
 
 
 def plan(seed: int, round_no: int, per_round: int, window_s: float, nodes: int) -> list[Fault]:
@@ -172,13 +173,16 @@ class Injector:
             self.stopped.discard(pid)
 
     def shape_link(self, fault: Fault) -> None:
+        """The node's uplink through a `tbf` that drops nearly every packet (`drop`), or that
+        holds packets in a long queue at a low rate (`delay`: seconds, under traffic). This
+        kernel has no `netem` (nor classifiers): `tbf` is what `tc` can do here."""
         host = self.cluster.nodes[fault.node].host
-        if fault.action == "drop":
-            netem = ["loss", "100%"]
+        if fault.action == "drop":  # one packet in the bucket, 1 kbit/s, no queue
+            tbf = ["rate", "1kbit", "burst", "1600", "latency", "1ms"]
         else:
-            netem = ["delay", f"{fault.delay_ms}ms", f"{fault.delay_ms // 4}ms"]
+            tbf = ["rate", f"{fault.delay_ms}kbit", "burst", "16kb", "latency", "2s"]
         subprocess.run(
-            ["tc", "-n", host.ns, "qdisc", "replace", "dev", "eth0", "root", "netem", *netem],
+            ["tc", "-n", host.ns, "qdisc", "replace", "dev", "eth0", "root", "tbf", *tbf],
             check=True, capture_output=True,
         )  # fmt: skip
         try:

@@ -66,15 +66,15 @@ ACTORS = textwrap.dedent(
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     gcs, timeout, projects = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
-    ray.init(address=gcs, logging_level="ERROR")
     sys.path.insert(0, projects[0])
+    ray.init(address=gcs, runtime_env={"working_dir": projects[0]}, logging_level="ERROR")
     from chaosworker import Pinger
     nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
     actors = []
     for project in projects:
         for node in nodes:
             actors.append(ray.remote(Pinger).options(
-                num_cpus=0, runtime_env={"working_dir": project, "uv_project": {}},
+                num_cpus=0, runtime_env={"uv_project": {"project": project}},
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote())
     reports = ray.get([a.ping.remote() for a in actors], timeout=timeout)
     print("RESULT " + json.dumps({"reports": reports}))
@@ -220,7 +220,7 @@ def uv_run_env() -> dict[str, str]:
         [str(BIN / "ray-uv"), "plugin-config", "--shell"], capture_output=True, text=True,
         check=True,
     )  # fmt: skip
-    env = driver_env()
+    env = {k: v for k, v in driver_env().items() if k != "VIRTUAL_ENV"}
     for line in out.stdout.splitlines():
         name, _, value = line.removeprefix("export ").partition("=")
         env[name] = shlex.split(value)[0] if value else ""
