@@ -197,9 +197,9 @@ def test_uv_toml_above_is_keyed_only_where_uv_reads_it(six_project, tmp_path):
 
 @pytest.mark.parametrize("where", ["beside", "above"])
 def test_the_scratch_project_of_locked_false_gets_the_keyed_uv_toml(six_project, tmp_path, where):
-    """`locked: false` re-locks in a private copy (`builder._scratch_project`): the uv.toml that
+    """`locked: false` re-locks in a private copy (`build.scratch_project`): the uv.toml that
     the key holds, beside the project or above it, goes with the copy, by the file's path."""
-    from ray_uv_plugin.agent.builder import _scratch_project
+    from ray_uv_plugin.agent.build import scratch_project
 
     proj = tmp_path / "parent" / "proj"
     shutil.copytree(six_project, proj)
@@ -209,7 +209,7 @@ def test_the_scratch_project_of_locked_false_gets_the_keyed_uv_toml(six_project,
     config.write_text("no-binary-package = ['six']\n")
     request = make_request(parse_spec({"locked": False}), load_project(proj), {})
     assert [c.path for c in request.config_files] == [config]
-    scratch = _scratch_project(request, tmp_path)
+    scratch = scratch_project(request, tmp_path)
     assert (scratch / "uv.toml").read_text() == config.read_text()
     assert (scratch / "uv.lock").read_bytes() == (proj / "uv.lock").read_bytes()
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.agent.builder import _write_manifest, ensure_venv, lookup
+from ray_uv_plugin.agent.build_record import write_manifest
+from ray_uv_plugin.agent.builder import ensure_venv, lookup
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import make_request
 from ray_uv_plugin.agent.spec import parse_spec
@@ -109,7 +110,7 @@ def test_a_build_with_files_not_as_their_record_says_warns_and_is_never_sent(
     six = next(venv.glob("lib/python*/site-packages/six.py"))
     six.write_text(six.read_text() + "\n# changed\n")
     caplog.set_level(logging.INFO)
-    listed = _write_manifest(venv, logging.getLogger("test"))
+    listed = write_manifest(venv, logging.getLogger("test"))
     assert listed["manifest"] == hashlib.sha256((venv / manifest.MANIFEST).read_bytes()).hexdigest()
     rel = str(six.relative_to(venv))
     (mismatch,) = manifest.records(venv, manifest.scan(venv))
