@@ -64,7 +64,9 @@ WAY_LABELS = {
     "ours-ready": "ours, venv ready (2nd session on)",
     "ours-first": "ours, first session (builds the venv)",
     "ray-env": "a runtime_env without the plugin (.venv + working_dir)",
+    "ours-change": "ours, first session after a one-package change",  # --after-change
 }
+ORDER = (*WAYS, "ours-change")
 # The issue's target: ours above the floor at most this share of Ray's hook's overhead.
 OVERHEAD_SHARE = 0.10
 # What the benchmark's own environment may carry that would set a way up before we do.
@@ -148,6 +150,7 @@ class Sample:
     import_s: list[float] = field(default_factory=list)
     job_runtime_env: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    setup_log: list[str] = field(default_factory=list)  # the plugin's lines of Ray's setup log
 
 
 @dataclass(frozen=True)
@@ -267,6 +270,7 @@ def run_sample(case: Case, project: BenchProject, bench: Bench, repeat: int) -> 
             bench.timeout,
             "driver",
         )
+        setup_log = plugin_setup_lines(bench.workdir / "ray")
     finally:
         remove_tree(bench.workdir / "ray")
     sample = Sample(
@@ -285,10 +289,22 @@ def run_sample(case: Case, project: BenchProject, bench: Bench, repeat: int) -> 
         import_s=result.get("import_s", []),
         job_runtime_env=result.get("job_runtime_env") or {},
         error=result.get("error"),
+        setup_log=setup_log,
     )
     if sample.ok and (wrong := wrong_env(sample, project, bench)):
         sample.ok, sample.error = False, wrong
     return sample
+
+
+def plugin_setup_lines(ray_dir: Path) -> list[str]:
+    """The plugin's lines (`uv_project ...`) in the session's runtime_env setup logs: how its
+    venv was set up and how long that took, which the agent logs there for every job."""
+    return [
+        line
+        for log in sorted(ray_dir.glob("**/logs/runtime_env_setup*.log"))
+        for line in log.read_text(errors="replace").splitlines()
+        if "uv_project " in line
+    ]
 
 
 def wrong_env(sample: Sample, project: BenchProject, bench: Bench) -> str | None:
@@ -342,7 +358,7 @@ def summarize(samples: list[Sample]) -> list[Row]:
         cases.setdefault((s.set_name, s.actors, s.way), []).append(s)
     rows = []
     for (set_name, actors, way), group in sorted(
-        cases.items(), key=lambda kv: (kv[0][0], kv[0][1], WAYS.index(kv[0][2]))
+        cases.items(), key=lambda kv: (kv[0][0], kv[0][1], ORDER.index(kv[0][2]))
     ):
         good = [s for s in group if s.ok and s.total_s is not None]
         times = [s.total_s for s in good if s.total_s is not None]
@@ -492,7 +508,7 @@ def plot(path: Path, rows: list[Row], title: str) -> None:
     sets = sorted({r.set_name for r in rows})
     fig, axes = plt.subplots(1, len(sets), figsize=(6 * len(sets), 4.5), squeeze=False)
     for ax, set_name in zip(axes[0], sets, strict=True):
-        for way in WAYS:
+        for way in ORDER:
             points = [r for r in rows if r.set_name == set_name and r.way == way and r.median]
             if not points:
                 continue
@@ -545,6 +561,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, help="write every sample, the rows and targets here")
     p.add_argument("--plot", type=Path, help="write a PNG chart here")
     p.add_argument("--markdown", action="store_true", help="also print the tables as Markdown")
+    p.add_argument(
+        "--after-change",
+        metavar="SPEC",
+        help="the first session after a one-package change (`uv lock --upgrade-package SPEC`, "
+        "e.g. rich==14.3.0): ours against Ray's hook (benchmarks.uv_run_after_change)",
+    )
     return p.parse_args(argv)
 
 
@@ -561,7 +583,12 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rud-", dir="/tmp"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        return _run(args, sets, ways, Bench(workdir, args.timeout, args.imports), console)
+        bench = Bench(workdir, args.timeout, args.imports)
+        if args.after_change:
+            from benchmarks import uv_run_after_change
+
+            return uv_run_after_change.run(args, sets, bench, console)
+        return _run(args, sets, ways, bench, console)
     finally:
         if args.workdir is None:
             remove_tree(workdir)

@@ -333,6 +333,40 @@ def test_uv_run_driver_targets_read_off_the_medians() -> None:
 
 
 @pytest.mark.slow
+def test_uv_run_after_change_reads_the_plugins_share_and_the_verdict() -> None:
+    """`--after-change`: the plugin's setup seconds come from the agent's `built in` line (ms
+    or s), the rest after `ray.init` is Ray's; ours is judged below Ray's hook at each N."""
+    from benchmarks.uv_run_after_change import plugin_share, verdicts
+    from benchmarks.uv_run_driver import Sample as DriverSample
+    from benchmarks.uv_run_driver import summarize as summarize_driver
+
+    log = [
+        "INFO ... uv_project 0123456789abcdef: seeded from fedcba9876543210: the bytecode of "
+        "422 distributions (43862 files, 790 MB) in 11.70s",
+        "INFO ... uv_project 0123456789abcdef: built in 25.84s -> /v/0123456789abcdef",
+        "INFO ... uv_project 0123456789abcdef: reused in 812.0ms -> /v/0123456789abcdef",
+    ]
+    ours = DriverSample("big", "ours-change", 8, 0, True, 60.0, after_init_s=40.0, setup_log=log)
+    share = plugin_share(ours)
+    assert share["setup_s"] == 25.84 and share["ray_rest_s"] == 14.16 and share["reused"] == 1
+    assert share["seeded"].startswith("0123456789abcdef: seeded from fedcba9876543210")
+    assert plugin_share(DriverSample("big", "ray-hook", 8, 0, True, 50.0)) == {}
+    rows = summarize_driver(
+        [
+            ours,
+            DriverSample("big", "ray-hook", 8, 0, True, 50.0),
+            DriverSample("big", "ours-change", 32, 0, True, 90.0),
+            DriverSample("big", "ray-hook", 32, 0, True, 120.0),
+            DriverSample("big", "ours-change", 1, 0, False, None),
+        ]
+    )
+    assert verdicts(rows) == [
+        "big x1: not measured",
+        "big x8: ours 60.00s, Ray's hook 50.00s: missed",
+        "big x32: ours 90.00s, Ray's hook 120.00s: met",
+    ]
+
+
 def test_uv_run_driver_benchmark_runs(tmp_path: Path) -> None:
     """`benchmarks.uv_run_driver` for real: drivers started with `uv run --extra small`, one
     actor, one sample per way (about 45 s). Each sample checks where its workers ran."""
