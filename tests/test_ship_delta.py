@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ import pytest
 from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.cluster.prepare import prepare_nodes
+from ray_uv_plugin.ops.cli_venvs import built_label
 from ray_uv_plugin.ship import delta
 from ray_uv_plugin.ship.archive import ArchiveError, Packer
 from ray_uv_plugin.ship.install import install_received
@@ -24,7 +27,7 @@ from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store import freezing, manifest
 from ray_uv_plugin.store.build_lock import BuildLock
 from ray_uv_plugin.store.layout import check_ready, lock_path, read_marker
-from tests.test_ship import live_nodes, two_nodes  # noqa: F401 - the cluster fixture
+from tests.test_ship import live_nodes, run_on, two_nodes  # noqa: F401 - the cluster fixture
 from tests.uvproject import write_project
 
 MiB = 1024 * 1024
@@ -208,3 +211,78 @@ def test_offered_files_skip_small_ones_and_shared_files_intersect() -> None:
     assert delta.shared_files(answers) == ["3"]
     assert delta.shared_files([{"have": ["1"]}, {"have": []}]) == []  # one without a seed
     assert delta.shared_files([]) == []
+
+
+# --- two raylets, through Ray ----------------------------------------------------------------
+
+
+def two_locks(tmp_path: Path) -> tuple[Path, Path]:
+    """Projects A and B of their own (on no node yet), differing in one pure-Python package."""
+    tag = time.monotonic_ns()
+    return tuple(
+        write_project(tmp_path / n, [six, "tomli-w==1.0.0"], name=f"delta{n}{tag}")
+        for n, six in (("a", "six==1.16.0"), ("b", "six==1.17.0"))
+    )
+
+
+def prepared(project: Path) -> list:
+    results = prepare_nodes({"project": str(project)}, live_nodes(), 600, chunk_bytes=8 * MiB)
+    assert [r.outcome for r in results] == ["built", "shipped"], results
+    return results
+
+
+def test_a_node_with_a_near_venv_is_sent_the_difference(two_nodes, tmp_path: Path) -> None:  # noqa: F811
+    _, _, node_b = two_nodes
+    project_a, project_b = two_locks(tmp_path)
+    _, to_b = prepared(project_a)
+    first = read_marker(node_b.venvs / to_b.key)["built"]
+    assert first["how"] == "shipped" and "seed" not in first  # no seed there: the whole venv
+    _, seeded = prepared(project_b)
+    venv = node_b.venvs / seeded.key
+    built = read_marker(venv)["built"]
+    assert seeded.shipped_bytes < to_b.shipped_bytes / 10, (seeded, to_b)
+    assert built["bytes"] == seeded.shipped_bytes and built["seed"] == to_b.key
+    assert built["reused_bytes"] > to_b.shipped_bytes * 0.8 and built["reused_files"] > 1000
+    assert built_label(read_marker(venv)).endswith(f"from seed {to_b.key})")
+    assert run_on(seeded.node_id, project_b)["venv"] == str(venv)
+    got = tree(venv)
+    # The same venv as a full ship: node B without the seed (nor B's venv) is sent it whole.
+    freezing.remove_tree(venv)
+    freezing.remove_tree(node_b.venvs / to_b.key)
+    again = prepare_nodes({"project": str(project_b)}, live_nodes(), 600, chunk_bytes=8 * MiB)
+    assert [r.outcome for r in again] == ["reused", "shipped"], again
+    assert "seed" not in read_marker(venv)["built"]
+    assert again[1].shipped_bytes > seeded.shipped_bytes * 10
+    assert tree(venv) == got
+
+
+def test_a_damaged_seed_on_a_node_never_leaks(two_nodes, tmp_path: Path) -> None:  # noqa: F811
+    _, node_a, node_b = two_nodes
+    project_a, project_b = two_locks(tmp_path)
+    # Other tests' venvs on node B (the same packages as B) would be nearer seeds than A.
+    for venv in node_b.venvs.iterdir() if node_b.venvs.is_dir() else ():
+        if venv.is_dir() and check_ready(node_b.venvs, venv.name) is None:
+            freezing.remove_tree(venv)
+    _, to_b = prepared(project_a)
+    seed = node_b.venvs / to_b.key
+    largest = max(
+        (p for p in seed.rglob("*.so") if p.is_file() and not p.is_symlink()),
+        key=lambda p: p.stat().st_size,
+    )
+    mode = stat.S_IMODE(os.lstat(largest).st_mode)
+    os.chmod(largest, mode | stat.S_IWUSR)
+    with open(largest, "r+b") as f:
+        f.seek(4096)
+        byte = f.read(1)
+        f.seek(4096)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.chmod(largest, mode)
+    _, seeded = prepared(project_b)
+    venv = node_b.venvs / seeded.key
+    assert check_ready(node_b.venvs, seeded.key) is None
+    built = read_marker(venv)["built"]
+    assert built["seed"] == to_b.key  # the rest came from the seed; that file went over the link
+    assert largest.stat().st_size < seeded.shipped_bytes < to_b.shipped_bytes / 2
+    rel = largest.relative_to(seed)
+    assert (venv / rel).read_bytes() == (node_a.venvs / seeded.key / rel).read_bytes()
+    assert run_on(seeded.node_id, project_b)["venv"] == str(venv)
