@@ -607,6 +607,39 @@ def test_readme_quickstart_keeps_its_two_commands() -> None:
     assert re.search(r"^uv run pytest$", (REPO / ".ci" / "run").read_text(), re.M)
 
 
+def test_readme_is_a_first_page() -> None:
+    """At most 200 lines: the rest lives once in docs/, linked from it."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines: move detail to docs/"
+
+
+ENV_NAME = re.compile(r"`((?:RAY|UV|BAD)_[A-Z0-9_]+)`")
+
+
+def _operations_node_settings() -> list[str]:
+    """The variables of docs/operations.md's node-settings table, in its order."""
+    page = (DOCS / "operations.md").read_text()
+    table = page.split("\nNode settings (", 1)[1].split("\n\n", 2)[1]
+    return [m.group(1) for m in (ENV_NAME.match(row[2:]) for row in table.splitlines()) if m]
+
+
+def test_node_settings_are_one_table_that_the_code_reads() -> None:
+    """docs/operations.md holds the table; the README lists the same variables, one line each;
+    each is a name the code reads or sets, and every `RAY_UV_PLUGIN_*` setting of the code is
+    in the table."""
+    table = _operations_node_settings()
+    assert len(table) == len(set(table)) >= 15, table
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("\n### Node settings\n", 1)[1].split("\n### ", 1)[0]
+    listed = ENV_NAME.findall(section)
+    assert "|" not in section  # a list, not a second table
+    assert set(listed) == set(table) - {"BAD_RUNTIME_ENV_CACHE_TTL_SECONDS"}, (listed, table)
+    code = "\n".join(_package_strings())
+    assert [name for name in table if name not in code] == []
+    settings = set(re.findall(r"\bRAY_UV_PLUGIN_[A-Z_]+\b", code)) - {"RAY_UV_PLUGIN_VENV"}
+    assert settings <= set(table), settings - set(table)
+
+
 def anchors(page: Path) -> set[str]:
     """The `#fragment`s GitHub gives the page's headings."""
     seen: dict[str, int] = {}

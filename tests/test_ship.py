@@ -470,7 +470,7 @@ def test_the_cli_ships_and_reports_per_node(two_nodes, tmp_path: Path) -> None:
     assert "shipped " in out.stderr and "MiB in " in out.stderr
     syncs_b = b.uv.syncs()
     out = subprocess.run([*args, "--no-ship", "--extra", "nope"], capture_output=True, text=True)
-    assert out.returncode == 2 and "unknown extra(s) nope" in out.stderr
+    assert out.returncode == 1 and "unknown extra(s) nope" in out.stderr
     other = write_project(tmp_path / "other", ["iniconfig"], name=f"o{time.monotonic_ns()}")
     out = subprocess.run(
         [ray_uv, "prepare", "--address", cluster.address, "--project", str(other)],
@@ -617,7 +617,7 @@ def test_a_stalled_receiver_is_given_up_alone(two_nodes, tmp_path: Path) -> None
             wait_free(lock, 60)
         else:
             # Ray 2.44's kill of an actor whose process is stopped takes effect once it runs
-            # again (README, "Versions"): then its lock is freed.
+            # again (docs/operations.md, "Versions"): then its lock is freed.
             for pid in stopped:
                 os.kill(pid, signal.SIGCONT)
             wait_free(lock, 60)

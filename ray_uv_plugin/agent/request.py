@@ -1,6 +1,6 @@
 """One request for a venv: every input that shapes it, gathered once at the edge, keyed once.
 
-What is in the key, and why (the README's trust table says the same):
+What is in the key, and why (docs/key.md says the same):
 - `uv.lock` and `pyproject.toml` bytes, and the selection (extras, groups, flags);
 - the project's uv config beyond pyproject.toml (a `uv.toml` beside it or above it);
 - the content of non-editable `path`/`directory` sources (uv copies them into the venv);
