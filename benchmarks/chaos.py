@@ -165,6 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     jobs: Counter = Counter()
     rounds = 0
     began = time.monotonic()
+    last_round = 0.0
     with open(out_path, "w") as out, ExitStack() as stack:
         stack.callback(remove, base)
         net = stack.enter_context(netns.network())
@@ -172,6 +173,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         hosts = [net.add_host(f"n{i}", NODE_MBIT, NODE_MBIT) for i in range(NODES)]
         with netns.inside(index_host):
             index = CountingIndex(files, bind=index_host.ip)
+        # A download cut by a fault (a killed sync, a dropped link) is no error of the run's.
+        index.server.handle_error = lambda request, address: None  # type: ignore[method-assign]
         stack.callback(index.server.server_close)
         stack.callback(index.server.shutdown)
         loop_dir = base / f"node{LOOP_NODE}"
@@ -196,7 +199,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cluster.start(n)
             if n.index == 0:
                 time.sleep(3)
-        cluster.heal()
+        cluster.heal(grace=120)  # nodes just started: their own time to join
         logs = base.parent / f"{base.name}-logs"
         logs.mkdir(exist_ok=True)
         out.write(json.dumps({"type": "setup", "seed": args.seed, "ray": ray.__version__,
@@ -207,6 +210,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         while sum(f["target"] is not None for f in faults) < args.faults:
             if args.minutes and time.monotonic() - began > args.minutes * 60:
                 break
+            if args.stop_at and time.time() + last_round > args.stop_at:
+                break  # the next round would end past it
+            round_began = time.monotonic()
             records, found = one_round(
                 rounds, args, cluster, projects, uv_project, logs, checked, out
             )
@@ -214,6 +220,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for name, items in found.items():
                 violations += [{"round": rounds, "invariant": name, "what": v} for v in items]
             rounds += 1
+            last_round = time.monotonic() - round_began
             hit = sum(f["target"] is not None for f in faults)
             bad = sum(bool(v) for v in found.values())
             print(f"round {rounds}: {hit} faults so far, {bad} invariants broken", flush=True)
@@ -243,13 +250,24 @@ def _kill_namespaces(net: netns.Network) -> None:
     time.sleep(1)
 
 
+def _epoch(hhmm: str) -> float:
+    now = time.gmtime()
+    hours, minutes = (int(x) for x in hhmm.split(":"))
+    midnight = time.time() - (now.tm_hour * 3600 + now.tm_min * 60 + now.tm_sec)
+    return midnight + hours * 3600 + minutes * 60
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--faults", type=int, default=200, help="stop once this many faults hit")
-    p.add_argument("--per-round", type=int, default=len(KINDS), help="faults per round")
+    p.add_argument("--per-round", type=int, default=2 * len(KINDS), help="faults per round")
     p.add_argument("--window", type=float, default=40.0, help="seconds of a round faults fall in")
     p.add_argument("--minutes", type=float, default=0, help="stop after the round past this")
+    p.add_argument(
+        "--stop-at", type=_epoch, default=None,
+        help="HH:MM (UTC, today): start no round that the last one's length would end past it",
+    )  # fmt: skip
     p.add_argument("--out", default="benchmarks/results/chaos.jsonl")
     args = p.parse_args(argv)
     if os.geteuid() != 0:

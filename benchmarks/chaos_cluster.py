@@ -92,11 +92,11 @@ class ChaosCluster:
         node.starts += 1
         self.procs.append(node.proc)
 
-    def alive_nodes(self) -> int | None:
-        """How many nodes the GCS counts alive; None if it cannot be asked."""
+    def alive_ips(self) -> set[str] | None:
+        """The addresses of the nodes the GCS counts alive; None if it cannot be asked."""
         code = (
             "import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
-            "print(sum(n['Alive'] for n in ray.nodes()))"
+            "print(' '.join(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))"
         )
         try:
             out = subprocess.run(
@@ -105,28 +105,34 @@ class ChaosCluster:
             )  # fmt: skip
         except subprocess.TimeoutExpired:
             return None
-        text = out.stdout.strip().splitlines()
-        return int(text[-1]) if out.returncode == 0 and text and text[-1].isdigit() else None
+        lines = out.stdout.strip().splitlines()
+        return set(lines[-1].split()) if out.returncode == 0 and lines else None
 
-    def heal(self, timeout: float = 240) -> list[int]:
-        """Start again every node whose `ray start` ended (the head is never a target of a
-        kill); wait until the GCS counts every node alive. Returns the nodes restarted."""
+    def heal(self, timeout: float = 300, grace: float = 20) -> list[int]:
+        """Start again every node whose `ray start` ended, or that the GCS has counted dead
+        for `grace` seconds (a raylet it gave up on while it was stopped or cut off); wait until
+        the GCS counts every node alive. The head is never a target of a kill. Returns the
+        nodes restarted."""
         if not self.nodes[0].alive:
             raise RuntimeError("the head node is down: the run cannot go on")
-        restarted = []
-        for node in self.nodes[1:]:
-            if not node.alive:
-                self.stop(node)
-                self.start(node)
-                restarted.append(node.index)
+        restarted: list[int] = []
+        missing_since: dict[int, float] = {}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.alive_nodes() == len(self.nodes) and all(n.alive for n in self.nodes):
+            ips = self.alive_ips()
+            now = time.monotonic()
+            if ips is not None and all(n.host.ip in ips and n.alive for n in self.nodes):
                 return restarted
-            for node in self.nodes[1:]:  # a node the GCS gave up on while it waited
-                if not node.alive:
+            for node in self.nodes[1:]:
+                if ips is not None and node.host.ip in ips and node.alive:
+                    missing_since.pop(node.index, None)
+                    continue
+                since = missing_since.setdefault(node.index, now)
+                if not node.alive or now - since > grace:
+                    self.stop(node)
                     self.start(node)
                     restarted.append(node.index)
+                    missing_since[node.index] = now + 60  # its start's own time
             time.sleep(2)
         raise RuntimeError(f"the cluster did not come back to {len(self.nodes)} nodes")
 

@@ -98,7 +98,7 @@ def _is(kind: str, argv: list[str]) -> bool:
     if kind == "uv_sync":
         return os.path.basename(argv[0]) == "uv" and "sync" in argv[1:3]
     if kind == "agent":
-        return any(a.endswith("runtime_env/agent/main.py") for a in argv[:3])
+        return argv[0].startswith("ray::RuntimeEnvAgent")  # its process title
     if kind == "raylet":
         return argv[0].endswith("/raylet")
     if kind == "ship_sender":
