@@ -83,7 +83,7 @@ def test_one_merge_for_plugin_config_and_the_demo(current: str | None, expected:
 def test_plugin_config_refuses_a_value_ray_cannot_read(value: str) -> None:
     for args in (["plugin-config"], ["plugin-config", "--shell"]):
         out = ray_uv(*args, env={"RAY_RUNTIME_ENV_PLUGINS": value})
-        assert out.returncode == 2 and out.stdout == ""  # `eval` gets nothing half-made
+        assert out.returncode == 1 and out.stdout == ""  # `eval` gets nothing half-made
         assert out.stderr.startswith(f"error: RAY_RUNTIME_ENV_PLUGINS={value!r} is not what Ray")
         assert "fix or unset it" in out.stderr
         no_traceback(out)
@@ -100,7 +100,7 @@ def test_a_world_writable_parent_gets_chmod_advice_not_remove(tmp_path: Path) ->
     root = shared / "venvs"
     root.mkdir(mode=0o700)
     out = ray_uv("list", env={"RAY_UV_PLUGIN_VENV_DIR": str(root)})
-    assert out.returncode == 2
+    assert out.returncode == 1
     assert f"refusing a directory above the venv dir {root}: {shared}: others can write it" in (
         out.stderr
     )
@@ -131,7 +131,7 @@ def test_a_venv_dir_that_is_a_file_is_not_to_be_removed(tmp_path: Path) -> None:
     precious = tmp_path / "settings.toml"
     precious.write_text("x = 1\n")
     out = ray_uv("list", env={"RAY_UV_PLUGIN_VENV_DIR": str(precious)})
-    assert out.returncode == 2
+    assert out.returncode == 1
     assert f"the venv dir {precious} is not a directory" in out.stderr
     assert "set RAY_UV_PLUGIN_VENV_DIR to a directory" in out.stderr
     assert "remove" not in out.stderr
@@ -173,7 +173,7 @@ def test_a_venv_dir_below_a_file_is_a_clear_error(tmp_path: Path, args: list[str
     (tmp_path / "file").write_text("")
     root = tmp_path / "file" / "sub"
     out = ray_uv(*args, env={"RAY_UV_PLUGIN_VENV_DIR": str(root)})
-    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.returncode == 1, out.stdout + out.stderr
     no_traceback(out)
     file = tmp_path / "file"
     assert f"error: uv_project: {file}, on the way to the venv dir {root}, is not a directory" in (
@@ -186,7 +186,7 @@ def test_a_venv_dir_name_too_long_is_a_clear_error(tmp_path: Path) -> None:
     root = tmp_path / ("x" * 300)
     for args in (["list"], ["gc"]):
         out = ray_uv(*args, env={"RAY_UV_PLUGIN_VENV_DIR": str(root)})
-        assert out.returncode == 2
+        assert out.returncode == 1
         no_traceback(out)
         assert f"error: cannot use the venv dir {root} (File name too long)" in out.stderr
 
@@ -200,7 +200,7 @@ def test_a_missing_uv_is_a_clear_error() -> None:
             *args,
             env={"RAY_UV_PLUGIN_UV": "/nonexistent/uv"},
         )
-        assert out.returncode == 2
+        assert out.returncode == 1
         no_traceback(out)
         assert out.stderr.startswith("error: uv_project: RAY_UV_PLUGIN_UV='/nonexistent/uv' does ")
 

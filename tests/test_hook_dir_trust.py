@@ -90,7 +90,7 @@ def test_a_hook_dir_others_can_change_is_refused_with_the_fix(
     path = Path(os.path.normpath(hook_dir.parent / where))
     path.chmod(mode)
     out = shell(tmp_path / "site", "$RAY_UV plugin-config --shell")
-    assert out.returncode == 2 and out.stdout == "", out.stdout
+    assert out.returncode == 1 and out.stdout == "", out.stdout
     assert f"refusing the driver hook's directory {hook_dir} for PYTHONPATH" in out.stderr
     assert why in out.stderr and fix.format(hook=hook_dir, path=path) in out.stderr, out.stderr
     path.chmod(0o755 if path.is_dir() else 0o644)

@@ -11,6 +11,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from ray_uv_plugin.agent.fields import FIELDS
 from ray_uv_plugin.agent.uv_env import check_build_env_vars
 
 FIELD = "uv_project"
@@ -117,16 +118,8 @@ def _canonical(names: tuple[str, ...]) -> list[str]:
     return sorted(canonicalize_name(name) for name in names)
 
 
-_BOOL_FIELDS = (
-    "all_extras",
-    "no_default_groups",
-    "all_groups",
-    "locked",
-    "frozen",
-    "install_project",
-    "job_default",
-)
-_LIST_FIELDS = ("extras", "no_extras", "groups", "only_groups", "no_groups")
+_BOOL_FIELDS = tuple(f.name for f in FIELDS if f.kind == "bool")
+_LIST_FIELDS = tuple(f.name for f in FIELDS if f.kind == "names")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FIELD_NAMES = tuple(f.name for f in fields(ParsedUvProject))
 

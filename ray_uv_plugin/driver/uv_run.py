@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ray_uv_plugin.agent.fields import FIELDS
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.driver.project_discovery import (
     find_project,
@@ -210,7 +211,7 @@ _ENV_VALUES = {
 }
 _TRUE = {"1", "true", "yes", "y", "t", "on"}  # as uv reads a boolean env var
 # The options whose value names an extra, a group or a package: a blank one names none.
-_NAMING = ("--extra", "--no-extra", "--group", "--no-group", "--only-group", "--package")
+_NAMING = tuple(f.uv.split()[0] for f in FIELDS if f.kind in ("names", "name") and f.uv)
 
 
 class UvRunParseError(ValueError):
@@ -329,28 +330,24 @@ def _python_is_the_drivers(request: str, driver_version: str) -> bool:
     return driver_version.split(".")[: len(asked)] == asked
 
 
+# `uv run`'s options that name extras or groups, one per name: the `uv_project` list fields'
+# (`--extra` -> extras), from the table of fields.
+_LISTED = {f.uv.split()[0]: f.name for f in FIELDS if f.kind == "names" and f.uv}
+
+
 class _Selection:
     """The selection that a sequence of options builds, as uv reads them (later wins)."""
 
     def __init__(self) -> None:
-        self.lists: dict[str, list[str]] = {
-            k: [] for k in ("extras", "no_extras", "groups", "only_groups", "no_groups")
-        }
+        self.lists: dict[str, list[str]] = {k: [] for k in _LISTED.values()}
         self.all_extras = self.all_groups = self.no_default_groups = False
         self.locked = self.frozen = self.no_sync = self.no_install_project = False
         self.project: str | None = None
         self.package: str | None = None
 
     def apply(self, name: str, value: str | None) -> None:
-        listed = {
-            "--extra": "extras",
-            "--no-extra": "no_extras",
-            "--group": "groups",
-            "--only-group": "only_groups",
-            "--no-group": "no_groups",
-        }
-        if name in listed and value is not None:
-            self.lists[listed[name]].append(value)
+        if name in _LISTED and value is not None:
+            self.lists[_LISTED[name]].append(value)
         elif name in (
             "--no-dev",
             "--only-dev",

@@ -61,7 +61,7 @@ def _env(
     project: Path,
     extras: Sequence[str],
     groups: Sequence[str],
-    flags: Mapping[str, bool] | None,
+    flags: Mapping[str, Any] | None,
 ) -> tuple[ParsedUvProject, ProjectFiles]:
     """The `uv_project` value these flags make, parsed, and the project's files."""
     from ray_uv_plugin.agent.project import load_project
@@ -105,7 +105,7 @@ def find_env(
     project: Path,
     extras: Sequence[str] = (),
     groups: Sequence[str] = (),
-    flags: Mapping[str, bool] | None = None,
+    flags: Mapping[str, Any] | None = None,
     libraries: Sequence[str] = (),
 ) -> FoundEnv:
     """`run_check` without building: the env may be GBs (and `uv sync` minutes), and an
@@ -136,7 +136,7 @@ def run_check(
     project: Path,
     extras: Sequence[str] = (),
     groups: Sequence[str] = (),
-    flags: Mapping[str, bool] | None = None,
+    flags: Mapping[str, Any] | None = None,
     libraries: Sequence[str] = (),
     logger: logging.Logger | None = None,
 ) -> CheckResult:

@@ -18,11 +18,52 @@ from pathlib import Path
 from typing import Any
 
 from ray_uv_plugin import PLUGINS_ENV, plugins_setting
-from ray_uv_plugin.ops.cli_common import CliError
+from ray_uv_plugin.ops.cli_common import CliError, UsageError, add_selection
 from ray_uv_plugin.ops.cli_envs import cmd_check, cmd_demo, cmd_prepare
 from ray_uv_plugin.ops.cli_venvs import cmd_gc, cmd_list
 
-EPILOG = "Docs: docs/operations.md. Every command has --help."
+# The package's metadata is what an installed wheel has (a checkout's docs/ it has not).
+DOCS_URL_LABELS = ("documentation", "docs", "homepage", "home", "source", "repository")
+NO_DOCS_URL = (
+    "Docs: README.md (the package's description on its index) and docs/ of the ray-uv-plugin "
+    "source distribution"
+)
+
+
+def docs_line() -> str:
+    """Where the docs are, in a way that works from a wheel: the Documentation URL (else the
+    home page or source) in the installed package's metadata ([project.urls]); without one,
+    where the pages travel with the package's releases. Never a path in a checkout."""
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    try:
+        urls = metadata("ray-uv-plugin").get_all("Project-URL") or []
+    except PackageNotFoundError:
+        urls = []
+    found = {}
+    for entry in urls:
+        label, _, url = entry.partition(",")
+        found.setdefault(label.strip().lower(), url.strip())
+    for label in DOCS_URL_LABELS:
+        if found.get(label):
+            return f"Docs: {found[label]}"
+    return NO_DOCS_URL
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows an option's default where it has one that says something (`--timeout`: 3600),
+    not `None` or `False`, and not where the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help = action.help or ""
+        default = action.default
+        if (
+            "default" in help
+            or default in (None, False, argparse.SUPPRESS)
+            or not action.option_strings
+        ):
+            return help
+        return f"{help} (default: %(default)s)"
 
 
 # --- --version -------------------------------------------------------------------------------
@@ -112,8 +153,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import subprocess
 
     checkout = find_checkout(Path.cwd())
-    if checkout is None:
-        raise CliError(
+    if checkout is None:  # not listed in the help here either (`build_parser`)
+        raise UsageError(
             f"`ray-uv bench` runs the benchmarks of the source checkout, and {Path.cwd()} is in "
             "none (they are in the source checkout only, not in the wheel): clone the "
             "repository and run `uv run ray-uv bench` from its root."
@@ -133,7 +174,7 @@ def _command(
     sub: Any, func: Callable[[argparse.Namespace], int], name: str, **kwargs: Any
 ) -> argparse.ArgumentParser:
     """A subcommand that `main` runs as `func`."""
-    p = sub.add_parser(name, **kwargs)
+    p = sub.add_parser(name, formatter_class=HelpFormatter, **kwargs)
     p.set_defaults(func=func)
     return p
 
@@ -141,16 +182,6 @@ def _command(
 def _switch(p: argparse.ArgumentParser, flag: str, help: str) -> None:
     """An on/off flag (`store_true`): most of the commands' options."""
     p.add_argument(flag, action="store_true", help=help)
-
-
-def _add_selection(p: argparse.ArgumentParser) -> None:
-    """The flags that select an environment, as the `uv_project` fields do (prepare, check)."""
-    p.add_argument("--extra", action="append", metavar="X", help="an extra (repeatable)")
-    p.add_argument("--group", action="append", metavar="G", help="a dependency group (repeatable)")
-    _switch(p, "--all-extras", "every extra")
-    _switch(p, "--no-default-groups", "skip uv's default groups")
-    _switch(p, "--frozen", "use uv.lock as it is (no --locked)")
-    _switch(p, "--install-project", "install the project too")
 
 
 def _amount(text: str) -> float:
@@ -170,7 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ray-uv",
         description="Operate the uv_project Ray runtime_env plugin: register it, build envs "
         "on a cluster, list and clean up venvs.",
-        epilog=EPILOG,
+        epilog=f"{docs_line()}. Every command has --help. Exit status: 0 done, 1 a failure "
+        "while running (the message says what), 2 a wrong command line.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "--version",
@@ -215,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the uv project (pyproject.toml + uv.lock); shipped to the nodes as working_dir "
         "(default: .)",
     )
-    _add_selection(p)
+    add_selection(p)
     _switch(
         p,
         "--shared",
@@ -303,6 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
         "that none does",
     )
     _switch(p, "--dry-run", "only print what would go")
+    _switch(
+        p,
+        "--json",
+        "machine-readable output: the venvs removed and kept, each with why, leftovers, and "
+        "the bytes freed and left",
+    )
 
     p = _command(
         sub,
@@ -321,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="the uv project (pyproject.toml + uv.lock) (default: .)",
     )
-    _add_selection(p)
+    add_selection(p)
     p.add_argument(
         "--library",
         action="append",
@@ -335,17 +374,27 @@ def build_parser() -> argparse.ArgumentParser:
         "build nothing: print the env's key, whether its venv is here and ready, and, "
         "if it is, the libraries it lacks (a --library it cannot check exits 1)",
     )
-
-    p = _command(
-        sub,
-        cmd_bench,
-        "bench",
-        help="venv and actor startup benchmarks (args go to benchmarks.startup)",
-        description="Run benchmarks.startup with the remaining arguments "
-        "(`ray-uv bench --help` prints its options).",
-        add_help=False,
+    _switch(
+        p,
+        "--json",
+        "machine-readable output: the key, the venv and its state, and per Ray library "
+        "whether the env's Ray can run it (null for what a --dry-run did not see)",
     )
-    p.add_argument("args", nargs=argparse.REMAINDER)
+
+    # The benchmarks are the source checkout's, never the wheel's (a top-level `benchmarks`
+    # package in users' site-packages, and a harness of test helpers and example projects):
+    # `bench` is listed only where it runs, from within a checkout.
+    if find_checkout(Path.cwd()) is not None:
+        p = _command(
+            sub,
+            cmd_bench,
+            "bench",
+            help="venv and actor startup benchmarks (args go to benchmarks.startup)",
+            description="Run benchmarks.startup with the remaining arguments "
+            "(`ray-uv bench --help` prints its options).",
+            add_help=False,
+        )
+        p.add_argument("args", nargs=argparse.REMAINDER)
 
     p = _command(
         sub,
@@ -370,9 +419,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = args.func(args)
         sys.stdout.flush()  # a reader that went away shows here, not at exit
         return code
-    except CliError as e:
+    except UsageError as e:  # as argparse's own: the command line is wrong
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except CliError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -383,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except OSError as e:  # what the system refused (a file, a disk, no uv): the message says what
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return 1
 
 
 if __name__ == "__main__":

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ray_uv_plugin.agent.uv import format_duration
-from ray_uv_plugin.ops.cli_common import CliError, node_count, selection_flags
+from ray_uv_plugin.ops.cli_common import CliError, UsageError, node_count, selection
 
 if TYPE_CHECKING:
     from ray_uv_plugin.cluster.prepare import NodeResult
-    from ray_uv_plugin.ops.check import FoundEnv
+    from ray_uv_plugin.ops.check import CheckResult, FoundEnv
 
 
 # --- prepare ---------------------------------------------------------------------------------
@@ -49,9 +49,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     project = Path(args.project).expanduser().resolve()
     ship = False if args.no_ship else None
     if args.interval is not None and not args.watch:
-        raise CliError("--interval goes with --watch (how often it looks for new nodes)")
+        raise UsageError("--interval goes with --watch (how often it looks for new nodes)")
     if args.watch and args.json:
-        raise CliError("--json does not go with --watch: the watch prints a line per node")
+        raise UsageError("--json does not go with --watch: the watch prints a line per node")
+    chosen = selection(args)  # every selection field, as `UvProject` takes them
     if args.watch:
         from ray_uv_plugin.cluster import watch
 
@@ -59,7 +60,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         try:
             watch.check_interval(interval)
         except prepare.PrepareError as e:
-            raise CliError(str(e)) from e
+            raise UsageError(str(e)) from e
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -113,8 +114,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         try:
             results = run(
                 project,
-                extras=args.extra or [],
-                groups=args.group or [],
                 address=args.address,
                 shared=args.shared,
                 ship=ship,
@@ -123,7 +122,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                 on_result=on_result,
                 on_progress=on_progress,
                 **watching,
-                **selection_flags(args),
+                **chosen,
             )
         except (UvProjectSpecError, ProjectError, prepare.PrepareError, ConnectError) as e:
             raise CliError(str(e)) from e
@@ -163,11 +162,53 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 LIBRARY_HINT = "hint: pass --library NAME to exit 1 when a library the job uses is missing"
 
 
-def _report_found(found: FoundEnv) -> int:
+def check_json(project: Path, result: CheckResult | FoundEnv) -> dict[str, Any]:
+    """`check --json`: the env's key and venv, its state (`ready` after a check; a dry run's
+    as `list` says it), and per Ray library whether its Ray can run it; null for what a dry
+    run did not see (no ready venv: no libraries) or does not do (build, time)."""
+    from ray_uv_plugin.ops.check import CheckResult
+
+    libraries = None
+    if result.statuses is not None:
+        libraries = [
+            {
+                "name": s.library.name,
+                "ok": s.ok,
+                "asked": s.library.name in result.wanted,
+                "missing": list(s.missing),  # the distributions of its extra the venv lacks
+                "requirement": None if s.ok else s.as_missing().requirement,
+                "node_has": s.node_has,  # the node's own Ray has it (null: unknown)
+            }
+            for s in result.statuses
+        ]
+    return {
+        "project": str(project),
+        "key": result.key,
+        "venv": str(result.venv),
+        "state": "ready" if isinstance(result, CheckResult) else result.state,
+        "note": None if isinstance(result, CheckResult) else result.note or None,
+        "built": result.built if isinstance(result, CheckResult) else None,
+        "seconds": result.seconds if isinstance(result, CheckResult) else None,
+        "libraries": libraries,
+        "wanted": list(result.wanted),
+        # asked for and lacking (or, with no ready venv, not checked): exit status 1
+        "missing": [s.library.name for s in result.failed]
+        if isinstance(result, CheckResult)
+        else result.missing,
+        "notes": list(result.notes) if isinstance(result, CheckResult) else [],
+    }
+
+
+def _report_found(found: FoundEnv, as_json: bool = False, project: Path | None = None) -> int:
     """`check --dry-run`: what is there; exit 1 if a `--library` is missing or, with no
     ready venv to look into, cannot be checked."""
     from ray_uv_plugin.ops import check
 
+    if as_json:
+        print(json.dumps(check_json(project or found.venv, found), indent=1))
+        if found.missing:
+            print(f"error: the env cannot run {', '.join(found.missing)}", file=sys.stderr)
+        return 1 if found.missing else 0
     state = f"{found.state}: {found.note}" if found.note else found.state
     print(f"uv_project {found.key}: {state} -> {found.venv}")
     if found.statuses is None:
@@ -198,18 +239,23 @@ def cmd_check(args: argparse.Namespace) -> int:
     from ray_uv_plugin.store.layout import VenvDirError
 
     project = Path(args.project).expanduser().resolve()
-    flags = selection_flags(args)
+    flags = selection(args)
+    extras, groups = flags.pop("extras", []), flags.pop("groups", [])
     try:
         wanted = check.parse_libraries(args.library or [])
+    except check.CheckError as e:
+        raise UsageError(str(e)) from e
+    try:
         if args.dry_run:
-            found = check.find_env(project, args.extra or [], args.group or [], flags, wanted)
-            return _report_found(found)
+            found = check.find_env(project, extras, groups, flags, wanted)
+            return _report_found(found, args.json, project)
         print(
             f"Checking the uv_project env of {project} (this builds it if needed; --dry-run "
             "builds nothing)...",
+            file=sys.stderr if args.json else sys.stdout,  # --json: stdout holds JSON alone
             flush=True,
         )
-        result = check.run_check(project, args.extra or [], args.group or [], flags, wanted)
+        result = check.run_check(project, extras, groups, flags, wanted)
     except (
         check.CheckError,
         UvProjectSpecError,
@@ -219,6 +265,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         trust.UntrustedPathError,
     ) as e:
         raise CliError(str(e)) from e
+    if args.json:
+        print(json.dumps(check_json(project, result), indent=1))
+        if result.failed:
+            names = ", ".join(s.library.name for s in result.failed)
+            print(f"error: the env lacks what {names} needs", file=sys.stderr)
+        return 1 if result.failed else 0
     verb = "built" if result.built else "reused"
     print(f"uv_project {result.key}: {verb} in {format_duration(result.seconds)} -> {result.venv}")
     print("Ray libraries this env's Ray can run:")

@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ray_uv_plugin.ops.cli_common import CliError
+from ray_uv_plugin.ops.cli_common import CliError, UsageError
 from ray_uv_plugin.store.units import format_age, format_bytes
 
 if TYPE_CHECKING:
+    from ray_uv_plugin.store.gc import Decision, GcReport
     from ray_uv_plugin.store.inventory import VenvEntry
 
 
@@ -233,6 +234,28 @@ def _label(e: VenvEntry) -> str:
     return f"{e.key} ({e.project})" if e.meta else e.key
 
 
+def gc_json(root: Path, report: GcReport) -> dict[str, Any]:
+    """`gc --json`: what went (or would go, `dry_run`) and what stayed, each with why; sizes in
+    bytes as `du` counts them. A venv is as `list --json` names it: key, path, project."""
+
+    def venv(d: Decision) -> dict[str, Any]:
+        meta = d.entry.meta or {}
+        path = str(d.entry.path)
+        return {"key": d.entry.key, "path": path, "project": meta.get("project"), "why": d.reason}
+
+    return {
+        "venv_dir": str(root),
+        "dry_run": report.dry_run,
+        "removed": [venv(d) for d in report.removed],
+        "kept": [venv(d) for d in report.kept],
+        "removed_leftovers": [str(p) for p in report.garbage],
+        "kept_leftovers": [{"path": str(o.path), "why": o.why} for o in report.leftovers],
+        "others": [{"path": str(o.path), "why": o.why} for o in report.others],
+        "freed_bytes": report.freed_bytes,
+        "remaining_bytes": report.remaining_bytes,
+    }
+
+
 def cmd_gc(args: argparse.Namespace) -> int:
     from ray_uv_plugin.store import gc, trust
     from ray_uv_plugin.store.layout import VenvDirError, venv_root
@@ -247,8 +270,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
             everything=args.all,
             assume_unused=args.assume_unused,
         )
-    except (gc.GcError, VenvDirError, trust.UntrustedPathError) as e:
+    except gc.GcError as e:  # limits that do not go together
+        raise UsageError(str(e)) from e
+    except (VenvDirError, trust.UntrustedPathError) as e:
         raise CliError(str(e)) from e
+    if args.json:
+        print(json.dumps(gc_json(root, report), indent=1))
+        return 0
     verb = "Would remove" if args.dry_run else "Removed"
     for d in report.removed:
         print(f"{verb} {_label(d.entry)}: {d.reason}")
