@@ -57,6 +57,22 @@ def test_a_failure_is_remembered_only_for_the_same_settings(project, tmp_path, m
     assert outcome.built and counting.syncs() == 2
 
 
+def test_rays_tries_of_one_request_have_the_same_inputs(project):
+    """Ray's working_dir plugin puts the working_dir first on a job's PYTHONPATH again on each
+    try of a request (`wd`, `wd:wd`): its retries were built again, uv three times."""
+    from ray_uv_plugin.agent.request import make_request
+
+    def inputs(env_vars: dict[str, str]) -> str:
+        return failed_builds.sync_inputs(
+            make_request(parse_spec({}), load_project(project), env_vars)
+        )
+
+    first = inputs({"X": "1", "PYTHONPATH": "/wd:/site"})
+    assert inputs({"X": "1", "PYTHONPATH": "/wd:/wd:/site:/site"}) == first
+    assert inputs({"X": "1", "PYTHONPATH": "/other:/wd:/site"}) != first
+    assert inputs({"X": "2", "PYTHONPATH": "/wd:/site"}) != first
+
+
 # --- a uv killed by a signal the plugin did not send --------------------------------------------
 
 
@@ -196,13 +212,17 @@ def test_the_message_says_how_long_ray_keeps_the_failure_and_how_to_retry_now(
     failed_builds.remember(venv, "inputs", "uv_project: it failed")
     message = failed_builds.recent(venv, "inputs")
     assert message is not None and message.startswith("uv_project: it failed\n")
-    assert f"This node's build of {venv} failed 0s ago, so it was not run again" in message
-    assert "remembered as failed for 45s" in message
+    # Plainly a retry of Ray's, with the first try's cause above it.
     assert (
-        "Ray's agent keeps this failed runtime_env for 123s (BAD_RUNTIME_ENV_CACHE_TTL_SECONDS)"
-        in message
+        "(This is Ray retrying the same request (its agent tries a failed setup 3 times, "
+        "1s apart)" in message
     )
-    assert "built again only after that" in message
+    assert "the error above is the first try's, 0s ago, and uv was not run again" in message
+    assert f"the same sync of {venv} fails the same way (remembered for 45s)" in message
+    assert (
+        "Ray then answers an identical runtime_env with this error for 123s "
+        "(BAD_RUNTIME_ENV_CACHE_TTL_SECONDS)" in message
+    )
     assert 'change the runtime_env\'s env_vars (e.g. add "RETRY": "1")' in message
     assert "lower BAD_RUNTIME_ENV_CACHE_TTL_SECONDS in the environment of `ray start`" in message
     assert failed_builds.recent(venv, "other inputs") is None
@@ -286,8 +306,8 @@ def test_the_memo_holds_one_failure_per_venv_and_inputs_for_its_window(
     failed_builds.remember(venv, "inputs-a", "uv_project: it failed")
     said = failed_builds.recent(venv, "inputs-a")
     assert said is not None and said.startswith("uv_project: it failed\n")
-    assert "failed 0s ago" in said and "as failed for 60s" in said
-    assert "keeps this failed runtime_env for 600s" in said
+    assert "first try's, 0s ago" in said and "(remembered for 60s)" in said
+    assert "with this error for 600s" in said
     assert failed_builds.recent(venv, "inputs-b") is None  # other settings: built again
     assert failed_builds.recent(tmp_path / "fedcba9876543210", "inputs-a") is None
     monkeypatch.setenv(MEMO_ENV, "0.05")

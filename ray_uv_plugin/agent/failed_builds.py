@@ -27,6 +27,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from ray_uv_plugin.agent.request import VenvRequest
@@ -80,14 +81,25 @@ def sync_inputs(request: VenvRequest) -> str:
     whole environment uv runs in, the uv binary, the project dir (uv's cwd) and the flags; and
     the job's env_vars, so that changing one asks for a new try (as it does of Ray's agent)."""
     inputs = {
-        "env": sorted(request.uv_env.items()),
-        "job_env": sorted(request.job_env_vars.items()),  # `"RETRY": "1"` asks for a new try
+        "env": _as_retried(request.uv_env),
+        "job_env": _as_retried(request.job_env_vars),  # `"RETRY": "1"` asks for a new try
         "uv": _uv_binary(),
         "project": str(request.files.path),
         "flags": request.spec.sync_args(),
         "python": sys.executable,
     }
     return hashlib.sha256(json.dumps(inputs).encode()).hexdigest()
+
+
+def _as_retried(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """`env`'s items as each of Ray's tries of one request gives them. Ray's working_dir plugin
+    puts the working_dir first on the request's PYTHONPATH in place, before this plugin runs,
+    and again on every try: `wd`, then `wd:wd`. With each path once, every try has the same
+    inputs, and a request whose PYTHONPATH differs still has its own."""
+    items = dict(env)
+    if "PYTHONPATH" in items:
+        items["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(items["PYTHONPATH"].split(os.pathsep)))
+    return sorted(items.items())
 
 
 def remember(venv: Path, inputs: str, message: str) -> None:
@@ -115,10 +127,23 @@ def recent(venv: Path, inputs: str) -> str | None:
 def _not_run_again(venv: Path, ago: float, window: float, ray_seconds: int | None) -> str:
     ray_keeps = f"{ray_seconds}s" if ray_seconds is not None else "a while"
     return (
-        f"(This node's build of {venv} failed {ago:.0f}s ago, so it was not run again: a sync "
-        f"with the same settings is remembered as failed for {window:.0f}s. Ray's agent keeps "
-        f"this failed runtime_env for {ray_keeps} ({RAY_CACHE_ENV}), so an identical request "
-        "is built again only after that. To try again at once, change the runtime_env's "
-        'env_vars (e.g. add "RETRY": "1"): a new request for Ray and for this node; or lower '
-        f"{RAY_CACHE_ENV} in the environment of `ray start` on the nodes.)"
+        f"(This is Ray retrying the same request (its agent tries a failed setup "
+        f"{_ray_tries()}), or another with the same build settings: the error above is the "
+        f"first try's, {ago:.0f}s ago, and uv was not run again, since the same sync of {venv} "
+        f"fails the same way (remembered for {window:.0f}s). Ray then answers an identical "
+        f"runtime_env with this error for {ray_keeps} ({RAY_CACHE_ENV}). To try again at "
+        'once, change the runtime_env\'s env_vars (e.g. add "RETRY": "1"): a new request '
+        f"for Ray and for this node; or lower {RAY_CACHE_ENV} in the environment of "
+        "`ray start` on the nodes.)"
     )
+
+
+def _ray_tries() -> str:
+    """How often, and how far apart, Ray's agent tries a failed setup, as it reads it."""
+    try:
+        from ray._private.runtime_env.agent import runtime_env_consts as consts
+
+        times, interval_ms = consts.RUNTIME_ENV_RETRY_TIMES, consts.RUNTIME_ENV_RETRY_INTERVAL_MS
+    except (ImportError, AttributeError):
+        return "more than once"
+    return f"{times} times, {interval_ms / 1000:g}s apart"

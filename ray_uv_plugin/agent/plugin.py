@@ -19,6 +19,7 @@ from ray_uv_plugin.agent.builder import Outcome, ensure_venv_async
 from ray_uv_plugin.agent.project import load_project, resolve_project_dir
 from ray_uv_plugin.agent.ray_libraries import check_libraries
 from ray_uv_plugin.agent.request import make_request
+from ray_uv_plugin.agent.setup_error import Where, setup_error, setup_log
 from ray_uv_plugin.agent.spec import (
     FIELD,
     check_siblings,
@@ -99,6 +100,33 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         context: RuntimeEnvContext,
         logger: logging.Logger = default_logger,
     ) -> float:
+        try:
+            return await self._create(runtime_env, context, logger)
+        except Exception as e:
+            # Ray gives the driver this error's text: the cause first, paths as the user wrote
+            # them (`setup_error`). The traceback goes to the setup log that it names.
+            logger.error("uv_project: the setup failed", exc_info=e)
+            raise setup_error(e, self._where(runtime_env, logger)) from None
+
+    @staticmethod
+    def _where(runtime_env: dict, logger: logging.Logger) -> Where:
+        value = runtime_env.get(FIELD)
+        project = value.get("project") if isinstance(value, dict) else None
+        uri = runtime_env.get("working_dir")
+        try:
+            working_dir = request_working_dir(runtime_env)
+        except Exception:  # noqa: BLE001 - the error being reported says what is wrong
+            working_dir = None
+        return Where(
+            project=project if isinstance(project, str) else None,
+            working_dir=working_dir,
+            working_dir_uri=uri if isinstance(uri, str) else None,
+            setup_log=setup_log(logger),
+        )
+
+    async def _create(
+        self, runtime_env: dict, context: RuntimeEnvContext, logger: logging.Logger
+    ) -> float:
         if self._ray_changed is not None:
             raise ray_compat.RayInternalsChanged(self._ray_changed)
         start = time.perf_counter()
@@ -116,10 +144,10 @@ class UvProjectPlugin(RuntimeEnvPlugin):
             # on this object, so its py_executable plugin then has nothing to set.
             del runtime_env["py_executable"]
         working_dir = request_working_dir(runtime_env)
-        shipped = spec.project is None and not str(runtime_env.get("working_dir")).startswith(
+        uploaded = spec.project is None and not str(runtime_env.get("working_dir")).startswith(
             "local://"
         )
-        files = load_project(resolve_project_dir(spec, working_dir), shipped=shipped)
+        files = load_project(resolve_project_dir(spec, working_dir), uploaded=uploaded)
         root = venv_root()
         request = make_request(spec, files, runtime_env.get("env_vars") or {})
         outcome = await ensure_venv_async(request, root, logger)

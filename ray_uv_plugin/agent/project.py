@@ -160,8 +160,8 @@ def resolve_project_dir(spec: ParsedUvProject, working_dir: str | None) -> Path:
     return Path(working_dir)
 
 
-def load_project(path: Path, shipped: bool = False) -> ProjectFiles:
-    """The project's files; `shipped`: `path` is a working_dir that Ray uploaded and unpacked
+def load_project(path: Path, uploaded: bool = False) -> ProjectFiles:
+    """The project's files; `uploaded`: `path` is a working_dir that Ray uploaded and unpacked
     here (what is missing was then left out by the upload, not by the user's project)."""
     if path.exists() and not path.is_dir():
         raise ProjectError(
@@ -171,8 +171,9 @@ def load_project(path: Path, shipped: bool = False) -> ProjectFiles:
         )
     if not path.is_dir():
         raise ProjectError(
-            f"uv_project: project directory {path} does not exist on this node; point "
-            "uv_project.project (or working_dir) at a directory that every node can see."
+            f"uv_project: project directory {path} does not exist on this node: point "
+            "uv_project.project (or working_dir) at the directory that holds pyproject.toml "
+            "and uv.lock, a path that every node sees or one relative to the working_dir."
         )
     pyproject, lock = path / "pyproject.toml", path / "uv.lock"
     if not pyproject.is_file():
@@ -180,9 +181,9 @@ def load_project(path: Path, shipped: bool = False) -> ProjectFiles:
             f"uv_project: {path} has no pyproject.toml; it must be a uv project "
             "(`uv init`, then `uv lock`)."
         )
-    if not lock.is_file() and shipped:
+    if not lock.is_file() and uploaded:
         raise ProjectError(
-            f"uv_project: the working_dir Ray shipped to this node ({path}) has no uv.lock: "
+            f"uv_project: the working_dir Ray uploaded to this node ({path}) has no uv.lock: "
             "its upload left the lock out. Ray's upload skips files matched by .gitignore, "
             ".rayignore and runtime_env 'excludes': take uv.lock out of them (`git check-ignore "
             "-v uv.lock` says which rule), or set RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1 for the "
