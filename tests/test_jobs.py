@@ -286,6 +286,28 @@ def test_prepare_builds_on_every_node_then_reuses(cluster: Cluster, project: Pat
     assert meta["extras"] == ["ini", "six"]  # the very venv a job with these extras gets
 
 
+def test_prepare_warms_the_key_of_a_job_that_selects_with_any_field(
+    cluster: Cluster, project: Path
+) -> None:
+    """Every selection field is a `prepare` flag (issue 33: 6 of 14 were): here `no_extras`
+    and `no_groups` beside `all_extras`; the venv it makes ready is the one `check` finds for
+    the same flags, which is the key a job with that `uv_project` value gets."""
+    flags = ["--all-extras", "--no-extra", "six", "--no-group", "lint"]
+    args = [RAY_UV, "prepare", "--address", cluster.gcs, "--project", str(project), *flags]
+    out = cluster.run(*args, "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    (node,) = json.loads(out.stdout)["nodes"]
+    found = cluster.run(RAY_UV, "check", "--project", str(project), *flags, "--dry-run", "--json")
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout)["key"] == node["key"]
+    assert json.loads(found.stdout)["state"] == "ready"
+    python = cluster.venvs / node["key"] / "bin" / "python"
+    code = "import importlib.util as u; print([bool(u.find_spec(m)) for m in %r])"
+    names = ("iniconfig", "six", "tomli_w")  # all extras but six; the lint group left out
+    seen = subprocess.run([str(python), "-c", code % (names,)], capture_output=True, text=True)
+    assert seen.stdout.strip() == "[True, False, False]", seen.stderr
+
+
 def test_prepare_names_the_failed_nodes(cluster: Cluster, tmp_path: Path) -> None:
     missing = tmp_path / "not-on-the-nodes"
     out = cluster.run(
