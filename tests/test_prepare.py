@@ -8,16 +8,17 @@ from types import SimpleNamespace
 
 import pytest
 
+from ray_uv_plugin.agent.spec import ParsedUvProject
 from ray_uv_plugin.cluster.prepare import (
     EXCLUDES,
     NodeResult,
     PrepareError,
-    _with_shipping,
     check_locally,
     job_runtime_env,
     outcome_counts,
     uv_project_value,
 )
+from ray_uv_plugin.cluster.probe_tasks import _with_shipping
 
 NODE = "77aa00ff11223344"
 
@@ -61,15 +62,16 @@ def test_the_project_is_shipped_as_working_dir_unless_shared(tmp_path: Path) -> 
         "excludes": EXCLUDES,
     }
     assert job_runtime_env(tmp_path, shared=True) is None
-    assert uv_project_value(tmp_path, True, ["a"], [], {})["project"] == str(tmp_path)
-    assert "project" not in uv_project_value(tmp_path, False, ["a"], ["g"], {"frozen": True})
+    assert uv_project_value(tmp_path, True, {"extras": ["a"]})["project"] == str(tmp_path)
+    selection = {"extras": ["a"], "groups": ["g"], "frozen": True}
+    assert "project" not in uv_project_value(tmp_path, False, selection)
 
 
 def test_a_missing_project_fails_here_unless_only_the_nodes_have_it(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere"
     with pytest.raises(PrepareError, match="does not exist: pass --project DIR"):
-        check_locally(missing, {}, shared=False)
-    check_locally(missing, {}, shared=True)  # it may exist only on the nodes
+        check_locally(missing, ParsedUvProject(), shared=False)
+    check_locally(missing, ParsedUvProject(), shared=True)  # it may exist only on the nodes
 
 
 def test_shipping_folds_into_the_nodes_result() -> None:

@@ -54,6 +54,8 @@ def test_each_round_prepares_the_new_nodes_once(monkeypatch: pytest.MonkeyPatch)
     not the watch; a node that fails after it left is said to have left; with no live node
     that has the env, the new nodes build."""
     from ray_uv_plugin.cluster import watch
+    from ray_uv_plugin.cluster.options import Quiet, WatchOptions
+    from ray_uv_plugin.cluster.prepare import UvEnv
 
     looks = iter(
         [
@@ -74,7 +76,8 @@ def test_each_round_prepares_the_new_nodes_once(monkeypatch: pytest.MonkeyPatch)
         if not alive:
             raise KeyboardInterrupt
 
-    def ship_and_probe(value, source, nodes, timeout, report, on_progress) -> None:
+    def ship_and_probe(given, source, nodes, timeout, report, on_progress) -> None:
+        assert given is env  # parsed once, before the rounds
         rounds.append((source.node_id, [n for n, _ in nodes]))
         if nodes[0][0] == "c":
             raise RuntimeError("boom")
@@ -85,7 +88,8 @@ def test_each_round_prepares_the_new_nodes_once(monkeypatch: pytest.MonkeyPatch)
             else:
                 report(NodeResult(n, address, True, 1.0, key="k1"))
 
-    def prepare_nodes(value, nodes, timeout, report, ship, on_progress) -> None:
+    def prepare_nodes(given, nodes, timeout, report, ship, on_progress) -> None:
+        assert given is env
         rounds.append((None, [n for n, _ in nodes]))
 
     monkeypatch.setattr(watch, "sleep", look)
@@ -93,10 +97,14 @@ def test_each_round_prepares_the_new_nodes_once(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(watch.prepare, "ship_and_probe", ship_and_probe)
     monkeypatch.setattr(watch.prepare, "prepare_nodes", prepare_nodes)
     monkeypatch.setattr(ray, "get_runtime_context", lambda: _Here("x"))
+
+    class Reporter(Quiet):
+        def result(self, result: NodeResult) -> None:
+            reported.append(result)
+
+    env = UvEnv.of({"project": "/p"})
     with pytest.raises(KeyboardInterrupt):
-        watch.watch_nodes(
-            {"project": "/p"}, [result("a")], interval=7.0, ship=True, on_result=reported.append
-        )
+        watch.watch_nodes(env, [result("a")], WatchOptions(interval=7.0, ship=True), Reporter())
     assert rounds == [("a", ["b"]), ("a", ["c"]), ("b", ["d", "f"]), (None, ["e"])]
     outcomes = [(r.node_id, r.ok) for r in reported]
     assert outcomes == [("b", True), ("c", False), ("d", True), ("f", False)]

@@ -99,9 +99,7 @@ def test_every_list_field_refuses_a_string_whatever_the_way_in(field, given):
     assert str(parsed.value).startswith(f"uv_project.{field} must be a list of strings, got ")
     if field in ("extras", "groups"):  # what prepare_env and `ray-uv check` take
         with pytest.raises(UvProjectTypeError) as prepared:
-            uv_project_value(
-                Path("/p"), False, **{"extras": [], "groups": [], field: given}, flags={}
-            )
+            uv_project_value(Path("/p"), False, {field: given})
         assert str(prepared.value) == str(parsed.value)
 
 

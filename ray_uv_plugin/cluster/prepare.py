@@ -16,15 +16,32 @@ nothing: `ship` gives up on it alone, so their probes keep their time.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ray_uv_plugin.agent.project import load_project
-from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.cluster.connect import clean_error, connect
+from ray_uv_plugin.agent.spec import ParsedUvProject, parse_spec
+from ray_uv_plugin.cluster.connect import connect
+from ray_uv_plugin.cluster.node_result import NodeResult, outcome_counts
+from ray_uv_plugin.cluster.options import PrepareOptions, PrepareReporter, Quiet
+from ray_uv_plugin.cluster.probe_tasks import Probes, probe_nodes
+
+__all__ = [  # the results and the probes were this module's: callers import them from here
+    "EXCLUDES",
+    "NodeResult",
+    "PrepareError",
+    "PrepareOptions",
+    "Probes",
+    "UvEnv",
+    "outcome_counts",
+    "prepare",
+    "prepare_env",
+    "prepare_nodes",
+    "probe_nodes",
+    "ship_and_probe",
+]
 
 # Not shipped with the project: Ray's working_dir upload has a size limit and needs none of it.
 EXCLUDES = [".venv", ".git", "__pycache__", "*.pyc", ".ruff_cache", ".pytest_cache"]
@@ -35,68 +52,18 @@ class PrepareError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class NodeResult:
-    node_id: str
-    address: str
-    ok: bool
-    # from submitting the probe task to its result: env setup (for a node that takes a shipped
-    # venv: its receive, the probe is submitted once the node took the offer) and worker start
-    seconds: float
-    built: bool = False
-    build_seconds: float | None = None  # uv sync time, from the venv's marker
-    key: str | None = None
-    python: str | None = None
-    error: str | None = None
-    shipped_bytes: int | None = None  # received from another node, this many stream bytes
-    note: str | None = None  # why the venv was not shipped here, when it was built instead
-    # shipped: seconds of each step of the ship (`ShipResult.phases`), then of the probe
-    ship_phases: dict[str, float] | None = None
+class UvEnv:
+    """The env a prepare makes ready: the `uv_project` value every node gets, and that value
+    parsed, once, where it comes in (`of`); what follows reads `spec`, never the value again."""
 
-    @property
-    def label(self) -> str:
-        return f"{self.address} ({self.node_id[:8]})"
+    value: Mapping[str, Any]
+    spec: ParsedUvProject
 
-    @property
-    def summary(self) -> str:
-        """`shipped 1.8GiB in 12.40s`, `built in 40.20s (not shipped: ...)`, `reused`, ..."""
-        from ray_uv_plugin.agent.uv import format_duration
-        from ray_uv_plugin.store.units import format_bytes
-
-        took = format_duration(self.seconds)
-        if self.outcome == "shipped":
-            return f"shipped {format_bytes(self.shipped_bytes or 0)} in {took}"
-        if self.outcome == "failed":
-            return f"failed: {self.error or 'unknown error'}"
-        text = f"{self.outcome} in {took}"
-        return f"{text} ({self.note})" if self.note else text
-
-    @property
-    def outcome(self) -> str:
-        if not self.ok:
-            return "failed"
-        if self.built:
-            return "built"
-        return "shipped" if self.shipped_bytes is not None else "reused"
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "node_id": self.node_id,
-            "address": self.address,
-            "outcome": self.outcome,
-            "seconds": round(self.seconds, 3),
-            "build_seconds": self.build_seconds,
-            "bytes": self.shipped_bytes,
-            "key": self.key,
-            "note": self.note,
-            "error": self.error,
-            "ship_phases": self.ship_phases,
-        }
-
-
-def outcome_counts(results: Sequence[NodeResult]) -> str:
-    """`2 built, 5 shipped, 1 reused`: how the nodes of a prepare got their venv."""
-    counts = {o: sum(r.outcome == o for r in results) for o in ("built", "shipped", "reused")}
-    return ", ".join(f"{n} {o}" for o, n in counts.items())
+    @classmethod
+    def of(cls, value: Mapping[str, Any] | UvEnv) -> UvEnv:
+        if isinstance(value, UvEnv):
+            return value
+        return cls(dict(value), parse_spec(dict(value)))
 
 
 def job_runtime_env(project: Path, shared: bool) -> dict[str, Any] | None:
@@ -111,23 +78,15 @@ def job_runtime_env(project: Path, shared: bool) -> dict[str, Any] | None:
     return {"working_dir": str(project), "excludes": EXCLUDES}
 
 
-def uv_project_value(
-    project: Path,
-    shared: bool,
-    extras: Sequence[str],
-    groups: Sequence[str],
-    flags: Mapping[str, bool],
-) -> dict[str, Any]:
-    """The `uv_project` value for the probe tasks, checked here before any node sees it."""
+def uv_project_value(project: Path, shared: bool, selection: Mapping[str, Any]) -> dict[str, Any]:
+    """The `uv_project` value for the probe tasks, checked here before any node sees it:
+    `selection` as `UvProject` takes it (`extras`, `groups`, `locked`...)."""
     from ray_uv_plugin.agent.spec import UvProject
 
-    value = UvProject(
-        project=str(project) if shared else None, extras=extras, groups=groups, **flags
-    )
-    return dict(value)
+    return dict(UvProject(project=str(project) if shared else None, **selection))
 
 
-def check_locally(project: Path, value: Mapping[str, Any], shared: bool) -> None:
+def check_locally(project: Path, spec: ParsedUvProject, shared: bool) -> None:
     """Fail on the operator's machine, not on every node, for what the project files show."""
     from ray_uv_plugin.agent.project import check_request
 
@@ -138,17 +97,7 @@ def check_locally(project: Path, value: Mapping[str, Any], shared: bool) -> None
             f"project directory {project} does not exist: pass --project DIR, the directory "
             "holding pyproject.toml and uv.lock."
         )
-    check_request(load_project(project), parse_spec(value))
-
-
-def lacks_plugin(address: str, python: str) -> str:
-    """What to say of a node whose worker ran in the node's own Python despite `uv_project`."""
-    return (
-        f"uv_project: node {address} ran the worker in its own Python ({python}), not in a "
-        "venv: its raylet does not load the uv_project plugin, so Ray ignored the field. "
-        'Restart that node with the plugin registered: `eval "$(ray-uv plugin-config --shell)"` '
-        "before `ray start` (and ray-uv-plugin installed in its Python)."
-    )
+    check_request(load_project(project), spec)
 
 
 def alive_nodes() -> list[tuple[str, str]]:
@@ -158,7 +107,7 @@ def alive_nodes() -> list[tuple[str, str]]:
 
 
 def prepare_nodes(
-    value: Mapping[str, Any],
+    value: Mapping[str, Any] | UvEnv,
     nodes: list[tuple[str, str]],
     timeout: float,
     on_result: Callable[[NodeResult], None] = lambda r: None,
@@ -170,13 +119,15 @@ def prepare_nodes(
 ) -> list[NodeResult]:
     """Make the env ready on each node (connected already), reporting as each finishes.
 
-    `ship` (default: on unless RAY_UV_PLUGIN_SHIP=0): build on one node, send that venv to
-    the others (the ship's actors start while it builds). `runtime_env`: for the shipping
-    actors, which need the node's Ray Python. `probe_env`: the whole runtime_env the env's
-    workers will have (its env_vars may shape the venv), default `{"uv_project": value}`."""
+    `value`: the `uv_project` value, or the `UvEnv` parsed from it. `ship` (default: on unless
+    RAY_UV_PLUGIN_SHIP=0): build on one node, send that venv to the others (the ship's actors
+    start while it builds). `runtime_env`: for the shipping actors, which need the node's Ray
+    Python. `probe_env`: the whole runtime_env the env's workers will have (its env_vars may
+    shape the venv), default `{"uv_project": value}`."""
     from ray_uv_plugin.ship import transfer as shipping
 
-    probes = Probes(probe_env or {"uv_project": dict(value)}, timeout)
+    raw = value.value if isinstance(value, UvEnv) else value
+    probes = Probes(probe_env or {"uv_project": dict(raw)}, timeout)
     ship = shipping.shipping_enabled() if ship is None else ship
     if not ship or len(nodes) < 2:
         for node in nodes:
@@ -200,7 +151,7 @@ def prepare_nodes(
             probes.submit(node)
         return first + probes.collect(on_result, note=note)
     return first + ship_and_probe(
-        value,
+        UvEnv.of(value),  # a node took it: a value it refused is the node's result, not a raise
         first[0],
         rest,
         probes.left(),
@@ -214,7 +165,7 @@ def prepare_nodes(
 
 
 def ship_and_probe(
-    value: Mapping[str, Any],
+    env: Mapping[str, Any] | UvEnv,
     source: NodeResult,
     nodes: list[tuple[str, str]],
     timeout: float,
@@ -241,8 +192,8 @@ def ship_and_probe(
         if actors is not None:
             actors.stop()
         raise ValueError(f"no venv to ship from {source.label}: {source}")
-    probes = probes or Probes({"uv_project": dict(value)}, timeout)
-    spec = parse_spec(value)
+    env = UvEnv.of(env)
+    probes = probes or Probes({"uv_project": dict(env.value)}, timeout)
     addresses = dict(nodes)
     shipped = shipping.ship(
         source.key,
@@ -250,8 +201,8 @@ def ship_and_probe(
         [node_id for node_id, _ in nodes],
         settings={
             "env_vars": probes.env.get("env_vars") or {},
-            "resolves": spec.resolves,
-            "build_env_vars": list(spec.build_env_vars),
+            "resolves": env.spec.resolves,
+            "build_env_vars": list(env.spec.build_env_vars),
         },
         runtime_env=runtime_env,
         chunk_bytes=chunk_bytes or shipping.archive.CHUNK_BYTES,
@@ -263,10 +214,6 @@ def ship_and_probe(
     return probes.collect(on_result, shipped)
 
 
-def _left(timeout: float, start: float) -> float:
-    return max(timeout - (time.perf_counter() - start), 1.0)
-
-
 def _source_first(nodes: list[tuple[str, str]]) -> tuple[tuple[str, str], list[tuple[str, str]]]:
     """The node to build on: the driver's own if it is one of them, else the first."""
     import ray
@@ -276,186 +223,61 @@ def _source_first(nodes: list[tuple[str, str]]) -> tuple[tuple[str, str], list[t
     return source, [n for n in nodes if n != source]
 
 
-def _with_shipping(result: NodeResult, shipped: Any) -> NodeResult:
-    """A probe's result with what shipping did on its node. The probe of a node that took the
-    venv was submitted when it did, so its seconds cover the receive; what is left of them
-    after the stream and the install is the probe's own (`ship_phases["probe"]`)."""
-    if shipped is None:
-        return result
-    if shipped.outcome == "shipped" and result.ok and not result.built:
-        receive = sum(shipped.phases.get(step, 0.0) for step in ("stream", "install"))
-        phases = {**shipped.phases, "probe": round(max(result.seconds - receive, 0.0), 3)}
-        return replace(result, shipped_bytes=shipped.bytes, ship_phases=phases)
-    if result.built and shipped.outcome in ("refused", "failed"):
-        return replace(result, note=f"not shipped: {shipped.why}")
-    return result
+def connect_for(options: PrepareOptions) -> UvEnv:
+    """The env these options ask for, its value made and parsed here, once, and checked against
+    the project's files first, with this driver connected to the cluster at `options.address`
+    (the project as the job's working_dir, as `prepare` ships it): how `prepare` and
+    `watch.watch_env` start."""
+    project = Path(options.project).expanduser().resolve()
+    # UvProject refuses a str where a list is meant
+    env = UvEnv.of(uv_project_value(project, options.shared, options.selection))
+    check_locally(project, env.spec, options.shared)
+    connect(options.address, job_runtime_env(project, options.shared))
+    return env
 
 
-class Probes:
-    """The probe tasks of a prepare, each run with the runtime_env `env` on its node: submitted
-    one by one (a node's as soon as its venv is built, shipped or being received there: its
-    request waits for the receiver), collected as they finish, all within `timeout` seconds.
+def prepare(options: PrepareOptions, reporter: PrepareReporter | None = None) -> list[NodeResult]:
+    """Make the env of `options` ready on every alive node of a running cluster (`prepare_env`),
+    telling `reporter` as it goes. Connects, and disconnects after."""
+    import ray
 
-    Ray gives a runtime_env `setup_timeout_seconds` (600 by default) to be set up; a probe's
-    may take as long as the whole prepare (a long build, a long ship), so it gets that, unless
-    `env` sets its own."""
-
-    def __init__(self, env: Mapping[str, Any], timeout: float) -> None:
-        import ray
-
-        from ray_uv_plugin.cluster import probe
-
-        self.start = time.perf_counter()
-        self.timeout = timeout
-        config = dict(env.get("config") or {})
-        config.setdefault("setup_timeout_seconds", max(int(timeout), 1))
-        self.env = {**env, "config": config}
-        probe.ship_by_value()
-        self._remote = ray.remote(probe.environment_report)
-        self._pending: dict[Any, tuple[str, str, float]] = {}  # ref -> node id, address, submitted
-
-    def left(self) -> float:
-        return _left(self.timeout, self.start)
-
-    def submit(self, node: tuple[str, str]) -> None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        from ray_uv_plugin.store.layout import MARKER, VENV_ENV
-
-        node_id, address = node
-        ref = self._remote.options(
-            num_cpus=0,
-            max_retries=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-            runtime_env=dict(self.env),
-        ).remote((), VENV_ENV, MARKER)
-        self._pending[ref] = (node_id, address, time.perf_counter())
-
-    def collect(
-        self,
-        on_result: Callable[[NodeResult], None] = lambda r: None,
-        shipped: Mapping[str, Any] | None = None,
-        note: str | None = None,
-    ) -> list[NodeResult]:
-        """The result of every probe submitted and not collected yet, reported as each
-        finishes (`shipped`: what shipping did per node id, folded into the results)."""
-        import ray
-
-        results = []
-
-        def report(result: NodeResult) -> None:
-            result = _with_shipping(result, (shipped or {}).get(result.node_id))
-            if note and result.built:
-                result = replace(result, note=note)
-            results.append(result)
-            on_result(result)
-
-        while self._pending:
-            left = self.timeout - (time.perf_counter() - self.start)
-            ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=max(left, 0))
-            now = time.perf_counter()
-            if not ready:
-                for ref, (node_id, address, since) in self._pending.items():
-                    ray.cancel(ref, force=True)
-                    error = f"timed out after {self.timeout:.0f}s"
-                    report(NodeResult(node_id, address, False, now - since, error=error))
-                self._pending.clear()
-                break
-            ref = ready[0]
-            node_id, address, since = self._pending.pop(ref)
-            report(self._result(ref, node_id, address, now - since))
-        return results
-
-    @staticmethod
-    def _result(ref: Any, node_id: str, address: str, took: float) -> NodeResult:
-        import ray
-
-        from ray_uv_plugin.cluster import probe
-
-        try:
-            env_report = ray.get(ref)
-        except Exception as e:  # RuntimeEnvSetupError, node died, ...
-            return NodeResult(node_id, address, False, took, error=clean_error(e))
-        if not env_report.get("venv"):  # the node ignored the field: no plugin there
-            error = lacks_plugin(address, env_report["python"])
-            return NodeResult(node_id, address, False, took, error=error)
-        marker = env_report.get("marker") or {}
-        built = probe.was_built_within(env_report, took + 1.0)
-        return NodeResult(
-            node_id,
-            address,
-            True,
-            took,
-            built=built,
-            build_seconds=marker.get("build_seconds") if built else None,
-            key=marker.get("key"),
-            python=env_report["python"],
+    reporter = reporter or Quiet()
+    env = connect_for(options)
+    try:
+        nodes = alive_nodes()
+        reporter.started(env.value, len(nodes))
+        return prepare_nodes(
+            env,
+            nodes,
+            options.timeout,
+            reporter.result,
+            ship=options.ship,
+            on_progress=reporter.progress,
         )
-
-
-def probe_nodes(
-    probe_env: Mapping[str, Any],
-    nodes: list[tuple[str, str]],
-    timeout: float,
-    on_result: Callable[[NodeResult], None] = lambda r: None,
-) -> list[NodeResult]:
-    """Run the probe, with the runtime_env `probe_env`, on each node and report as each
-    finishes."""
-    probes = Probes(probe_env, timeout)
-    for node in nodes:
-        probes.submit(node)
-    return probes.collect(on_result)
-
-
-def connect_for(
-    project: str | Path,
-    shared: bool,
-    extras: Sequence[str],
-    groups: Sequence[str],
-    flags: dict[str, bool],
-    address: str | None,
-) -> dict[str, Any]:
-    """The uv_project value these options make for `project`, checked here first, with this
-    driver connected to the cluster at `address` (the project as the job's working_dir, as
-    `prepare` ships it): how `prepare_env` and `watch_env` start."""
-    project = Path(project).expanduser().resolve()
-    value = uv_project_value(project, shared, extras, groups, flags)  # UvProject refuses a str
-    check_locally(project, value, shared)
-    connect(address, job_runtime_env(project, shared))
-    return value
+    finally:
+        ray.shutdown()
 
 
 def prepare_env(
     project: str | Path = ".",
     *,
-    extras: Sequence[str] = (),
-    groups: Sequence[str] = (),
     address: str | None = None,
     shared: bool = False,
     ship: bool | None = None,
     timeout: float = 3600.0,
-    on_start: Callable[[dict[str, Any], int], None] = lambda value, nodes: None,
-    on_result: Callable[[NodeResult], None] = lambda r: None,
-    on_progress: Callable[[Any], None] = lambda p: None,
-    **flags: bool,
+    reporter: PrepareReporter | None = None,
+    **selection: Any,
 ) -> list[NodeResult]:
     """Make a uv environment ready on every alive node of a running cluster, as `ray-uv
     prepare` does: build it on one node and ship it to the others (`ship`, default on unless
     RAY_UV_PLUGIN_SHIP=0), or let every node build it (`ship=False`).
 
-    Connects to the cluster at `address` and disconnects after; `flags` are the uv_project
-    flags (`locked`, `frozen`, `all_extras`, ...). Raises `ConnectError`, `PrepareError` (or
-    the spec's and project's errors) for what keeps it from starting; each node's failure is in
-    its result.
-    `on_start(value, nodes)` is called once connected, with the uv_project value and how many
-    nodes there are; `on_result` as each node is done; `on_progress` with each shipped chunk.
+    `selection`: the uv_project fields that pick the env, as `UvProject` takes them (`extras`,
+    `groups`, `locked`, `frozen`, `all_extras`, `package`...). Connects to the cluster at
+    `address` and disconnects after. Raises `ConnectError`, `PrepareError` (or the spec's and
+    project's errors) for what keeps it from starting; each node's failure is in its result.
+    `reporter` (a `PrepareReporter`, e.g. a subclass of `Quiet`) hears of the start, of each
+    node as it is done, and of each shipped chunk.
     """
-    import ray
-
-    value = connect_for(project, shared, extras, groups, flags, address)
-    try:
-        nodes = alive_nodes()
-        on_start(value, len(nodes))
-        return prepare_nodes(value, nodes, timeout, on_result, ship=ship, on_progress=on_progress)
-    finally:
-        ray.shutdown()
+    options = PrepareOptions(project, selection, address, shared, ship, timeout)
+    return prepare(options, reporter)

@@ -19,19 +19,25 @@ from __future__ import annotations
 
 import math
 import signal
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
-from pathlib import Path
 from time import sleep
 from typing import Any, NoReturn
 
 from ray_uv_plugin.cluster import prepare
 from ray_uv_plugin.cluster.connect import clean_error
-from ray_uv_plugin.cluster.prepare import NodeResult
+from ray_uv_plugin.cluster.node_result import NodeResult
+from ray_uv_plugin.cluster.options import (
+    DEFAULT_INTERVAL,
+    MIN_INTERVAL,
+    Quiet,
+    WatchOptions,
+    WatchReporter,
+)
+from ray_uv_plugin.cluster.prepare import UvEnv
 
-DEFAULT_INTERVAL = 10.0
-MIN_INTERVAL = 2.0  # each poll is one GCS call listing every node: not a busy loop
+__all__ = ["DEFAULT_INTERVAL", "WatchOptions", "check_interval", "watch_env", "watch_nodes"]
 
 
 def check_interval(interval: float) -> None:
@@ -57,26 +63,17 @@ def _alive_ids() -> set[str]:
 
 
 def watch_nodes(
-    value: Mapping[str, Any],
-    seen: Sequence[NodeResult],
-    *,
-    interval: float = DEFAULT_INTERVAL,
-    timeout: float = 3600.0,
-    ship: bool | None = None,
-    on_round: Callable[[list[tuple[str, str]], NodeResult | None], None] = lambda n, s: None,
-    on_result: Callable[[NodeResult], None] = lambda r: None,
-    on_progress: Callable[[Any], None] = lambda p: None,
+    env: UvEnv, seen: Sequence[NodeResult], options: WatchOptions, reporter: WatchReporter
 ) -> NoReturn:
-    """Prepare each node that joins (connected already), reporting each to `on_result`, until
-    a KeyboardInterrupt ends it. `seen`: the results of the nodes prepared before (the
-    sources to ship from). `on_round(nodes, source)` before each round: the nodes that
-    joined, and the node they are shipped from (None: they build). `timeout` bounds each
-    round."""
+    """Prepare each node that joins (connected already), reporting each, until a
+    KeyboardInterrupt ends it. `seen`: the results of the nodes prepared before (the sources to
+    ship from). Before each round, `reporter.round(nodes, source)`: the nodes that joined, and
+    the node they are shipped from (None: they build). `options.timeout` bounds each round."""
     import ray
 
     from ray_uv_plugin.ship import transfer as shipping
 
-    ship = shipping.shipping_enabled() if ship is None else ship
+    ship = shipping.shipping_enabled() if options.ship is None else options.ship
     here = ray.get_runtime_context().get_node_id()
     results = {r.node_id: r for r in seen}
 
@@ -84,29 +81,24 @@ def watch_nodes(
         if not result.ok and result.node_id not in _alive_ids():
             result = replace(result, error=f"the node left the cluster ({result.error})")
         results[result.node_id] = result
-        on_result(result)
+        reporter.result(result)
 
     while True:
-        sleep(interval)
+        sleep(options.interval)
         nodes = prepare.alive_nodes()
         new = [n for n in nodes if n[0] not in results]
         if not new:
             continue
         source = pick_source(results, {n for n, _ in nodes}, here) if ship else None
-        on_round(new, source)
+        reporter.round(new, source)
         try:
             if source is None:
                 prepare.prepare_nodes(
-                    value, new, timeout, report, ship=ship, on_progress=on_progress
+                    env, new, options.timeout, report, ship=ship, on_progress=reporter.progress
                 )
             else:
                 prepare.ship_and_probe(
-                    value,
-                    source,
-                    new,
-                    timeout,
-                    report,
-                    on_progress=on_progress,
+                    env, source, new, options.timeout, report, on_progress=reporter.progress
                 )
         except Exception as e:  # noqa: BLE001 - the round's nodes failed, not the watch
             error = f"{type(e).__name__}: {clean_error(e)}"
@@ -115,64 +107,57 @@ def watch_nodes(
                     report(NodeResult(node_id, address, False, 0.0, error=error))
 
 
-def watch_env(
-    project: str | Path = ".",
-    *,
-    extras: Sequence[str] = (),
-    groups: Sequence[str] = (),
-    address: str | None = None,
-    shared: bool = False,
-    ship: bool | None = None,
-    timeout: float = 3600.0,
-    interval: float = DEFAULT_INTERVAL,
-    on_start: Callable[[dict[str, Any], int], None] = lambda value, nodes: None,
-    on_watching: Callable[[], None] = lambda: None,
-    on_round: Callable[[list[tuple[str, str]], NodeResult | None], None] = lambda n, s: None,
-    on_result: Callable[[NodeResult], None] = lambda r: None,
-    on_progress: Callable[[Any], None] = lambda p: None,
-    stop_signals: bool = False,
-    **flags: bool,
-) -> list[NodeResult]:
-    """`prepare_env`, then keep every node that joins prepared (`watch_nodes`) until a
-    KeyboardInterrupt (Ctrl-C; with `stop_signals`, SIGTERM and SIGHUP too: `stop_on_signals`,
-    main thread only) ends it: stopping is its normal end. Returns the results of every node,
-    those prepared first included; a ship under way is abandoned (nothing half-received is
-    ever used). Disconnects after."""
+class _Collecting:
+    """The caller's reporter, with every node's result kept for `watch_env` to return."""
+
+    def __init__(self, reporter: WatchReporter) -> None:
+        self.reporter = reporter
+        self.results: list[NodeResult] = []
+
+    def started(self, value: Mapping[str, Any], nodes: int) -> None:
+        self.reporter.started(value, nodes)
+
+    def result(self, result: NodeResult) -> None:
+        self.results.append(result)
+        self.reporter.result(result)
+
+    def progress(self, progress: Any) -> None:
+        self.reporter.progress(progress)
+
+    def watching(self) -> None:
+        self.reporter.watching()
+
+    def round(self, nodes: list[tuple[str, str]], source: NodeResult | None) -> None:
+        self.reporter.round(nodes, source)
+
+
+def watch_env(options: WatchOptions, reporter: WatchReporter | None = None) -> list[NodeResult]:
+    """`prepare.prepare`, then keep every node that joins prepared (`watch_nodes`) until a
+    KeyboardInterrupt (Ctrl-C; with `options.stop_signals`, SIGTERM and SIGHUP too:
+    `stop_on_signals`, main thread only) ends it: stopping is its normal end. Returns the
+    results of every node, those prepared first included; a ship under way is abandoned
+    (nothing half-received is ever used). Disconnects after."""
     import ray
 
-    check_interval(interval)
-    value = prepare.connect_for(project, shared, extras, groups, flags, address)
-    results: list[NodeResult] = []
-
-    def collect(result: NodeResult) -> None:
-        results.append(result)
-        on_result(result)
-
+    check_interval(options.interval)
+    env = prepare.connect_for(options)
+    told = _Collecting(reporter or Quiet())
     try:
         # After `ray.init`: Ray's core worker installs a SIGTERM handler of its own that ends
         # the process at once, and ours must replace it.
-        with stop_on_signals() if stop_signals else nullcontext():
+        with stop_on_signals() if options.stop_signals else nullcontext():
             nodes = prepare.alive_nodes()
-            on_start(value, len(nodes))
+            told.started(env.value, len(nodes))
             first = prepare.prepare_nodes(
-                value, nodes, timeout, collect, ship=ship, on_progress=on_progress
+                env, nodes, options.timeout, told.result, options.ship, on_progress=told.progress
             )
-            on_watching()
-            watch_nodes(
-                value,
-                first,
-                interval=interval,
-                timeout=timeout,
-                ship=ship,
-                on_round=on_round,
-                on_result=collect,
-                on_progress=on_progress,
-            )
+            told.watching()
+            watch_nodes(env, first, options, told)
     except KeyboardInterrupt:
         pass
     finally:
         ray.shutdown()
-    return results
+    return told.results
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,45 @@ def node_line(r: NodeResult) -> str:
     return f"{escape(r.label)}: [red]failed[/red]: {escape(r.error or 'unknown error')}"
 
 
+class PrepareLines:
+    """What `ray-uv prepare` shows as it goes (a `cluster.options.WatchReporter`): a line per
+    node, a bar while shipping, and the watch's own lines."""
+
+    def __init__(self, bars: Any, project: Path, interval: float | None) -> None:
+        self.bars = bars  # a rich Progress
+        self.project = project
+        self.interval = interval
+        self.sending: Any = None  # the ship's bar
+
+    def started(self, value: Mapping[str, Any], nodes: int) -> None:
+        line = f"Preparing uv_project {json.dumps(value)} of {self.project} on {node_count(nodes)}"
+        self.bars.console.print(line, markup=False)
+
+    def result(self, result: NodeResult) -> None:
+        self.bars.console.print(node_line(result))
+
+    def progress(self, p: Any) -> None:
+        if self.sending is None:
+            what = f"Shipping to {node_count(p.receivers)}"
+            self.sending = self.bars.add_task(what, total=p.size)
+        self.bars.update(self.sending, completed=min(p.sent, p.size))
+
+    def say(self, line: str) -> None:
+        """A line of the watch's own, after the last ship's bar (the next starts anew)."""
+        if self.sending is not None:
+            self.bars.remove_task(self.sending)
+            self.sending = None
+        self.bars.console.print(line, markup=False)
+
+    def watching(self) -> None:
+        self.say(f"Watching for nodes that join, every {self.interval:g}s (Ctrl-C stops)")
+
+    def round(self, nodes: list[tuple[str, str]], source: NodeResult | None) -> None:
+        names = ", ".join(f"{a} ({n[:8]})" for n, a in nodes)
+        how = f"shipping from {source.label}" if source else "building there"
+        self.say(f"{node_count(len(nodes))} joined: {names}: {how}")
+
+
 def cmd_prepare(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -42,7 +82,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     from ray_uv_plugin.agent.project import ProjectError
     from ray_uv_plugin.agent.spec import UvProjectSpecError
-    from ray_uv_plugin.cluster import prepare
+    from ray_uv_plugin.cluster import prepare, watch
     from ray_uv_plugin.cluster.connect import ConnectError
 
     console = Console(stderr=True, soft_wrap=True)  # log-friendly: no hard wraps in pipes
@@ -53,14 +93,17 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if args.watch and args.json:
         raise UsageError("--json does not go with --watch: the watch prints a line per node")
     chosen = selection(args)  # every selection field, as `UvProject` takes them
+    interval: float | None = None
     if args.watch:
-        from ray_uv_plugin.cluster import watch
-
         interval = watch.DEFAULT_INTERVAL if args.interval is None else args.interval
         try:
             watch.check_interval(interval)
         except prepare.PrepareError as e:
             raise UsageError(str(e)) from e
+    where = (project, chosen, args.address, args.shared, ship, args.timeout)
+    options = prepare.PrepareOptions(*where)
+    if interval is not None:
+        options = watch.WatchOptions(*where, interval=interval, stop_signals=True)
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -68,62 +111,13 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         TimeElapsedColumn(),
         console=console,
         transient=True,
-    ) as progress:
-        sending = None
-
-        def on_result(r: prepare.NodeResult) -> None:
-            progress.console.print(node_line(r))
-
-        def on_progress(p: Any) -> None:
-            nonlocal sending
-            if sending is None:
-                what = f"Shipping to {node_count(p.receivers)}"
-                sending = progress.add_task(what, total=p.size)
-            progress.update(sending, completed=min(p.sent, p.size))
-
-        def on_start(value: dict[str, Any], nodes: int) -> None:
-            line = f"Preparing uv_project {json.dumps(value)} of {project} on {node_count(nodes)}"
-            progress.console.print(line, markup=False)
-
-        run, watching = prepare.prepare_env, {}
-        if args.watch:
-
-            def say(line: str) -> None:
-                """A line of the watch's own, after the last ship's bar (the next starts anew)."""
-                nonlocal sending
-                if sending is not None:
-                    progress.remove_task(sending)
-                    sending = None
-                progress.console.print(line, markup=False)
-
-            def on_watching() -> None:
-                say(f"Watching for nodes that join, every {interval:g}s (Ctrl-C stops)")
-
-            def on_round(nodes: list[tuple[str, str]], source: Any) -> None:
-                names = ", ".join(f"{a} ({n[:8]})" for n, a in nodes)
-                how = f"shipping from {source.label}" if source else "building there"
-                say(f"{node_count(len(nodes))} joined: {names}: {how}")
-
-            run = watch.watch_env
-            watching = {
-                "interval": interval,
-                "on_watching": on_watching,
-                "on_round": on_round,
-                "stop_signals": True,
-            }
+    ) as bars:
+        shown = PrepareLines(bars, project, interval)
         try:
-            results = run(
-                project,
-                address=args.address,
-                shared=args.shared,
-                ship=ship,
-                timeout=args.timeout,
-                on_start=on_start,
-                on_result=on_result,
-                on_progress=on_progress,
-                **watching,
-                **chosen,
-            )
+            if isinstance(options, watch.WatchOptions):
+                results = watch.watch_env(options, shown)
+            else:
+                results = prepare.prepare(options, shown)
         except (UvProjectSpecError, ProjectError, prepare.PrepareError, ConnectError) as e:
             raise CliError(str(e)) from e
     if args.watch:
