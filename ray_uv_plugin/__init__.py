@@ -16,23 +16,69 @@ from typing import TYPE_CHECKING, Any
 PLUGIN_CLASS = "ray_uv_plugin.UvProjectPlugin"
 PLUGINS_ENV = "RAY_RUNTIME_ENV_PLUGINS"
 
+# The errors a user can catch, by the module that raises them: imported on first use, so that
+# `import ray_uv_plugin` stays cheap (no Ray). On the driver, a node's setup failure is Ray's
+# `RuntimeEnvSetupError`, whose text is a `UvProjectSetupError`'s.
+EXCEPTIONS = {
+    "ConnectError": "ray_uv_plugin.cluster.connect",  # no cluster at `address`
+    "LockTimeout": "ray_uv_plugin.store.build_lock",  # another build of the key held on
+    "PluginNotLoadedError": "ray_uv_plugin.registration",  # this driver's Ray lacks the plugin
+    "PrepareError": "ray_uv_plugin.cluster.prepare",  # `prepare_env` could not start
+    "ProjectError": "ray_uv_plugin.agent.project",  # the project cannot give the env asked for
+    "SlotTimeout": "ray_uv_plugin.store.build_slots",  # no build slot in time
+    "TokenAuthError": "ray_uv_plugin.cluster.auth",  # the cluster's token is missing or wrong
+    "UntrustedPathError": "ray_uv_plugin.store.trust",  # a venv dir path we must not touch
+    "UvEnvError": "ray_uv_plugin.agent.uv_env",  # a job variable uv cannot be given
+    "UvNotFoundError": "ray_uv_plugin.agent.uv",  # no usable uv binary
+    "UvProjectSetupError": "ray_uv_plugin.agent.setup_error",  # as the driver reads a setup
+    "UvProjectSpecError": "ray_uv_plugin.agent.spec",  # a bad `uv_project` value
+    "UvProjectTypeError": "ray_uv_plugin.agent.spec",  # a field of the wrong type
+    "UvSyncError": "ray_uv_plugin.agent.uv",  # `uv sync` gave no usable venv
+    "VenvDirError": "ray_uv_plugin.store.layout",  # RAY_UV_PLUGIN_VENV_DIR cannot be used
+}
+
 __all__ = [
     "PLUGIN_CLASS",
     "PLUGINS_ENV",
-    "PluginNotLoadedError",
     "UvProject",
     "UvProjectPlugin",
     "plugin_config",
     "plugins_setting",
     "prepare_env",
     "setup_driver",
+    # the errors (`EXCEPTIONS`, which a test keeps equal to these)
+    "ConnectError",
+    "LockTimeout",
+    "PluginNotLoadedError",
+    "PrepareError",
+    "ProjectError",
+    "SlotTimeout",
+    "TokenAuthError",
+    "UntrustedPathError",
+    "UvEnvError",
+    "UvNotFoundError",
+    "UvProjectSetupError",
+    "UvProjectSpecError",
+    "UvProjectTypeError",
+    "UvSyncError",
+    "VenvDirError",
 ]
 
 if TYPE_CHECKING:
     from ray_uv_plugin.agent.plugin import UvProjectPlugin
-    from ray_uv_plugin.agent.spec import UvProject
-    from ray_uv_plugin.cluster.prepare import prepare_env
+    from ray_uv_plugin.agent.project import ProjectError
+    from ray_uv_plugin.agent.setup_error import UvProjectSetupError
+    from ray_uv_plugin.agent.spec import UvProject, UvProjectSpecError, UvProjectTypeError
+    from ray_uv_plugin.agent.uv import UvNotFoundError, UvSyncError
+    from ray_uv_plugin.agent.uv_env import UvEnvError
+    from ray_uv_plugin.cluster.auth import TokenAuthError
+    from ray_uv_plugin.cluster.connect import ConnectError
+    from ray_uv_plugin.cluster.prepare import PrepareError, prepare_env
     from ray_uv_plugin.registration import PluginNotLoadedError
+    from ray_uv_plugin.store.build_lock import LockTimeout
+    from ray_uv_plugin.store.build_slots import SlotTimeout
+    from ray_uv_plugin.store.layout import VenvDirError
+    from ray_uv_plugin.store.trust import UntrustedPathError
 
 
 def plugin_config() -> str:
@@ -103,8 +149,8 @@ def __getattr__(name: str) -> Any:
         from ray_uv_plugin.registration import UvProject
 
         return UvProject
-    if name == "PluginNotLoadedError":
-        from ray_uv_plugin.registration import PluginNotLoadedError
+    if name in EXCEPTIONS:
+        import importlib
 
-        return PluginNotLoadedError
+        return getattr(importlib.import_module(EXCEPTIONS[name]), name)
     raise AttributeError(f"module 'ray_uv_plugin' has no attribute {name!r}")

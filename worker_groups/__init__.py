@@ -18,7 +18,12 @@ from worker_groups.cluster import (
     ResourceInsufficientError,
 )
 from worker_groups.futures import MultiWorkerFuture
-from worker_groups.group import RayWorkerGroup, UnknownWorkerMethodError, WorkerStartupTimeoutError
+from worker_groups.group import (
+    PluginNotLoadedError,
+    RayWorkerGroup,
+    UnknownWorkerMethodError,
+    WorkerStartupTimeoutError,
+)
 from worker_groups.registry import (
     ACTOR_ENVIRONMENT_REGISTRY,
     PY_EXECUTABLES,
@@ -40,6 +45,7 @@ __all__ = [
     "MultiWorkerFuture",
     "NamedSharding",
     "PlacementGroupTimeoutError",
+    "PluginNotLoadedError",
     "RayVirtualCluster",
     "RayWorkerBuilder",
     "RayWorkerGroup",

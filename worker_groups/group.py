@@ -27,6 +27,7 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
+from ray_uv_plugin import registration
 from ray_uv_plugin.agent.uv_env import is_build_var
 from ray_uv_plugin.store.layout import VENV_ENV
 from worker_groups._helper_tasks import helper_runtime_env
@@ -120,9 +121,10 @@ class UnknownWorkerMethodError(AttributeError, ValueError):
     """A dispatch names a method the worker class does not have."""
 
 
-class PluginNotLoadedError(RuntimeError):
+class PluginNotLoadedError(registration.PluginNotLoadedError):
     """Workers that should run in a ``uv_project`` venv run in their node's own Python: the
-    node's raylet does not load the plugin. The group was shut down."""
+    node's raylet does not load the plugin. The group was shut down. The driver's own check's
+    error (`ray_uv_plugin.PluginNotLoadedError`) catches it too."""
 
 
 def initializer_outside_venv(error: BaseException) -> str | None:
