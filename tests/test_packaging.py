@@ -93,3 +93,34 @@ def test_console_script_is_ray_uv(wheel: Path) -> None:
         (name,) = [n for n in z.namelist() if n.endswith(".dist-info/entry_points.txt")]
         text = z.read(name).decode()
     assert "ray-uv = ray_uv_plugin.ops.cli:main" in text
+
+
+def test_the_installed_wheels_help_lists_what_runs_from_it(wheel: Path, tmp_path: Path) -> None:
+    """Issue 33: an installed wheel's `ray-uv --help` listed `bench`, whose `--help` then
+    exited 2, and sent users to `docs/operations.md`, a path of the checkout. Installed from
+    the wheel, run outside any checkout: `bench` is not listed, the docs line names no
+    checkout path, and `prepare` takes every selection field."""
+    uv = shutil.which("uv")
+    assert uv is not None
+    venv = tmp_path / "venv"
+    subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], check=True)
+    subprocess.run(
+        [uv, "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), str(wheel)],
+        check=True,
+        timeout=600,
+    )
+    ray_uv = str(venv / "bin" / "ray-uv")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([ray_uv, *args], capture_output=True, text=True, cwd=tmp_path)
+
+    top = run("--help")
+    assert top.returncode == 0, top.stderr
+    assert "bench" not in top.stdout and "demo" in top.stdout
+    assert "Docs: " in top.stdout and "docs/operations.md" not in top.stdout
+    bench = run("bench", "--help")
+    assert bench.returncode == 2 and "not in the wheel" in bench.stderr
+    prepare = run("prepare", "--help")
+    assert prepare.returncode == 0
+    for flag in ("--only-group G", "--no-group G", "--no-extra X", "--package P", "--all-groups"):
+        assert flag in prepare.stdout
