@@ -52,6 +52,7 @@ from ray_uv_plugin.agent.uv import find_uv, uv_version
 
 INVARIANTS = ("whole", "ran_in_ready", "locks", "leftovers", "no_hang", "next_round")
 LOOP_SIZE = "3G"
+FIRST_ROUND_S = 240.0  # a round's length on this machine, until the first one is timed
 
 
 def check_round(
@@ -165,7 +166,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     jobs: Counter = Counter()
     rounds = 0
     began = time.monotonic()
-    last_round = 0.0
+    last_round = FIRST_ROUND_S  # a guess until one has run
     with open(out_path, "w") as out, ExitStack() as stack:
         stack.callback(remove, base)
         net = stack.enter_context(netns.network())
@@ -207,23 +208,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               "logs": str(logs), "loop_disk": LOOP_SIZE,
                               "link_mbit": NODE_MBIT}) + "\n")  # fmt: skip
         checked: set[tuple[int, str]] = set()
-        while sum(f["target"] is not None for f in faults) < args.faults:
-            if args.minutes and time.monotonic() - began > args.minutes * 60:
-                break
-            if args.stop_at and time.time() + last_round > args.stop_at:
-                break  # the next round would end past it
-            round_began = time.monotonic()
-            records, found = one_round(
-                rounds, args, cluster, projects, uv_project, logs, checked, out
-            )
-            faults += records
-            for name, items in found.items():
-                violations += [{"round": rounds, "invariant": name, "what": v} for v in items]
-            rounds += 1
-            last_round = time.monotonic() - round_began
-            hit = sum(f["target"] is not None for f in faults)
-            bad = sum(bool(v) for v in found.values())
-            print(f"round {rounds}: {hit} faults so far, {bad} invariants broken", flush=True)
+        interrupted = False
+        try:
+            while sum(f["target"] is not None for f in faults) < args.faults:
+                if args.minutes and time.monotonic() - began > args.minutes * 60:
+                    break
+                if args.stop_at and time.time() + last_round > args.stop_at:
+                    break  # the next round would end past it
+                round_began = time.monotonic()
+                records, found = one_round(
+                    rounds, args, cluster, projects, uv_project, logs, checked, out
+                )
+                faults += records
+                for name, items in found.items():
+                    violations += [{"round": rounds, "invariant": name, "what": v} for v in items]
+                rounds += 1
+                last_round = time.monotonic() - round_began
+                hit = sum(f["target"] is not None for f in faults)
+                bad = sum(bool(v) for v in found.values())
+                print(f"round {rounds}: {hit} faults so far, {bad} invariants broken", flush=True)
+        except KeyboardInterrupt:  # the rounds done so far are summed up; the teardown runs
+            interrupted = True
         jobs.update(
             json.loads(line)["job"] + (":ok" if json.loads(line)["rc"] == 0 else ":failed")
             for line in out_path.read_text().splitlines()
@@ -231,6 +236,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         summary = summarize(faults, rounds, violations, jobs)
         summary["seconds"] = round(time.monotonic() - began)
+        summary["interrupted"] = interrupted
         out.write(json.dumps(summary) + "\n")
     return summary
 
