@@ -13,7 +13,7 @@ import inspect
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, TypedDict
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -81,18 +81,29 @@ def check_in_its_venv() -> None:
         )
 
 
-def worker_venv_report(_worker: Any) -> dict[str, Any]:
+class WorkerVenvReport(TypedDict):
+    """What a started worker says of where it runs (`worker_venv_report`): a plain dict on the
+    wire (this module is shipped by value), typed here for both ends."""
+
+    node_ip: str
+    node_id: str
+    python: str  # the worker's sys.executable
+    venv: str | None  # the venv the plugin put it in, None without the plugin
+    runtime_env: dict[str, Any]  # its `PLUGIN_FIELDS`, those it has
+
+
+def worker_venv_report(_worker: Any) -> WorkerVenvReport:
     """Run in a started worker through `__ray_call__` (instead of `__ray_ready__`, so it costs
     no extra call): where it runs, the venv the plugin put it in (None without the plugin), and
     the runtime_env fields the driver needs to decide whether it should have one."""
     runtime_env = ray.get_runtime_context().runtime_env or {}
-    return {
-        "node_ip": ray.util.get_node_ip_address(),
-        "node_id": ray.get_runtime_context().get_node_id(),
-        "python": sys.executable,
-        "venv": os.environ.get(PLUGIN_VENV_ENV) or None,
-        "runtime_env": {k: runtime_env[k] for k in PLUGIN_FIELDS if k in runtime_env},
-    }
+    return WorkerVenvReport(
+        node_ip=ray.util.get_node_ip_address(),
+        node_id=ray.get_runtime_context().get_node_id(),
+        python=sys.executable,
+        venv=os.environ.get(PLUGIN_VENV_ENV) or None,
+        runtime_env={k: runtime_env[k] for k in PLUGIN_FIELDS if k in runtime_env},
+    )
 
 
 class IsolatedWorkerInitializer:

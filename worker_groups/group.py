@@ -31,7 +31,7 @@ from ray_uv_plugin import registration
 from ray_uv_plugin.agent.uv_env import is_build_var
 from ray_uv_plugin.store.layout import VENV_ENV
 from worker_groups._helper_tasks import helper_runtime_env
-from worker_groups._initializer import PLUGIN_FIX, worker_venv_report
+from worker_groups._initializer import PLUGIN_FIX, WorkerVenvReport, worker_venv_report
 from worker_groups.builder import (
     RayWorkerBuilder,
     check_runtime_env_config,
@@ -136,7 +136,7 @@ def initializer_outside_venv(error: BaseException) -> str | None:
     return text[start : end + len(PLUGIN_FIX)] if 0 <= start < end else None
 
 
-def runs_outside_its_venv(report: dict[str, Any]) -> bool:
+def runs_outside_its_venv(report: WorkerVenvReport) -> bool:
     """Whether a worker (its `worker_venv_report`) has a ``uv_project`` that applies to it, the
     plugin's own reading, and yet no venv. A job default that yields to the worker's own
     interpreter (`yields_to`) applies to none; a value the plugin would refuse means that no
@@ -357,7 +357,7 @@ class RayWorkerGroup:
             "The group has been shut down."
         )
 
-    def _outside_venvs(self, outside: dict[int, dict[str, Any]]) -> PluginNotLoadedError:
+    def _outside_venvs(self, outside: dict[int, WorkerVenvReport]) -> PluginNotLoadedError:
         by_node: dict[tuple[str, str, str], list[int]] = {}
         for rank, report in sorted(outside.items()):
             node = (report["node_ip"], report["node_id"], report["python"])
@@ -392,7 +392,7 @@ class RayWorkerGroup:
             wait = 30.0 if remaining is None else min(30.0, remaining)
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=wait)
             # Raises the first startup error (runtime env, import, __init__).
-            reports = ray.get(done)
+            reports: list[WorkerVenvReport] = ray.get(done)
             outside = {
                 rank_of[ref]: report
                 for ref, report in zip(done, reports, strict=True)

@@ -114,13 +114,13 @@ class Probes:
         from ray_uv_plugin.cluster import probe
 
         try:
-            env_report = ray.get(ref)
+            env_report: probe.EnvironmentReport = ray.get(ref)
         except Exception as e:  # RuntimeEnvSetupError, node died, ...
             return NodeResult(node_id, address, False, took, error=clean_error(e))
-        if not env_report.get("venv"):  # the node ignored the field: no plugin there
+        if not env_report["venv"]:  # the node ignored the field: no plugin there
             error = lacks_plugin(address, env_report["python"])
             return NodeResult(node_id, address, False, took, error=error)
-        marker = env_report.get("marker") or {}
+        marker = env_report["marker"] or {}
         built = probe.was_built_within(env_report, took + 1.0)
         return NodeResult(
             node_id,

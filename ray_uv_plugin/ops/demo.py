@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ray_uv_plugin import PLUGINS_ENV, plugins_setting
 from ray_uv_plugin.cluster.connect import init_unhooked
 from ray_uv_plugin.cluster.prepare import EXCLUDES
+from ray_uv_plugin.cluster.probe import EnvironmentReport
 from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
 from ray_uv_plugin.store.layout import MARKER, VENV_ENV
 
@@ -36,12 +36,12 @@ class EnvResult:
     extra: str
     seconds: float  # from asking for the actor to its first answer
     built: bool
-    report: dict[str, Any]
+    report: EnvironmentReport
     output: str  # what the actor made with its extra's package
 
     @property
     def key(self) -> str:
-        return str((self.report.get("marker") or {}).get("key", "?"))
+        return str((self.report["marker"] or {}).get("key", "?"))
 
 
 def find_demo_project(project: Path | None = None) -> Path:

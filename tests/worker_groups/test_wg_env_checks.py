@@ -25,6 +25,7 @@ from worker_groups import (
     RayWorkerBuilder,
     RayWorkerGroup,
 )
+from worker_groups._initializer import WorkerVenvReport
 from worker_groups.group import PluginNotLoadedError, driver_env_vars, runs_outside_its_venv
 
 pytestmark = pytest.mark.timeout(600)
@@ -39,9 +40,9 @@ FIX = 'eval "$(ray-uv plugin-config --shell)"'
 # -- pure: which workers should have a venv, which driver variables workers get ----------------
 
 
-def _report(venv: str | None, **runtime_env: Any) -> dict[str, Any]:
-    return {"node_ip": "10.0.0.2", "node_id": "ab" * 28, "python": "/usr/bin/python3",
-            "venv": venv, "runtime_env": runtime_env}  # fmt: skip
+def _report(venv: str | None, **runtime_env: Any) -> WorkerVenvReport:
+    return WorkerVenvReport(node_ip="10.0.0.2", node_id="ab" * 28, python="/usr/bin/python3",
+                            venv=venv, runtime_env=runtime_env)  # fmt: skip
 
 
 def test_which_workers_should_run_in_a_venv() -> None:
