@@ -26,7 +26,7 @@ from ray_uv_plugin.ship.install import install_received
 from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store import freezing, manifest
 from ray_uv_plugin.store.build_lock import BuildLock
-from ray_uv_plugin.store.layout import check_ready, lock_path, read_marker
+from ray_uv_plugin.store.layout import lock_path, read_marker
 from tests.test_ship import live_nodes, run_on, two_nodes  # noqa: F401 - the cluster fixture
 from tests.uvproject import write_project
 
@@ -85,6 +85,13 @@ def ship_stream(venv: Path, root: Path, seeded: bool = False) -> tuple[Packer, d
     return packer, unpacker.staged
 
 
+def ready(venv: Path) -> bool:
+    """A ready venv: marked with its key, and what is there is what its manifest lists (`tree`
+    checks the latter)."""
+    marker = read_marker(venv)
+    return bool(marker) and marker.get("key") == venv.name and "not_whole" not in marker
+
+
 def tree(venv: Path) -> dict[str, tuple]:
     """Every entry of a venv as its manifest lists it, with a file's mtime (a `.pyc` checks
     its source's) but for the scripts that relocation rewrote when it was installed: what two
@@ -120,7 +127,7 @@ def test_a_seeded_ship_sends_the_difference_and_gives_the_full_ships_venv(
     assert "seed" not in read_marker(receiver / a.name)["built"]
     seeded, staged = ship_stream(b, receiver, seeded=True)
     got, built = tree(receiver / b.name), read_marker(receiver / b.name)["built"]
-    assert check_ready(receiver, b.name) is None
+    assert ready(receiver / b.name)
     assert not list(receiver.glob("*.ship-*")) and not list(receiver.rglob(delta.SEED_DIR))
     full, expected = full_ship_tree(b, receiver)
     # Only what differs went: six's new version and the scripts that name their venv.
@@ -167,7 +174,7 @@ def test_a_damaged_seed_never_leaks(pair: tuple[Path, Path], tmp_path: Path) -> 
     os.chmod(damaged, mode)
     seeded, staged = ship_stream(b, receiver, seeded=True)
     got = tree(receiver / b.name)
-    assert check_ready(receiver, b.name) is None
+    assert ready(receiver / b.name)
     full, expected = full_ship_tree(b, receiver)
     assert staged is not None and staged.dropped == 1
     # The damaged file's bytes went over the link; the others did not.
@@ -261,7 +268,7 @@ def test_a_damaged_seed_on_a_node_never_leaks(two_nodes, tmp_path: Path) -> None
     project_a, project_b = two_locks(tmp_path)
     # Other tests' venvs on node B (the same packages as B) would be nearer seeds than A.
     for venv in node_b.venvs.iterdir() if node_b.venvs.is_dir() else ():
-        if venv.is_dir() and check_ready(node_b.venvs, venv.name) is None:
+        if venv.is_dir() and ready(venv):
             freezing.remove_tree(venv)
     _, to_b = prepared(project_a)
     seed = node_b.venvs / to_b.key
@@ -279,7 +286,7 @@ def test_a_damaged_seed_on_a_node_never_leaks(two_nodes, tmp_path: Path) -> None
     os.chmod(largest, mode)
     _, seeded = prepared(project_b)
     venv = node_b.venvs / seeded.key
-    assert check_ready(node_b.venvs, seeded.key) is None
+    assert ready(node_b.venvs / seeded.key)
     built = read_marker(venv)["built"]
     assert built["seed"] == to_b.key  # the rest came from the seed; that file went over the link
     assert largest.stat().st_size < seeded.shipped_bytes < to_b.shipped_bytes / 2

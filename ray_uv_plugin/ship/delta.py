@@ -44,8 +44,8 @@ from typing import Any
 
 from ray_uv_plugin.agent import seeding
 from ray_uv_plugin.agent.request import interpreter_tag
+from ray_uv_plugin.ship.archive import MAX_MEMBERS, ArchiveError
 from ray_uv_plugin.ship.archive import SEED_REFERENCE as REFERENCE
-from ray_uv_plugin.ship.archive import ArchiveError
 from ray_uv_plugin.store import freezing, manifest
 from ray_uv_plugin.store.build_lock import hold_shared
 from ray_uv_plugin.store.layout import lock_path, site_packages
@@ -67,12 +67,14 @@ def distributions(venv: Path) -> list[str]:
 
 
 def check_offered(source: dict[str, Any]) -> None:
-    """The offer's part for seeding: two lists of strings (or absent: a sender that offers no
-    seeding, and the receiver stages nothing)."""
+    """The offer's part for seeding: two lists of strings, no longer than a venv's members (or
+    absent: a sender that offers no seeding, and the receiver stages nothing)."""
     for name in ("files", "distributions"):
         value = source.get(name, [])
         if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise ArchiveError(f"the offer's {name} is no list of strings")
+        if len(value) > MAX_MEMBERS:
+            raise ArchiveError(f"the offer's {name} lists more than {MAX_MEMBERS}")
 
 
 @dataclass
@@ -92,7 +94,12 @@ def stage(root: Path, tree: Path, key: str, source: dict[str, Any]) -> Staged | 
     """Copy into `tree/.ray-uv-seed` each file the offer `source` wants that the nearest ready
     venv of `root` has (see the module's docstring); None where there is no seed to use."""
     wanted = set(source.get("files", []))
-    found = seeding.nearest(root, key, interpreter_tag(), source.get("distributions", []))
+    try:
+        found = seeding.nearest(root, key, interpreter_tag(), source.get("distributions", []))
+    except Exception as e:  # a venv dir entry we may not touch, a marker gone: no seed
+        if not seeding.untrusted_seed(e):
+            raise
+        return None
     if not wanted or found is None:
         return None
     name, path, meta = found
