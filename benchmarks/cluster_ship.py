@@ -68,7 +68,7 @@ import ray
 
 import ray_uv_plugin
 from benchmarks import netns, node_disks
-from benchmarks.bounds import HostCpu, NodeCpu, cpu_bound, judge, link_bound
+from benchmarks.bounds import HostCpu, NodeCgroups, NodeCpu, cpu_bound, judge, link_bound
 from ray_uv_plugin.agent.uv import find_uv, uv_version
 from ray_uv_plugin.store.freezing import thaw
 
@@ -416,10 +416,12 @@ def raylets(
     hosts: list[netns.Host] | None = None,
     object_store: int = 1_500_000_000,
     temp_parent: Path = Path("/tmp"),
+    cgroups: NodeCgroups | None = None,
 ) -> Iterator[Cluster]:
     """`nodes` raylets via `ray start --block`, each with its own venv dir and uv cache, and in
-    its own network namespace where `hosts` names them; yields the cluster; stops them by
-    their process groups and their own temp dir (made in `temp_parent`)."""
+    its own network namespace where `hosts` names them (and its own cpuacct cgroup where
+    `cgroups` has them); yields the cluster; stops them by their process groups and their own
+    temp dir (made in `temp_parent`)."""
     temp = Path(tempfile.mkdtemp(prefix="rship-", dir=temp_parent))  # short: socket paths
     procs: list[subprocess.Popen] = []
     env0 = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "UV_"))}
@@ -455,7 +457,11 @@ def raylets(
             log = open(base / f"ray-start-{i}.log", "w")  # noqa: SIM115 - lives with the node
             procs.append(
                 subprocess.Popen(
-                    args, env=node_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    cgroups.wrap(i, args) if cgroups else args,
+                    env=node_env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
             )
             wait_for_nodes(cluster, i + 1)  # one at a time: they share the head's session dir
@@ -609,17 +615,22 @@ def netns_scenario(
     node_dirs = [work / f"node{i}" for i in range(nodes)] if disks else []
     # Ray's temp dir in the run's own: removed at the end even if a Ray process that the
     # stop here missed (one that renamed itself) writes to it until the namespaces go.
-    with (
-        node_disks.mounted(node_dirs, work),
-        raylets(nodes, work, hosts, 800_000_000, base) as cluster,
-    ):
-        index.reset()
-        before = net.counters()
-        with HostCpu() as host_cpu, NodeCpu(cluster.roots) as node_cpu:
-            ready, per_node = prepare(cluster, project, ship)
-        after = net.counters()
-        served = index.served
-        venv_sizes = [du(p) for p in work.glob("node*/venvs/*") if p.is_dir()]
+    cgroups = NodeCgroups(f"{netns.PREFIX}{net.run_id}-cpu{nodes}-", nodes)
+    try:
+        with (
+            node_disks.mounted(node_dirs, work),
+            raylets(nodes, work, hosts, 800_000_000, base, cgroups) as cluster,
+        ):
+            index.reset()
+            before = net.counters()
+            read = cgroups.usage if cgroups.available else None
+            with HostCpu() as host_cpu, NodeCpu(cluster.roots, read=read) as node_cpu:
+                ready, per_node = prepare(cluster, project, ship)
+            after = net.counters()
+            served = index.served
+            venv_sizes = [du(p) for p in work.glob("node*/venvs/*") if p.is_dir()]
+    finally:
+        cgroups.remove()
     links = {
         host: {way: after[host][way] - before[host][way] for way in ("sent", "received")}
         for host in after
@@ -640,6 +651,7 @@ def netns_scenario(
         "links": links,
         # Each node's processes' CPU seconds during `prepare` (the head's GCS included).
         "node_cpu_seconds": node_cpu.used(0.0),
+        "node_cpu_from": "cpuacct cgroups" if cgroups.available else "/proc, each node's tree",
         # The host's busy share of its cores, each second of `prepare`.
         "host_cpu_busy": host_cpu.shares,
         "per_node": per_node,

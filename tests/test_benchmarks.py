@@ -229,22 +229,34 @@ def test_the_host_cpu_sampler_sees_a_busy_core_and_reads_a_window(tmp_path: Path
     assert (tmp_path / "netns.png").stat().st_size > 10_000
 
 
-def test_the_node_cpu_sampler_counts_a_process_tree_and_its_exited_children() -> None:
+def wait_for(path: Path, timeout: float = 120) -> None:
+    """Until `path` exists (a process that burns CPU on a loaded host says it is done)."""
+    import time
+
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < end, f"{path} did not appear within {timeout}s"
+        time.sleep(0.1)
+
+
+def test_the_node_cpu_sampler_counts_a_process_tree_and_its_exited_children(
+    tmp_path: Path,
+) -> None:
     """`bounds.NodeCpu`: a root's CPU seconds include a child that burned CPU and exited (its
     parent reaped it: cutime); `used` reads a window off the samples."""
     import subprocess
     import sys
-    import time
 
     from benchmarks.bounds import NodeCpu
 
+    done = tmp_path / "done"
     burn = "import time\nend = time.process_time() + 0.8\nwhile time.process_time() < end: pass"
     child = f"subprocess.run([sys.executable, '-c', {burn!r}])"
-    parent = f"import subprocess, sys, time; {child}; time.sleep(60)"
+    parent = f"import subprocess, sys, time; {child}; open({str(done)!r}, 'w'); time.sleep(600)"
     root = subprocess.Popen([sys.executable, "-c", parent])
     try:
         with NodeCpu([root.pid, 1 << 30], every=0.2) as cpu:  # the second: a pid that is none
-            time.sleep(2.5)  # the child's burn and exit
+            wait_for(done)  # the child burned and exited
     finally:
         root.kill()
         root.wait()
@@ -252,6 +264,41 @@ def test_the_node_cpu_sampler_counts_a_process_tree_and_its_exited_children() ->
     assert nothing == 0.0
     assert whole >= 0.7, cpu.samples  # the child's 0.8 s, from the parent's cutime
     assert cpu.used(cpu.samples[-1][0], None) == [0.0, 0.0]
+
+
+def test_a_node_cgroup_counts_what_a_reparented_process_used(tmp_path: Path) -> None:
+    """`bounds.NodeCgroups`: a process that its parent left (reparented to init, as a daemon
+    is) is lost from its node's /proc tree, but not from the node's cpuacct cgroup."""
+    import secrets
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks.bounds import NodeCgroups, NodeCpu
+
+    cgroups = NodeCgroups(f"ruvtest-{secrets.token_hex(3)}-", 1)
+    if not cgroups.available:
+        pytest.skip("no writable cgroup v1 cpuacct hierarchy here")
+    done = tmp_path / "done"
+    burn = (
+        "import time\nend = time.process_time() + 0.8\nwhile time.process_time() < end: pass\n"
+        f"open({str(done)!r}, 'w')"
+    )
+    daemon = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {burn!r}])"
+    parent = f"import subprocess, sys, time; subprocess.run([sys.executable, '-c', {daemon!r}])"
+    root = subprocess.Popen(cgroups.wrap(0, [sys.executable, "-c", parent + "; time.sleep(600)"]))
+    try:
+        with NodeCpu([root.pid], every=0.2, read=cgroups.usage) as by_cgroup:
+            with NodeCpu([root.pid], every=0.2) as by_tree:
+                wait_for(done)  # the daemon burned (reparented to init, which reaps it)
+                time.sleep(0.5)
+    finally:
+        root.kill()
+        root.wait()
+        cgroups.remove()
+    assert by_cgroup.used(0.0)[0] >= 0.7, by_cgroup.samples
+    assert by_tree.used(0.0)[0] < 0.5, by_tree.samples  # what the tree alone would say
+    assert not any(d.exists() for d in cgroups.dirs)
 
 
 def test_the_ship_is_judged_against_the_larger_of_the_link_and_cpu_bounds(tmp_path: Path) -> None:
