@@ -22,7 +22,15 @@ from ray_uv_plugin.store import budget, disk
 from ray_uv_plugin.store.budget import VENV_DIR_MAX_BYTES_ENV, parse_size
 from ray_uv_plugin.store.build_slots import MAX_BUILDS_ENV
 from ray_uv_plugin.store.freezing import remove_tree
-from ray_uv_plugin.store.layout import BUDGET_LOCK, MARKER, VENV_DIR_ENV, VenvDirError, lock_path
+from ray_uv_plugin.store.layout import (
+    BUDGET_LOCK,
+    MARKER,
+    MARKER_FORMAT,
+    VENV_DIR_ENV,
+    VenvDirError,
+    lock_path,
+    write_marker,
+)
 from ray_uv_plugin.store.units import format_bytes
 from tests.test_build_slots import Lines, hold_slot, kill
 from tests.uvproject import CountingUv, project_variants, write_project
@@ -209,8 +217,7 @@ def test_ready_venvs_are_walked_once_and_again_once_replaced(tmp_path, monkeypat
         for i in range(files):
             (path / "lib" / f"m{i}.py").write_bytes(bytes(5000))
         if ready:
-            (path / MARKER).write_text("{}")
-            path.chmod(0o555)
+            write_marker(path, {"format": MARKER_FORMAT, "key": name})  # read-only, as ours
         return path
 
     ready, building = venv("ready", 3, True), venv("building", 2, False)

@@ -16,7 +16,7 @@ import pytest
 import ray_uv_plugin
 from ray_uv_plugin.ops import cli, cli_envs
 from ray_uv_plugin.schema import SCHEMAS_ENV, schema_path
-from ray_uv_plugin.store.layout import MARKER
+from ray_uv_plugin.store.layout import MARKER, MARKER_FORMAT, read_marker, write_marker
 from ray_uv_plugin.store.units import format_bytes
 from tests.test_gc import du_bytes, made_by_plugin
 
@@ -123,7 +123,7 @@ def fake_venv(
     (venv / "lib").mkdir(parents=True)
     (venv / "lib" / "blob").write_bytes(os.urandom(200_000))
     meta = {"key": key, "name": name, "project": project, "extras": extras, "groups": []}
-    (venv / MARKER).write_text(json.dumps(meta))
+    write_marker(venv, {"format": MARKER_FORMAT, **meta})
     t = time.time() - days_idle * 86400
     os.utime(venv / MARKER, (t, t))
     return venv
@@ -479,8 +479,7 @@ def test_list_says_how_each_venv_was_built(tmp_path: Path) -> None:
     for i, (key, built) in enumerate(how.items()):
         venv = fake_venv(tmp_path, key, f"/srv/p{i}", [], days_idle=i)
         if built is not None:
-            meta = json.loads((venv / MARKER).read_text())
-            (venv / MARKER).write_text(json.dumps({**meta, "built": built}))
+            write_marker(venv, {**(read_marker(venv) or {}), "built": built})
     out = ray_uv("list", env=env).stdout
     rows = {line.split()[0]: line for line in out.splitlines() if line[:16] in how}
     assert " full " in rows["a" * 16]

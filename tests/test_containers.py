@@ -27,7 +27,14 @@ from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv_env import sync_environment
 from ray_uv_plugin.store import freezing, gc, inventory, processes, removal
-from ray_uv_plugin.store.layout import MARKER, check_ready, lock_path, read_marker
+from ray_uv_plugin.store.layout import (
+    MARKER,
+    MARKER_FORMAT,
+    check_ready,
+    lock_path,
+    read_marker,
+    write_marker,
+)
 from tests.uvproject import write_project
 
 RAY_UV = str(Path(sys.executable).parent / "ray-uv")
@@ -51,7 +58,7 @@ def ready_venv(root: Path, key: str, days_idle: float) -> Path:
     (venv / "bin").mkdir(parents=True)
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\nuv = 0.13.9\nversion_info = 3.11.7\n")
     lock_path(root, key).write_text("4242 node-a\n")
-    (venv / MARKER).write_text(json.dumps({"format": 1, "key": key, "project": "/p"}))
+    write_marker(venv, {"format": MARKER_FORMAT, "key": key, "project": "/p"})
     age(venv, days_idle)
     return venv
 
@@ -274,7 +281,7 @@ def test_without_cap_linux_immutable_builds_reuse_ship_check_and_gc_work(
     assert unfrozen in result["log"], result["log"]
     assert "(securityContext.capabilities.add)." in result["log"]
     for venv in (root / result["key"], receiver / result["key"]):
-        assert check_ready(venv.parent, venv.name) is None
+        assert check_ready(venv.parent, venv.name)
         assert read_marker(venv)["immutable"] is False  # type: ignore[index]
         assert not removal.chattr_flags(venv / "lib") & IMMUTABLE_FLAG  # nothing half-frozen
         assert not os.stat(venv / "lib").st_mode & 0o222  # read-only still
@@ -322,7 +329,7 @@ def test_root_without_cap_linux_immutable_keeps_a_frozen_venv_whole(
             out.stdout,
             re.MULTILINE,
         ), out.stdout
-        assert check_ready(root, venv.name) is None  # still whole and ready
+        assert check_ready(root, venv.name)  # still whole and ready
         dry = run(*NO_IMMUTABLE_CAP, RAY_UV, "gc", "--all", "--dry-run", env=env)
         assert f"Kept {venv.name}" in dry.stdout, dry.stdout  # a dry run promises no more
     finally:

@@ -25,7 +25,7 @@ from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.store import build_lock, disk, freezing, gc, inventory, processes, units
 from ray_uv_plugin.store.inventory import BUILDING, INCOMPLETE, READY, UNTRUSTED, VenvEntry
-from ray_uv_plugin.store.layout import MARKER, VenvDirError, lock_path
+from ray_uv_plugin.store.layout import MARKER, MARKER_FORMAT, VenvDirError, lock_path, write_marker
 from tests.uvproject import write_project
 
 DAY = 86400.0
@@ -249,7 +249,7 @@ def made_by_plugin(root: Path, key: str, marker: dict | None = None, hours: floa
     lock_path(root, key).write_text("4242 node-a\n")
     touched = [venv, lock_path(root, key)]
     if marker is not None:
-        (venv / MARKER).write_text(json.dumps({"format": 1, "key": key, **marker}))
+        write_marker(venv, {"format": MARKER_FORMAT, "key": key, **marker})
         touched.append(venv / MARKER)
     t = time.time() - hours * 3600
     for path in touched:
@@ -295,7 +295,7 @@ def test_a_build_that_ends_while_scanned_is_ready_not_dead(
     venv = made_by_plugin(tmp_path, key)
 
     def build_ends(path: Path) -> bool:
-        (venv / MARKER).write_text(json.dumps({"format": 1, "key": key, "project": "/p"}))
+        write_marker(venv, {"format": MARKER_FORMAT, "key": key, "project": "/p"})
         return False
 
     monkeypatch.setattr(build_lock, "is_held", build_ends)
@@ -948,10 +948,10 @@ def test_a_members_reuse_of_roots_venv_is_a_use_that_gc_sees(
     env = {"RAY_UV_PLUGIN_VENV_DIR": str(root), "RAY_UV_PLUGIN_TRUSTED_GROUP": str(gid)}
     reuse = (
         "import sys; from pathlib import Path; from ray_uv_plugin.store.layout import check_ready\n"
-        "print(check_ready(Path(sys.argv[1]), sys.argv[2]))"
+        "print(bool(check_ready(Path(sys.argv[1]), sys.argv[2])))"
     )
     out = as_user(other_user, user_dir, env, str(root), venv.name, code=reuse)
-    assert out.stdout == "None\n", out.stderr  # ready, and used
+    assert out.stdout == "True\n", out.stderr  # ready, and used
     assert time.time() - os.lstat(venv / MARKER).st_mtime > 29 * DAY  # root's: not touched
     monkeypatch.setenv("RAY_UV_PLUGIN_TRUSTED_GROUP", str(gid))
     (ready,) = inventory.scan(root, users={}).venvs
