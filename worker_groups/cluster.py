@@ -20,14 +20,10 @@ groups, as NeMo RL does on clusters that scale up from 0 GPU nodes, with a progr
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import re
 import time
-from collections import Counter
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -39,7 +35,28 @@ from worker_groups._helper_tasks import (
     node_ip_and_free_port,
     run_helpers,
 )
+from worker_groups.autoscaling import (
+    WAIT_FOR_NODES_ENV,
+    WAIT_HINT,
+    autoscaler_state,
+    wait_for_nodes_setting,
+)
+from worker_groups.feasibility import (
+    InfeasibleClusterError,
+    PlacementGroupTimeoutError,
+    ResourceInsufficientError,
+    check_feasible,
+    fmt,
+)
 from worker_groups.topology import BundleInfo, sort_bundle_indices_by_topology
+
+__all__ = [  # the errors were defined here; `autoscaler_state` is looked up here (tests patch it)
+    "InfeasibleClusterError",
+    "PlacementGroupTimeoutError",
+    "RayVirtualCluster",
+    "ResourceInsufficientError",
+    "autoscaler_state",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -48,124 +65,11 @@ STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 # an outgoing connection before the rendezvous binds it. Half-open: [low, high).
 DEFAULT_MASTER_PORT_RANGE_LOW = 1400
 DEFAULT_MASTER_PORT_RANGE_HIGH = 1999
-# Set on the driver: "1" waits for nodes to join, "0" never does; unset: wait only where an
-# autoscaler manages the cluster. For scripts that construct the cluster themselves (NeMo RL's).
-WAIT_FOR_NODES_ENV = "WORKER_GROUPS_WAIT_FOR_NODES"
 PROGRESS_INTERVAL_S = 30.0
-# Ray's autoscaler on a cluster started by hand (its read-only provider) gives each node a type of
-# its own, "node_<node id>": such a cluster cannot grow.
-_READONLY_NODE_TYPE = re.compile(r"node_[0-9a-f]+")
-
-
-class ResourceInsufficientError(RuntimeError):
-    """The cluster cannot give the placement groups the resources they ask for."""
-
-
-class InfeasibleClusterError(ResourceInsufficientError, ValueError):
-    """The request can never fit the cluster as it is (too many GPUs, a node too small)."""
-
-
-class PlacementGroupTimeoutError(ResourceInsufficientError, TimeoutError):
-    """The request fits the cluster, but its resources did not free up in time."""
-
-
-def _fmt(resources: dict[str, float]) -> str:
-    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) + "}"
 
 
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-_WAIT_HINT = (
-    "If nodes are about to join (nodes you add, or an autoscaler Ray does not report), pass "
-    f"wait_for_nodes=True or set {WAIT_FOR_NODES_ENV}=1 to wait up to ready_timeout_s for them."
-)
-
-
-def _wait_for_nodes_setting(value: bool | None) -> bool | None:
-    """The caller's choice, else ``WORKER_GROUPS_WAIT_FOR_NODES``'s; None leaves it to the
-    autoscaler (`autoscaler_state`). Read when the cluster is made, so a typo fails there."""
-    if value is not None:
-        if not isinstance(value, bool):
-            raise ValueError(
-                f"wait_for_nodes={value!r}: use True (wait for nodes to join), False (never "
-                "wait) or None (wait where an autoscaler manages the cluster)"
-            )
-        return value
-    raw = os.environ.get(WAIT_FOR_NODES_ENV, "").strip().lower()
-    if raw in ("", "auto"):
-        return None
-    if raw in ("1", "true", "yes"):
-        return True
-    if raw in ("0", "false", "no"):
-        return False
-    raise ValueError(
-        f"{WAIT_FOR_NODES_ENV}={raw!r}: use 1 (wait for nodes to join), 0 (never wait) or leave "
-        "it unset (wait where an autoscaler manages the cluster)"
-    )
-
-
-class AutoscalerState(NamedTuple):
-    """What Ray's autoscaler reports: the node types of the nodes it manages now (its config's
-    types that have nodes; empty where none runs, or where it is the read-only one of a cluster
-    started by hand) and the nodes it is launching, by type."""
-
-    node_types: frozenset[str]
-    launching: dict[str, int]
-
-
-NO_AUTOSCALER = AutoscalerState(frozenset(), {})
-
-
-def _state_of(types: list[str], launching: Counter[str]) -> AutoscalerState:
-    launches = {t: n for t, n in sorted(launching.items()) if t and n > 0}
-    named = [*types, *launches]
-    scaling = frozenset(t for t in named if t and not _READONLY_NODE_TYPE.fullmatch(t))
-    return AutoscalerState(scaling, launches)
-
-
-def autoscaler_state_from_v1(status_json: bytes | str | None) -> AutoscalerState:
-    """From the v1 autoscaler's status (what `ray status` prints, kept in the GCS)."""
-    if not status_json:
-        return NO_AUTOSCALER
-    report = json.loads(status_json).get("autoscaler_report") or {}
-    launching: Counter[str] = Counter(report.get("pending_launches") or {})
-    # (ip, type, status); newer Rays put the node id first: the type is always second to last.
-    launching.update(node[-2] for node in report.get("pending_nodes") or [])
-    types = [*(report.get("node_type_mapping") or {}).values(), *(report.get("active_nodes") or {})]
-    return _state_of(types, launching)
-
-
-def autoscaler_state_from_v2(status: Any) -> AutoscalerState:
-    """From the v2 autoscaler's `ray.autoscaler.v2.schema.ClusterStatus`: nodes carry the type
-    they were launched as (``RAY_NODE_TYPE_NAME``, which its providers and KubeRay set)."""
-    launching: Counter[str] = Counter()
-    for request in status.pending_launches:
-        launching[request.ray_node_type_name] += request.count
-    launching.update(node.ray_node_type_name for node in status.pending_nodes)
-    nodes = [*status.active_nodes, *status.idle_nodes]
-    return _state_of([n.ray_node_type_name for n in nodes], launching)
-
-
-def autoscaler_state() -> AutoscalerState:
-    """What the cluster's autoscaler reports, read from the GCS as `ray status` reads it (Ray
-    2.44-2.60, autoscaler v1 or v2). Never raises: a state it cannot read is no autoscaler."""
-    try:
-        from ray.autoscaler.v2.utils import is_autoscaler_v2
-
-        if is_autoscaler_v2(fetch_from_server=True):
-            from ray.autoscaler.v2.sdk import get_cluster_status
-
-            gcs = ray.get_runtime_context().gcs_address
-            return autoscaler_state_from_v2(get_cluster_status(gcs, timeout=10))
-        from ray._private.ray_constants import DEBUG_AUTOSCALING_STATUS
-        from ray.experimental.internal_kv import _internal_kv_get
-
-        return autoscaler_state_from_v1(_internal_kv_get(DEBUG_AUTOSCALING_STATUS))
-    except Exception as e:  # noqa: BLE001 - Ray internals: treat anything odd as no autoscaler
-        logger.debug("could not read the autoscaler's state: %r", e)
-        return NO_AUTOSCALER
 
 
 class RayVirtualCluster:
@@ -231,7 +135,7 @@ class RayVirtualCluster:
             )
         if ready_timeout_s <= 0:
             raise ValueError(f"ready_timeout_s={ready_timeout_s!r} must be > 0")
-        self.wait_for_nodes = _wait_for_nodes_setting(wait_for_nodes)
+        self.wait_for_nodes = wait_for_nodes_setting(wait_for_nodes)
         self._bundle_ct_per_node_list = counts
         self._world_size = sum(counts)
         self.use_gpus = use_gpus
@@ -280,12 +184,12 @@ class RayVirtualCluster:
             requests = [(b, "PACK", f"node{i}") for i, b in enumerate(per_node) if b]
         waiting_for = None
         try:
-            self._check_feasible(requests)
+            check_feasible(self._bundle_ct_per_node_list, requests)
         except InfeasibleClusterError as e:
             waiting_for = self._why_wait_for_nodes()
             if waiting_for is None:
                 if self.wait_for_nodes is None:
-                    raise InfeasibleClusterError(f"{e} {_WAIT_HINT}") from None
+                    raise InfeasibleClusterError(f"{e} {WAIT_HINT}") from None
                 raise
             logger.warning(
                 "virtual cluster %s does not fit the nodes alive now: %s Waiting up to %gs for "
@@ -305,40 +209,6 @@ class RayVirtualCluster:
             self._sort_unified_bundles(pgs[0])
         return pgs
 
-    def _check_feasible(self, requests: list[tuple[list[dict], str, str]]) -> None:
-        """Fail now, naming what is missing, instead of waiting out the timeout."""
-        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-        keys = {k for bundles, _, _ in requests for b in bundles for k in b}
-        need = {k: sum(b.get(k, 0) for bs, _, _ in requests for b in bs) for k in keys}
-        totals = {k: sum(n.get(k, 0) for n in nodes) for k in keys}
-        short = {k: need[k] - totals[k] for k in keys if need[k] > totals[k]}
-        if short:
-            raise InfeasibleClusterError(
-                f"virtual cluster {self._bundle_ct_per_node_list} needs {_fmt(need)} in all but "
-                f"the Ray cluster has {_fmt(totals)} over {len(nodes)} node(s): missing "
-                f"{_fmt(short)}. Ask for fewer bundles or add nodes."
-            )
-
-        def fits(res: dict[str, float]) -> bool:
-            return any(all(n.get(k, 0) >= v for k, v in res.items()) for n in nodes)
-
-        for bundles, strategy, label in requests:
-            whole = {k: sum(b.get(k, 0) for b in bundles) for k in keys}
-            if not fits(bundles[0]):
-                raise InfeasibleClusterError(
-                    f"no node can hold one bundle {_fmt(bundles[0])} of placement group {label}"
-                )
-            if strategy == "STRICT_PACK" and not fits(whole):
-                raise InfeasibleClusterError(
-                    f"placement group {label} needs {_fmt(whole)} on one node (STRICT_PACK) but "
-                    "no node has that much: use placement_group_strategy='PACK' or fewer bundles"
-                )
-            if strategy == "STRICT_SPREAD" and len(bundles) > len(nodes):
-                raise InfeasibleClusterError(
-                    f"placement group {label} has {len(bundles)} bundles but STRICT_SPREAD needs "
-                    f"a node for each and the cluster has {len(nodes)}"
-                )
-
     def _why_wait_for_nodes(self) -> str | None:
         """Why nodes may still join, or None: the caller asked to wait, or an autoscaler manages
         the cluster (whose node types may not fit either: its log and `ray status` say so)."""
@@ -357,12 +227,12 @@ class RayVirtualCluster:
         totals = {k: sum(n.get(k, 0) for n in nodes) for k in keys}
         available = ray.available_resources()
         state = (
-            f"{len(pending)} of {len(pgs)} placement group(s) pending ({_fmt(asked)}); the Ray "
-            f"cluster has {_fmt(totals)} over {len(nodes)} node(s), available now: "
-            f"{_fmt({k: available.get(k, 0) for k in keys})}"
+            f"{len(pending)} of {len(pgs)} placement group(s) pending ({fmt(asked)}); the Ray "
+            f"cluster has {fmt(totals)} over {len(nodes)} node(s), available now: "
+            f"{fmt({k: available.get(k, 0) for k in keys})}"
         )
         launching = autoscaler_state().launching if autoscaling else {}
-        return state + (f"; the autoscaler is launching {_fmt(launching)}" if launching else "")
+        return state + (f"; the autoscaler is launching {fmt(launching)}" if launching else "")
 
     def _wait_ready(self, pgs: list[PlacementGroup], waiting_for: str | None) -> None:
         """Wait for the placement groups until ``ready_timeout_s``, saying what is pending every
@@ -404,7 +274,7 @@ class RayVirtualCluster:
             )
             raise PlacementGroupTimeoutError(
                 f"placement groups for virtual cluster {self._bundle_ct_per_node_list} "
-                f"({_fmt(self.bundle_resources())} per bundle) were not ready after "
+                f"({fmt(self.bundle_resources())} per bundle) were not ready after "
                 f"{self.ready_timeout_s:g}s: {state}. {advice}"
             )
         ray.get(list(pg_of))
@@ -522,5 +392,5 @@ class RayVirtualCluster:
             if self._node_placement_groups is None
             else "placed"
         )
-        per_bundle = _fmt(self.bundle_resources())
+        per_bundle = fmt(self.bundle_resources())
         return f"RayVirtualCluster({self._bundle_ct_per_node_list}, {per_bundle} each, {state})"

@@ -38,7 +38,7 @@ import worker_groups.cluster
 from tests.test_jobs import free_ports, stop_own_cluster
 from tests.worker_groups.conftest import WORKER_ENV
 from worker_groups import RayVirtualCluster
-from worker_groups.cluster import (
+from worker_groups.autoscaling import (
     NO_AUTOSCALER,
     WAIT_FOR_NODES_ENV,
     AutoscalerState,
