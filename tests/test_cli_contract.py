@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.ops import cli
+from ray_uv_plugin.ops import cli, cli_help
 from tests.test_cli import ray_uv
 from tests.test_gc import made_by_plugin
 
@@ -202,7 +202,7 @@ def test_help_says_where_the_docs_are_without_a_checkout_path(
     assert out.returncode == 0
     assert "Docs: " in out.stdout and "docs/operations.md" not in out.stdout
     assert "Exit status: 0 done, 1 a failure while running" in " ".join(out.stdout.split())
-    assert cli.docs_line() == cli.NO_DOCS_URL  # no [project.urls] yet
+    assert cli_help.docs_line() == cli_help.NO_DOCS_URL  # no [project.urls] yet
 
     def metadata(name: str) -> email.message.Message:
         meta = email.message.Message()
@@ -212,7 +212,7 @@ def test_help_says_where_the_docs_are_without_a_checkout_path(
         return meta
 
     monkeypatch.setattr("importlib.metadata.metadata", metadata)
-    assert cli.docs_line() == "Docs: https://example.org/docs"
+    assert cli_help.docs_line() == "Docs: https://example.org/docs"
     assert "Docs: https://example.org/docs" in cli.build_parser().format_help()
 
 
