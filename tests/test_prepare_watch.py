@@ -300,7 +300,7 @@ def test_nodes_that_join_receive_the_env_while_the_watch_runs(
         on_b = watch.wait_for(rf"\({node_b.node_id[:8]}\): uv_project \w+: ")
         assert re.search(r": shipped [\d.]+MiB in ", on_b), on_b
         key = on_b.split("uv_project ")[1].split(":")[0]
-        assert b.uv.syncs() == 0 and check_ready(b.venvs, key) is None
+        assert b.uv.syncs() == 0 and check_ready(b.venvs, key)
         assert read_marker(b.venvs / key)["shipped_from"]
         assert run_on(node_b.node_id, project, timeout=600)["venv"] == str(b.venvs / key)
         assert b.uv.syncs() == 0  # the job's task on B ran in the received venv

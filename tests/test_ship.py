@@ -126,7 +126,7 @@ def test_a_venv_streamed_to_another_venv_dir_works_there(built: Path, tmp_path: 
     root = tmp_path / "venvs-b"
     tree = receive(root, built.name, chunks, packer.total, packer.whole_sha256)
     install_received(root, built.name, tree, {**read_marker(built), "venv": str(built)})
-    assert check_ready(root, built.name) is None
+    assert check_ready(root, built.name)
     assert not list(root.glob("*.ship-*"))
     works_where_it_is(root / built.name)
     marker = read_marker(root / built.name)
@@ -372,7 +372,7 @@ def test_a_receiver_killed_mid_unpack_leaves_nothing_used(two_nodes, tmp_path: P
     # Not used half-unpacked: B built its own, and says the receive failed and where.
     assert on_b.outcome == "built" and b.uv.syncs() == syncs_b + 1, results
     assert "not shipped: " in on_b.note and "chunk" in on_b.note, on_b.note
-    assert check_ready(b.venvs, on_b.key) is None
+    assert check_ready(b.venvs, on_b.key)
     assert not list(b.venvs.glob("*.ship-*"))  # the build removed the leftover
 
 
@@ -440,7 +440,7 @@ def test_a_driver_killed_mid_way_leaves_nothing_used(two_nodes, tmp_path: Path) 
     # take the lock once the receiver is gone and build the venv itself, whole.
     time.sleep(2)
     wait_free(lock)
-    why = check_ready(b.venvs, key)
+    why = check_ready(b.venvs, key).why_not
     assert why in (None, "absent"), why  # never a half-received venv
     if why is None:
         marker = read_marker(b.venvs / key) or {}
@@ -449,7 +449,7 @@ def test_a_driver_killed_mid_way_leaves_nothing_used(two_nodes, tmp_path: Path) 
     results = prepare_nodes({"project": str(project)}, live_nodes(), 600)
     outcomes = [r.outcome for r in results]
     assert outcomes == ["reused", "shipped" if why == "absent" else "reused"], results
-    assert check_ready(b.venvs, key) is None
+    assert check_ready(b.venvs, key)
     assert not list(b.venvs.glob("*.ship-*"))
 
 
@@ -553,7 +553,7 @@ def test_the_building_node_dying_mid_way_fails_cleanly(two_nodes, tmp_path: Path
     assert failed.why.startswith(f"the source node {on_d.address} ({on_d.node_id[:8]}): "), failed
     assert "sending chunk 3" in failed.why or "receiving chunk" in failed.why, failed
     wait_free(b.venvs / f"{on_b.key}.lock")
-    assert check_ready(b.venvs, on_b.key) == "absent"
+    assert check_ready(b.venvs, on_b.key).why_not == "absent"
     assert not list(b.venvs.glob("*.ship-*"))
     again = prepare_nodes(value, live_nodes(), 600, chunk_bytes=4 * MiB)
     assert [r.outcome for r in again] == ["reused", "shipped"], again
@@ -621,7 +621,7 @@ def test_a_stalled_receiver_is_given_up_alone(two_nodes, tmp_path: Path) -> None
             for pid in stopped:
                 os.kill(pid, signal.SIGCONT)
             wait_free(lock, 60)
-        assert check_ready(c.venvs, key) == "absent"
+        assert check_ready(c.venvs, key).why_not == "absent"
     finally:
         for pid in stopped:
             try:
@@ -657,7 +657,7 @@ def test_a_receiver_lets_go_of_the_lock_by_itself(two_nodes, tmp_path: Path) -> 
     (failed,) = results.values()
     assert failed.outcome == "failed", failed
     assert f"gave up after holding the build lock for 5s ({BUILD_TIMEOUT_ENV}" in failed.why
-    assert check_ready(b.venvs, key) == "absent"
+    assert check_ready(b.venvs, key).why_not == "absent"
     assert not list(b.venvs.glob("*.ship-*"))
 
 
@@ -692,7 +692,7 @@ def test_a_venv_moved_while_it_is_sent_is_taken_by_no_node(two_nodes, tmp_path: 
     assert failed.outcome == "failed", failed
     wait_free(a.venvs / f"{key}.lock")  # the sender is gone, and with it its shared lock
     wait_free(b.venvs / f"{key}.lock")
-    assert check_ready(b.venvs, key) == "absent"
+    assert check_ready(b.venvs, key).why_not == "absent"
     assert not list(b.venvs.glob("*.ship-*"))
     again = prepare_nodes({"project": str(project)}, live_nodes(), 600, chunk_bytes=4 * MiB)
     assert [r.outcome for r in again] == ["reused", "shipped"], again
@@ -727,7 +727,7 @@ def test_a_venv_changed_after_its_build_is_sent_nowhere_and_rebuilt(
     assert "not sent, and it is rebuilt at its next use here" in on_b.note, on_b.note
     assert (b.venvs / key / rel).read_bytes() == original
     assert not list(b.venvs.glob("*.ship-*"))
-    why = check_ready(a.venvs, key)
+    why = check_ready(a.venvs, key).why_not
     assert why and f"{rel} has other content now" in why, why
     assert b.uv.syncs() == syncs_b + 1 and a.uv.syncs() == syncs_a
     # The next setup on A (a worker already running there keeps its venv) rebuilds it.
@@ -735,7 +735,7 @@ def test_a_venv_changed_after_its_build_is_sent_nowhere_and_rebuilt(
         parse_spec({"project": str(project)}), load_project(project), root=a.venvs
     )
     assert rebuilt.key == key and rebuilt.built and rebuilt.rebuilt_because == why
-    assert six.read_bytes() == original and check_ready(a.venvs, key) is None
+    assert six.read_bytes() == original and check_ready(a.venvs, key)
 
 
 def test_a_venv_with_wheels_built_for_its_node_goes_only_to_the_same_hardware(
@@ -798,4 +798,4 @@ def test_shipping_runs_on_each_nodes_own_python_under_a_uv_run_job(
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
     nodes = json.loads(line.removeprefix("RESULT "))
     assert [n["outcome"] for n in nodes] == ["built", "shipped"], nodes
-    assert check_ready(b.venvs, nodes[1]["key"]) is None
+    assert check_ready(b.venvs, nodes[1]["key"])

@@ -236,9 +236,13 @@ def test_a_venv_marked_not_whole_is_rebuilt_at_its_next_use(tmp_path: Path) -> N
     root.mkdir(mode=0o700)
     venv = small_venv(root / KEY)
     write_marker(venv, {**read_marker(venv), "format": 1, "site_packages": SITE})
-    assert check_ready(root, KEY) is None
+    ready = check_ready(root, KEY)
+    # A value for a ready venv (issue 33): the marker it read, so that callers read it once.
+    assert ready and ready.why_not is None and ready.marker == read_marker(venv)
     mark_not_whole(venv, "lib/x.py has other content now")
-    assert check_ready(root, KEY) == "it is not what its build made: lib/x.py has other content now"
+    not_ready = check_ready(root, KEY)
+    assert not not_ready and not_ready.marker is None
+    assert not_ready.why_not == "it is not what its build made: lib/x.py has other content now"
     assert read_marker(venv)["manifest"]  # the rest of the marker is kept, for `ray-uv list`
     assert stat.S_IMODE(os.lstat(venv).st_mode) & 0o222 == 0  # read-only again
 
@@ -289,7 +293,7 @@ def test_a_received_venv_has_a_manifest_of_its_own_and_ships_on(
         {**read_marker(built), "venv": str(built)},
     )  # fmt: skip
     on_b = root_b / built.name
-    assert check_ready(root_b, built.name) is None
+    assert check_ready(root_b, built.name)
     marker = read_marker(on_b)
     files = manifest.load(on_b, marker["manifest"])
     assert {path: tuple(entry) for path, entry in files.items()} == walk(on_b)
@@ -302,7 +306,7 @@ def test_a_received_venv_has_a_manifest_of_its_own_and_ships_on(
         root_c, built.name, receive(root_c, chunks, packer, built.name),
         {**marker, "venv": str(on_b)},
     )  # fmt: skip
-    assert check_ready(root_c, built.name) is None
+    assert check_ready(root_c, built.name)
     assert (root_c / built.name / "bin" / "ray").read_text().startswith(f"#!{root_c}")
 
 
@@ -329,7 +333,7 @@ def test_a_marker_nested_too_deep_is_unreadable_not_a_crash(tmp_path: Path) -> N
     """read_marker promised never to raise, and raised RecursionError."""
     venv = fake_ready_venv(tmp_path, DEEP)
     assert read_marker(venv) is None
-    assert "its marker is unreadable (nested too deep" in str(check_ready(tmp_path, KEY))
+    assert "its marker is unreadable (nested too deep" in str(check_ready(tmp_path, KEY).why_not)
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,7 @@ def lookup(request: VenvRequest, root: Path) -> Outcome | None:
     """The ready venv for this request, if there is one: the path every warm request takes."""
     start = time.perf_counter()
     root = trust.check_root(root)  # resolved: what we check is what workers run
-    if check_ready(root, request.key) is None:
+    if check_ready(root, request.key):
         return Outcome(request.key, root / request.key, False, time.perf_counter() - start)
     return None
 
@@ -81,7 +81,7 @@ async def ensure_venv_async(
     lock = BuildLock(lock_path(root, key))
     await lock.acquire_async(lock_timeout, request.what)
     try:
-        why = check_ready(root, key)  # another process may have built it while we waited
+        why = check_ready(root, key).why_not  # another process may have built it meanwhile
         # Ray's agent retries a failed setup: not 3 builds
         sync_inputs = failed_builds.sync_inputs(request)
         failed = None if why is None else failed_builds.recent(root / key, sync_inputs)

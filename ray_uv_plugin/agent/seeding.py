@@ -137,7 +137,7 @@ def nearest(
     if best is None:
         return None
     _, name, path, meta = best
-    if check_ready(root, name) is not None:  # trusted, whole, and marked used: it is
+    if not check_ready(root, name):  # trusted, whole, and marked used: it is
         return None
     return name, path, meta
 

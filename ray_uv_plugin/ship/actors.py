@@ -27,7 +27,6 @@ from ray_uv_plugin.store.layout import (
     check_ready,
     lock_path,
     mark_not_whole,
-    read_marker,
     remove_leftovers,
     venv_root,
 )
@@ -83,11 +82,11 @@ class VenvSender:
                 f"{_where()}: the venv {key} to send is being built or removed here, or has no "
                 f"build lock ({e}): try again once `ray-uv list` shows it ready"
             ) from e
-        why = check_ready(root, key)
-        if why is not None:
-            raise ShipError(f"{_where()}: the venv {key} to send is not ready: {why}")
+        ready = check_ready(root, key)
+        if not ready:
+            raise ShipError(f"{_where()}: the venv {key} to send is not ready: {ready.why_not}")
         self.venv = root / key
-        self.marker = read_marker(self.venv)
+        self.marker = dict(ready.marker or {})  # as checked: no second read
         try:
             self.packer = archive.Packer(self.venv, chunk_bytes)
         except archive.DriftError as e:
@@ -213,14 +212,14 @@ class VenvReceiver:
         if why is not None:
             return {"decision": "refused", "why": why}
         trust.make_root(self.root)
-        if check_ready(self.root, key) is None:
+        if check_ready(self.root, key):
             return {"decision": "reused"}
         lock = BuildLock(lock_path(self.root, key))
         if not lock.try_acquire():
             why = f"another build of {key} is running here ({lock.holder()})"
             return {"decision": "refused", "why": why}
         self.lock, self.source = lock, source
-        if check_ready(self.root, key) is None:  # built while we looked
+        if check_ready(self.root, key):  # built while we looked
             self.abort()
             return {"decision": "reused"}
         remove_leftovers(self.root, key)
@@ -383,6 +382,6 @@ def is_ready(key: str) -> bool:
     try:
         root = venv_root()
         trust.check_root(root)
-        return check_ready(root, key) is None
+        return bool(check_ready(root, key))
     except Exception:  # noqa: BLE001 - anything else is for the receiver to report
         return False

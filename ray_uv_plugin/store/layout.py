@@ -29,6 +29,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -125,35 +126,53 @@ def _read_marker(venv: Path, touch: bool = False) -> dict[str, Any] | None:
     return meta
 
 
-def check_ready(root: Path, key: str) -> str | None:
-    """None if `<root>/<key>` is a ready venv we may use (and marks it used); else why not:
-    `absent`, or what is wrong with it. Raises `UntrustedPathError` for what we must not touch.
-    """
+@dataclass(frozen=True)
+class Readiness:
+    """What `check_ready` found: true for a ready venv, with the marker it read (a caller
+    needs no second read); else false, with why not."""
+
+    marker: Mapping[str, Any] | None = None  # a ready venv's marker, as read
+    why_not: str | None = None  # `absent`, or what is wrong with the venv
+
+    def __bool__(self) -> bool:
+        return self.why_not is None
+
+
+def _not_ready(why: str) -> Readiness:
+    return Readiness(why_not=why)
+
+
+def check_ready(root: Path, key: str) -> Readiness:
+    """Whether `<root>/<key>` is a ready venv we may use (then marked used), with its marker;
+    else why not: `absent`, or what is wrong with it. Raises `UntrustedPathError` for what we
+    must not touch."""
     venv = root / key
     try:
         trust.check_dir(venv, "the venv")
     except FileNotFoundError:
-        return "absent"
+        return _not_ready("absent")
     try:
         meta = _read_marker(venv, touch=True)
     except trust.WrongTypeError:
-        return "its marker is not a regular file"
+        return _not_ready("its marker is not a regular file")
     except trust.UntrustedPathError:
         raise
     except (OSError, ValueError) as e:
-        return f"its marker is unreadable ({e})"
+        return _not_ready(f"its marker is unreadable ({e})")
     if meta is None:
-        return "no marker (an unfinished build)"
+        return _not_ready("no marker (an unfinished build)")
     if meta.get("key") != key or meta.get("format") != MARKER_FORMAT:
-        return f"its marker names key {meta.get('key')!r}, format {meta.get('format')!r}"
+        return _not_ready(
+            f"its marker names key {meta.get('key')!r}, format {meta.get('format')!r}"
+        )
     if meta.get(NOT_WHOLE):
-        return f"it is not what its build made: {meta[NOT_WHOLE]}"
+        return _not_ready(f"it is not what its build made: {meta[NOT_WHOLE]}")
     if not os.path.exists(venv / "bin" / "python"):
-        return "bin/python is missing or its interpreter is gone"
+        return _not_ready("bin/python is missing or its interpreter is gone")
     site = meta.get("site_packages")
     if not isinstance(site, str) or not os.path.isdir(venv / site):
-        return f"{site or 'site-packages'} is missing"
-    return None
+        return _not_ready(f"{site or 'site-packages'} is missing")
+    return Readiness(marker=meta)
 
 
 def write_marker(venv: Path, meta: Mapping[str, Any]) -> None:

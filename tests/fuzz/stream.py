@@ -513,8 +513,8 @@ def _check_place(
         if os.path.lexists(root / KEY):
             raise Violation(f"a refused receive ({error}) left {root / KEY}")
         return
-    if ready is not None:
-        raise Violation(f"an installed receive is not ready: {ready}")
+    if not ready:
+        raise Violation(f"an installed receive is not ready: {ready.why_not}")
     now = manifest.scan(root / KEY)
     for name, entry in built.items():  # scripts naming the sender's path were relocated
         if name.startswith("bin/") and entry.kind == "file" and name in now:

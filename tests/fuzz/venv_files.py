@@ -178,7 +178,7 @@ def _check(venv: Path) -> None:
     if meta is not None and not isinstance(meta, dict):
         raise Violation(f"read_marker gave {type(meta).__name__}")
     try:
-        why = check_ready(root, KEY)
+        why = check_ready(root, KEY).why_not
     except UntrustedPathError:
         why = "untrusted"  # a symlink or FIFO in the marker's place: refused, as it should
     except Exception as e:  # noqa: BLE001 - judged
@@ -199,7 +199,7 @@ def _check(venv: Path) -> None:
         return  # what its callers expect where the marker is no file (they say so)
     except Exception as e:  # noqa: BLE001 - judged
         raise Violation(f"mark_not_whole raised {type(e).__name__}: {e}") from e
-    if check_ready(root, KEY) is None:
+    if check_ready(root, KEY):
         raise Violation("a venv marked not whole is still ready")
 
 
