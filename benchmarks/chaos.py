@@ -46,7 +46,14 @@ from benchmarks.chaos_cluster import (
 )
 from benchmarks.chaos_faults import KINDS, Injector, plan
 from benchmarks.chaos_invariants import leftovers, locks, ran_in_ready, whole
-from benchmarks.chaos_jobs import JOB_TIMEOUT_S, Job, Projects, jobs_for_round, verify_job
+from benchmarks.chaos_jobs import (
+    JOB_TIMEOUT_S,
+    Job,
+    Projects,
+    jobs_for_round,
+    take_reports,
+    verify_job,
+)
 from benchmarks.cluster_ship import BIN, WHEEL_CACHE, CountingIndex, mirror_pypi, remove
 from ray_uv_plugin.agent.uv import find_uv, uv_version
 
@@ -56,11 +63,15 @@ FIRST_ROUND_S = 240.0  # a round's length on this machine, until the first one i
 
 
 def check_round(
-    cluster: ChaosCluster, jobs: list[Job], verify: Job, checked: set[tuple[int, str]]
+    cluster: ChaosCluster,
+    jobs: list[Job],
+    verify: Job,
+    checked: set[tuple[int, str]],
+    reports: list[dict[str, Any]],
 ) -> dict[str, list[str]]:
-    """Every invariant's violations after a round (empty lists: it held)."""
+    """Every invariant's violations after a round (empty lists: it held). `reports`: what
+    every worker that started said of its venv (`chaos_jobs.WORKER`)."""
     dirs = [n.venv_dir for n in cluster.nodes]
-    reports = [r for j in [*jobs, verify] for r in j.result.get("reports", [])]
     found: dict[str, list[str]] = {
         "no_hang": [
             f"{j.kind} hung past {JOB_TIMEOUT_S}s" for j in [*jobs, verify] if j.result["hung"]
@@ -123,7 +134,8 @@ def one_round(
     verify = verify_job(round_no, cluster.gcs, prefix, [*keys, projects.base])
     verify.start(logs)
     verify.wait(time.monotonic() + JOB_TIMEOUT_S)
-    found = check_round(cluster, jobs, verify, checked)
+    reports = take_reports(projects.reports)
+    found = check_round(cluster, jobs, verify, checked, reports)
     held = {name: not v for name, v in found.items()}
     for record in sorted(records, key=lambda r: r["offset_s"]):
         out.write(json.dumps({"type": "fault", **record, "invariants_held": held}) + "\n")
@@ -132,6 +144,7 @@ def one_round(
         out.write(json.dumps({"type": "job", **line, "workers": len(job.result["reports"])}) + "\n")
     out.write(json.dumps({"type": "round", "round": round_no, "restarted": restarted,
                           "seconds": round(time.monotonic() - start, 1),
+                          "workers_started": len(reports),
                           "violations": {k: v for k, v in found.items() if v}}) + "\n")  # fmt: skip
     out.flush()
     return records, found

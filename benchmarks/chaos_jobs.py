@@ -38,7 +38,9 @@ GET_TIMEOUT_S = 360  # what a driver's ray.get waits before it says so
 
 WORKER = textwrap.dedent(
     """\
-    import json, os, sys
+    import json, os, sys, time
+
+    REPORTS = {reports!r}  # every worker's report, also of a job that fails
 
 
     def report():
@@ -47,8 +49,11 @@ WORKER = textwrap.dedent(
                 marker = json.load(f)
         except Exception as e:  # noqa: BLE001 - reported, then judged by the harness
             marker = f"unreadable: {e!r}"
-        return {"pid": os.getpid(), "prefix": sys.prefix, "marker": marker,
-                "venv_env": os.environ.get("RAY_UV_PLUGIN_VENV")}
+        found = {"pid": os.getpid(), "prefix": sys.prefix, "marker": marker,
+                 "venv_env": os.environ.get("RAY_UV_PLUGIN_VENV"), "at": time.time()}
+        with open(os.path.join(REPORTS, f"{os.getpid()}-{time.time_ns()}.json"), "w") as f:
+            json.dump(found, f)
+        return found
 
 
     class Pinger:
@@ -188,16 +193,31 @@ def stop_group(proc: subprocess.Popen) -> None:
             return
 
 
+def take_reports(where: Path) -> list[dict[str, Any]]:
+    """The workers' reports written since the last call (each file read once, then removed)."""
+    found = []
+    for path in sorted(where.glob("*.json")):
+        try:
+            found.append(json.loads(path.read_text()))
+        except ValueError:
+            found.append({"pid": path.name, "prefix": "", "marker": "report cut short"})
+        path.unlink()
+    return found
+
+
 class Projects:
     """The run's projects: one locked base (Ray and `six` from the run's index), and variants of
     it that differ by a comment (a key each, the same lock)."""
 
     def __init__(self, where: Path, index_url: str, lock_prefix: list[str]) -> None:
         self.where = where
+        self.reports = where / "worker-reports"
+        self.reports.mkdir(parents=True)
+        worker = WORKER.replace("{reports!r}", repr(str(self.reports)))
         self.base = write_project(
             where / "base", ["six"], lock=False, name="chaosproj",
             requires_python=f"=={sys.version_info[0]}.{sys.version_info[1]}.*",
-            files={"chaosworker.py": WORKER, "uv_run_driver.py": UV_RUN},
+            files={"chaosworker.py": worker, "uv_run_driver.py": UV_RUN},
         )  # fmt: skip
         with open(self.base / "pyproject.toml", "a") as f:
             f.write(f'\n[[tool.uv.index]]\nname = "chaos"\nurl = "{index_url}"\ndefault = true\n')
