@@ -19,38 +19,42 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import ray
 from ray.actor import ActorHandle
 
-from ray_uv_plugin import registration
-from ray_uv_plugin.agent.uv_env import is_build_var
-from ray_uv_plugin.store.layout import VENV_ENV
 from worker_groups._helper_tasks import helper_runtime_env
-from worker_groups._initializer import PLUGIN_FIX, WorkerVenvReport, worker_venv_report
+from worker_groups._initializer import WorkerVenvReport, worker_venv_report
 from worker_groups.builder import (
     RayWorkerBuilder,
     check_runtime_env_config,
     restore_method_signatures,
 )
 from worker_groups.cluster import RayVirtualCluster
-from worker_groups.credentials import is_ray_credential
-from worker_groups.dispatch import (
-    check_layout_covers,
-    check_per_worker_data,
-    check_sharded_value,
-    map_slices,
-    plan_sharded_dispatch,
-    take,
-    workers_on_axis_zero,
-)
-from worker_groups.futures import MultiWorkerFuture
+from worker_groups.dispatch import check_layout_covers
+from worker_groups.group_dispatch import UnknownWorkerMethodError, WorkerDispatch
 from worker_groups.placement import bundles_from_workers_per_node, check_bundle_indices
-from worker_groups.sharding import NamedSharding, ShardingError
+from worker_groups.sharding import NamedSharding
+from worker_groups.worker_env import (
+    PluginNotLoadedError,
+    driver_env_vars,
+    initializer_outside_venv,
+    job_default_uv_project,
+    outside_venvs_error,
+    runs_outside_its_venv,
+)
+
+__all__ = [  # defined here before the split; callers import them from here
+    "DEFAULT_STARTUP_TIMEOUT_S",
+    "PluginNotLoadedError",
+    "RayWorkerGroup",
+    "UnknownWorkerMethodError",
+    "WorkerStartupTimeoutError",
+    "driver_env_vars",
+    "runs_outside_its_venv",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -58,104 +62,12 @@ logger = logging.getLogger(__name__)
 # 3 times), short enough that a worker that can never be scheduled does not hang the job.
 DEFAULT_STARTUP_TIMEOUT_S = 1800.0
 
-# The driver's variables that workers do not get. NeMo RL drops these Ray ones too: they describe
-# the driver's process, not the worker's.
-DRIVER_RAY_VARS = frozenset(
-    {
-        "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES",
-        "RAY_CLIENT_MODE",
-        "RAY_JOB_ID",
-        "RAY_LD_PRELOAD",
-        "RAY_RAYLET_PID",
-        "RAY_USAGE_STATS_ENABLED",
-    }
-)
-# The driver's own venv (NeMo RL sets the first two to the worker's venv; the plugin empties them),
-# and the plugin's mark of a worker it started in a venv, which a copy would fake.
-DRIVER_VENV_VARS = frozenset({"VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", VENV_ENV})
-
-
-def driver_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The driver's environment as every worker of a group gets it, over the worker class's
-    ``@ray.remote`` ``env_vars`` and under the group's (NeMo RL's order). Left out: the
-    variables above, and those that would reach the venv's build: uv's own (``UV``, ``UV_*``)
-    and the build variables the plugin keys (``CC``, ``CMAKE_ARGS``, ``MAX_JOBS``...: see
-    ``agent.uv_env``). Here a runtime_env's ``env_vars`` also configure the venv's build on
-    every node, and so its key, which NeMo RL's driver environment never did (it builds venvs in
-    a task per node): a group's venv is the one the same selection gives a plain actor. A
-    worker that needs one gets it through the group's ``env_vars`` (keyed). Nor the
-    credentials Ray reads (``RAY_AUTH_TOKEN``...: see ``credentials``): a runtime_env shows in
-    plain text in `ray list actors --detail` and in every node's runtime_env_agent.log."""
-    environ = os.environ if environ is None else environ
-    return {
-        k: v
-        for k, v in environ.items()
-        if k not in DRIVER_RAY_VARS
-        and k not in DRIVER_VENV_VARS
-        and k != "UV"
-        and not k.startswith("UV_")
-        and not is_build_var(k)
-        and not is_ray_credential(k)
-    }
-
-
-def job_default_uv_project(runtime_env: dict[str, Any]) -> dict[str, Any] | None:
-    """The job's default `uv_project` (our `uv run` driver hook's), which workers with
-    `runtime_env` and no `uv_project` of their own run in; None where they run elsewhere."""
-    from ray_uv_plugin.agent.spec import parse_spec, yields_to
-
-    value = ray.get_runtime_context().runtime_env.get("uv_project")
-    if not isinstance(value, dict):
-        return None
-    spec = parse_spec(value)
-    if not spec.job_default or yields_to(spec, runtime_env) is not None:
-        return None
-    return dict(value)
-
 
 class WorkerStartupTimeoutError(TimeoutError):
     """Workers of a group were not up within `startup_timeout_s`; the group was shut down."""
 
 
-class UnknownWorkerMethodError(AttributeError, ValueError):
-    """A dispatch names a method the worker class does not have."""
-
-
-class PluginNotLoadedError(registration.PluginNotLoadedError):
-    """Workers that should run in a ``uv_project`` venv run in their node's own Python: the
-    node's raylet does not load the plugin. The group was shut down. The driver's own check's
-    error (`ray_uv_plugin.PluginNotLoadedError`) catches it too."""
-
-
-def initializer_outside_venv(error: BaseException) -> str | None:
-    """The message of an initializer that `check_in_its_venv` stopped, found in the error of
-    the worker it could not create (Ray wraps it in an `ActorDiedError`, with tracebacks)."""
-    text = str(error) if isinstance(error, ray.exceptions.RayError) else ""
-    start = text.find("uv_project: node ")
-    end = text.find(PLUGIN_FIX, start)
-    return text[start : end + len(PLUGIN_FIX)] if 0 <= start < end else None
-
-
-def runs_outside_its_venv(report: WorkerVenvReport) -> bool:
-    """Whether a worker (its `worker_venv_report`) has a ``uv_project`` that applies to it, the
-    plugin's own reading, and yet no venv. A job default that yields to the worker's own
-    interpreter (`yields_to`) applies to none; a value the plugin would refuse means that no
-    plugin saw it."""
-    from ray_uv_plugin.agent.spec import parse_spec, yields_to
-
-    if report["venv"]:
-        return False
-    runtime_env = report["runtime_env"]
-    value = runtime_env.get("uv_project")
-    if value is None:
-        return False
-    try:
-        return yields_to(parse_spec(value), runtime_env) is None
-    except (TypeError, ValueError):
-        return True
-
-
-class RayWorkerGroup:
+class RayWorkerGroup(WorkerDispatch):
     """Workers placed on a virtual cluster; ``bundle_indices_list`` ties workers into groups that
     share one data-parallel shard (e.g. the ranks of one tensor-parallel engine)."""
 
@@ -357,20 +269,6 @@ class RayWorkerGroup:
             "The group has been shut down."
         )
 
-    def _outside_venvs(self, outside: dict[int, WorkerVenvReport]) -> PluginNotLoadedError:
-        by_node: dict[tuple[str, str, str], list[int]] = {}
-        for rank, report in sorted(outside.items()):
-            node = (report["node_ip"], report["node_id"], report["python"])
-            by_node.setdefault(node, []).append(rank)
-        nodes = "; ".join(
-            f"node {ip} (id {node_id[:12]}) ran ranks {ranks} in its own Python ({python})"
-            for (ip, node_id, python), ranks in by_node.items()
-        )
-        return PluginNotLoadedError(
-            f"uv_project: workers of {self.ray_actor_class_fqn} are not in their venv: {nodes}: "
-            f"{PLUGIN_FIX} The group has been shut down."
-        )
-
     def _get_before_deadline(self, refs: list, start: float, stage: str) -> list:
         done, pending = ray.wait(refs, num_returns=len(refs), timeout=self._remaining(start))
         if pending:
@@ -399,7 +297,7 @@ class RayWorkerGroup:
                 if runs_outside_its_venv(report)
             }
             if outside:
-                raise self._outside_venvs(outside)
+                raise outside_venvs_error(self.ray_actor_class_fqn, outside)
             if pending:
                 logger.info(
                     "%d/%d workers of %s ready after %.0fs",
@@ -429,144 +327,6 @@ class RayWorkerGroup:
         if not 0 <= dp_shard_idx < self.dp_size:
             raise IndexError(f"dp_shard_idx {dp_shard_idx} not in 0..{self.dp_size - 1}")
         return self.dp_leader_worker_indices[dp_shard_idx]
-
-    def _method(self, worker: ActorHandle, method_name: str) -> Any:
-        return getattr(worker, method_name)
-
-    def _check_method(self, method_name: str) -> None:
-        if not self._workers:
-            raise RuntimeError("this worker group has no workers: it was shut down")
-        if not isinstance(method_name, str) or not hasattr(self._workers[0], method_name):
-            methods = sorted(
-                m
-                for m in getattr(self._workers[0], "_ray_method_signatures", {})
-                if not m.startswith("__")
-            )
-            raise UnknownWorkerMethodError(
-                f"{self.ray_actor_class_fqn} has no method {method_name!r}; its methods are "
-                f"{methods}"
-            )
-
-    # -- dispatch -------------------------------------------------------------------------------
-
-    def run_single_worker_single_data(
-        self, method_name: str, worker_idx: int, *args: Any, **kwargs: Any
-    ) -> ray.ObjectRef:
-        self._check_method(method_name)
-        if not isinstance(worker_idx, int) or not 0 <= worker_idx < len(self._workers):
-            raise IndexError(f"worker_idx {worker_idx!r} not in 0..{len(self._workers) - 1}")
-        return self._method(self._workers[worker_idx], method_name).remote(*args, **kwargs)
-
-    def run_all_workers_single_data(
-        self,
-        method_name: str,
-        *args: Any,
-        run_rank_0_only_axes: list[str] | None = None,
-        **kwargs: Any,
-    ) -> list[ray.ObjectRef]:
-        """The same arguments to every worker (or to index 0 of ``run_rank_0_only_axes``);
-        each argument is stored once with ``ray.put``, not serialized once per worker."""
-        self._check_method(method_name)
-        called = workers_on_axis_zero(
-            self.sharding_annotations, len(self._workers), run_rank_0_only_axes
-        )
-        if len(called) > 1:
-            args = tuple(ray.put(a) for a in args)
-            kwargs = {k: ray.put(v) for k, v in kwargs.items()}
-        return [self._method(self._workers[w], method_name).remote(*args, **kwargs) for w in called]
-
-    def run_all_workers_multiple_data(
-        self,
-        method_name: str,
-        *args: Any,
-        run_rank_0_only_axes: list[str] | None = None,
-        common_kwargs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> list[ray.ObjectRef]:
-        """Entry ``i`` of every list argument goes to the ``i``-th called worker."""
-        self._check_method(method_name)
-        called = workers_on_axis_zero(
-            self.sharding_annotations, len(self._workers), run_rank_0_only_axes
-        )
-        check_per_worker_data(args, kwargs, len(called))
-        common = self._check_common(common_kwargs, kwargs)
-        return [
-            self._method(self._workers[w], method_name).remote(
-                *(a[i] for a in args), **{k: v[i] for k, v in kwargs.items()}, **common
-            )
-            for i, w in enumerate(called)
-        ]
-
-    def run_all_workers_sharded_data(
-        self,
-        method_name: str,
-        *args: Any,
-        in_sharded_axes: list[str] | None = None,
-        replicate_on_axes: list[str] | None = None,
-        output_is_replicated: list[str] | None = None,
-        make_dummy_calls_to_free_axes: bool = False,
-        common_kwargs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> MultiWorkerFuture:
-        """Data nested by ``in_sharded_axes`` (outermost first): each worker gets its slice;
-        ``replicate_on_axes`` send the slice to every index on them (one ``ray.put`` per slice);
-        other axes are free: only their index 0 is called (others get ``None`` data with
-        ``make_dummy_calls_to_free_axes``). Results: one per index 0 of free and
-        ``output_is_replicated`` axes. Everything is checked before anything is sent."""
-        self._check_method(method_name)
-        sharding = self.sharding_annotations
-        if sharding is None:
-            raise ShardingError(
-                "run_all_workers_sharded_data needs the group's sharding_annotations "
-                "(a NamedSharding over its workers)"
-            )
-        sharded = list(in_sharded_axes or [])
-        plan = plan_sharded_dispatch(
-            sharding,
-            sharded,
-            replicate_on_axes or [],
-            output_is_replicated or [],
-            make_dummy_calls_to_free_axes,
-        )
-        for i, a in enumerate(args):
-            check_sharded_value(f"args[{i}]", a, sharding, sharded)
-        for k, v in kwargs.items():
-            check_sharded_value(k, v, sharding, sharded)
-        common = self._check_common(common_kwargs, kwargs)
-        replicas = 1
-        for axis in replicate_on_axes or []:
-            replicas *= sharding.get_axis_size(axis)
-        if replicas > 1:
-            args = tuple(map_slices(a, len(sharded), ray.put) for a in args)
-            kwargs = {k: map_slices(v, len(sharded), ray.put) for k, v in kwargs.items()}
-        futures = []
-        for call in plan.calls:
-            if call.data_index is None:
-                call_args, call_kwargs = [None] * len(args), dict.fromkeys(kwargs)
-            else:
-                call_args = [take(a, call.data_index) for a in args]
-                call_kwargs = {k: take(v, call.data_index) for k, v in kwargs.items()}
-            method = self._method(self._workers[call.worker_idx], method_name)
-            futures.append(method.remote(*call_args, **call_kwargs, **common))
-        return MultiWorkerFuture(
-            futures=futures,
-            return_from_workers=list(plan.return_from_workers),
-            called_workers=plan.called_workers,
-        )
-
-    @staticmethod
-    def _check_common(common_kwargs: dict[str, Any] | None, kwargs: dict[str, Any]) -> dict:
-        common = dict(common_kwargs or {})
-        clash = sorted(set(common) & set(kwargs))
-        if clash:
-            raise ValueError(f"{clash} given both per worker and in common_kwargs: pick one")
-        return common
-
-    def get_all_worker_results(
-        self, future_bundle: MultiWorkerFuture, return_generators_as_proxies: bool = False
-    ) -> list[Any]:
-        """One result per data-parallel shard, as the dispatch decided (see MultiWorkerFuture)."""
-        return future_bundle.get_results(self, return_generators_as_proxies)
 
     # -- teardown -------------------------------------------------------------------------------
 
