@@ -1,4 +1,4 @@
-"""The JSON schema of the `uv_project` field, shipped in the package for driver-side checks.
+"""The JSON schema of the `uv_project` field, packaged with the plugin for driver-side checks.
 
 Ray validates every runtime_env field whose name matches a schema `title` in the files named by
 `RAY_RUNTIME_ENV_PLUGIN_SCHEMAS` (`RuntimeEnvPluginSchemaManager`, called from
@@ -80,7 +80,7 @@ _RULES: list[dict[str, Any]] = [
 
 
 def make_schema() -> dict[str, Any]:
-    """The schema, made from the table of fields (`agent.fields`): the shipped file is this,
+    """The schema, made from the table of fields (`agent.fields`): the packaged file is this,
     written by `uv run python -m ray_uv_plugin.schema` (a test keeps them equal)."""
     from ray_uv_plugin.agent.fields import FIELDS, NAMES
 
@@ -103,7 +103,7 @@ def schema_text() -> str:
     return json.dumps(make_schema(), indent=2) + "\n"
 
 
-if __name__ == "__main__":  # regenerate the shipped file from the table
+if __name__ == "__main__":  # regenerate the packaged file from the table
     SCHEMA_PATH.write_text(schema_text())
 
 

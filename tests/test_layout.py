@@ -110,7 +110,7 @@ def test_lower_layers_import_nothing_above_them(layer: str) -> None:
 
 
 def test_the_probe_imports_only_the_standard_library_at_module_level() -> None:
-    """It runs in a job's venv, which need not hold ray_uv_plugin (shipped by value)."""
+    """It runs in a job's venv, which need not hold ray_uv_plugin (Ray pickles it by value)."""
     tree = ast.parse((PACKAGE / "cluster" / "probe.py").read_text())
     top_level = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
     names = [a.name for n in top_level if isinstance(n, ast.Import) for a in n.names]

@@ -24,7 +24,7 @@ from typing import Any
 import ray
 import ray.cloudpickle
 
-# Shipped by value: a helper may run on a node's Ray Python, which lacks this package.
+# Pickled by value: a helper may run on a node's Ray Python, which lacks this package.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 HELPER_PYTHON_ENV = "WORKER_GROUPS_HELPER_PYTHON"

@@ -1,7 +1,7 @@
 """The body of `RayWorkerBuilder.IsolatedWorkerInitializer`, an actor that runs in the worker's own
 uv environment, imports the worker class there by name, and creates the real worker actor.
 
-This module imports only Ray and the standard library, and the builder ships it to Ray by value:
+This module imports only Ray and the standard library, and the builder has Ray pickle it by value:
 the target environment needs Ray and the worker's own packages, not this package.
 """
 
@@ -83,7 +83,7 @@ def check_in_its_venv() -> None:
 
 class WorkerVenvReport(TypedDict):
     """What a started worker says of where it runs (`worker_venv_report`): a plain dict on the
-    wire (this module is shipped by value), typed here for both ends."""
+    wire (Ray pickles this module by value), typed here for both ends."""
 
     node_ip: str
     node_id: str

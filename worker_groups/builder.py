@@ -75,7 +75,7 @@ def check_runtime_env_config(config: dict[str, Any] | None) -> dict[str, Any] | 
     return copy.deepcopy(config)
 
 
-# Shipped by value: the initializer runs in environments that lack this package.
+# Pickled by value: the initializer runs in environments that lack this package.
 ray.cloudpickle.register_pickle_by_value(_initializer)
 
 _UNSET: Any = object()

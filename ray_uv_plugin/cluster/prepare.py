@@ -43,7 +43,7 @@ __all__ = [  # the results and the probes were this module's: callers import the
     "ship_and_probe",
 ]
 
-# Not shipped with the project: Ray's working_dir upload has a size limit and needs none of it.
+# Not uploaded with the project: Ray's working_dir upload has a size limit and needs none of it.
 EXCLUDES = [".venv", ".git", "__pycache__", "*.pyc", ".ruff_cache", ".pytest_cache"]
 
 
@@ -67,11 +67,11 @@ class UvEnv:
 
 
 def job_runtime_env(project: Path, shared: bool) -> dict[str, Any] | None:
-    """The driver's job-level runtime_env: the project is shipped as working_dir unless every
+    """The driver's job-level runtime_env: the project is uploaded as working_dir unless every
     node already sees it at the same path (`--shared`).
 
-    Ray takes local directories only at the job level, and a shipped project gets the same
-    venv key as a job that ships it with `ray job submit --working-dir`.
+    Ray takes local directories only at the job level, and an uploaded project gets the same
+    venv key as a job that uploads it with `ray job submit --working-dir`.
     """
     if shared:
         return None

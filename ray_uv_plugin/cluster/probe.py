@@ -1,7 +1,7 @@
 """Code that runs inside a worker's uv venv, for `prepare` and `demo`.
 
-Those venvs hold the user's project, not ray_uv_plugin, so this module is shipped by value
-(`ship_by_value`): it may import only the standard library at module level, and the names it
+Those venvs hold the user's project, not ray_uv_plugin, so Ray pickles this module by value
+(`pickle_by_value`): it may import only the standard library at module level, and the names it
 needs from the package (the venv variable, the marker's name) come as arguments. What it
 sends back is an `EnvironmentReport`: a plain dict on the wire (nothing to unpickle by value),
 typed here, for both ends, and made in one place (`environment_report`).
@@ -94,7 +94,7 @@ class Probe:
         return tomli_w.dumps(data)
 
 
-def ship_by_value() -> None:
+def pickle_by_value() -> None:
     """Make Ray pickle this module's functions and classes by value, not by import path."""
     from ray import cloudpickle
 

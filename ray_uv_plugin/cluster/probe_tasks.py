@@ -51,7 +51,7 @@ class Probes:
         config = dict(env.get("config") or {})
         config.setdefault("setup_timeout_seconds", max(int(timeout), 1))
         self.env = {**env, "config": config}
-        probe.ship_by_value()
+        probe.pickle_by_value()
         self._remote = ray.remote(probe.environment_report)
         self._pending: dict[Any, tuple[str, str, float]] = {}  # ref -> node id, address, submitted
 

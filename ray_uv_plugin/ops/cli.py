@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--project",
         default=".",
         metavar="DIR",
-        help="the uv project (pyproject.toml + uv.lock); shipped to the nodes as working_dir "
+        help="the uv project (pyproject.toml + uv.lock); uploaded to the nodes as working_dir "
         "(default: .)",
     )
     add_selection(p)

@@ -86,7 +86,7 @@ def run(
         runtime_env={"working_dir": str(project), "excludes": EXCLUDES},
     )
     try:
-        probe.ship_by_value()
+        probe.pickle_by_value()
         probe_cls = ray.remote(num_cpus=1)(probe.Probe)
         start = time.perf_counter()
         pending = {}
