@@ -33,15 +33,11 @@ import argparse
 import collections
 import json
 import os
-import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,20 +45,17 @@ from typing import Any
 
 import ray
 
-import ray_uv_plugin
 from ray_uv_plugin.store import disk
-from ray_uv_plugin.store.budget import VENV_DIR_MAX_BYTES_ENV
-from ray_uv_plugin.store.build_slots import MAX_BUILDS_ENV, default_max_builds
+from ray_uv_plugin.store.build_slots import default_max_builds
 from ray_uv_plugin.store.freezing import remove_tree
 from ray_uv_plugin.store.layout import MARKER, read_marker
 from ray_uv_plugin.store.units import format_bytes
 from tests.uvproject import write_project
 
 from .build_limits import held
-from .load_stats import flatness, percentile
+from .load_node import BIN, GcLoop, Head, Sampler, agent_sample, node_env
+from .load_stats import FD_TOLERANCE, RSS_TOLERANCE, flatness, percentile
 
-BIN = Path(sys.executable).parent
-AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 PROJECTS = {  # name: (its own dependency, its extras: one small package each)
     "loada": ("six", ["idna", "certifi", "attrs", "iniconfig"]),
     "loadb": ("tomli-w", ["packaging", "pluggy", "toolz", "more-itertools"]),
@@ -99,162 +92,6 @@ def write_keys(work: Path) -> tuple[list[Key], list[Key]]:
             run += [Key(f"{name}[{x}]", path, (x,), x in WARM[name]) for x in extras]
         old += [Key(f"{n}[{','.join(xs)}]", path, tuple(xs), True) for n, xs in OLD if n == name]
     return run, old
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-class Head:
-    """`ray start --head --block` with Ray's defaults, on free ports and a temp dir of its own;
-    stopped by its process group and the processes naming its temp dir, never `ray stop`."""
-
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.temp = Path(tempfile.mkdtemp(prefix="rload-", dir="/tmp"))  # short: socket paths
-        gcs, dash, client, nm, om, listen, grpc, rtenv, metrics = free_ports(9)
-        self.gcs = f"127.0.0.1:{gcs}"
-        self.temp_bytes = str(self.temp).encode()
-        self.env = env
-        args = [
-            str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}",
-            f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
-            f"--node-manager-port={nm}", f"--object-manager-port={om}",
-            f"--dashboard-agent-listen-port={listen}", f"--dashboard-agent-grpc-port={grpc}",
-            f"--runtime-env-agent-port={rtenv}", f"--metrics-export-port={metrics}",
-            f"--temp-dir={self.temp}", "--node-ip-address=127.0.0.1",
-        ]  # fmt: skip
-        with open(log, "w") as out:
-            self.proc = subprocess.Popen(
-                args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        code = "import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR')"
-        deadline = time.monotonic() + 180
-        while subprocess.run([sys.executable, "-c", code, self.gcs], env=env).returncode:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"ray start failed:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
-
-    def agent_pid(self) -> int | None:
-        """The runtime-env agent of this head: the child of our raylet (its cmdline names our
-        temp dir) started as `python -u .../runtime_env/agent/main.py`, which renames itself
-        `ray::RuntimeEnvAgent`."""
-        procs = {}
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                line = Path(f"/proc/{pid}/cmdline").read_bytes()
-                ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            procs[int(pid)] = (ppid, line)
-        raylets = {
-            pid
-            for pid, (_, line) in procs.items()
-            if line.split(b"\0")[0].endswith(b"/raylet") and self.temp_bytes in line
-        }
-        for pid, (ppid, line) in procs.items():
-            agent = line.startswith(b"ray::RuntimeEnvAgent") or b"runtime_env/agent/main.py" in line
-            if ppid in raylets and agent:
-                return pid
-        return None
-
-    def stop(self) -> None:
-        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(timeout=wait)
-                break
-            except ProcessLookupError:
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        for pid in os.listdir("/proc"):  # what Ray started under our own temp dir
-            try:
-                if (
-                    pid.isdigit()
-                    and str(self.temp).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-                ):
-                    os.kill(int(pid), signal.SIGKILL)
-            except OSError:
-                pass
-        shutil.rmtree(self.temp, ignore_errors=True)
-
-
-class Sampler:
-    """Calls `sample()` every `every` seconds in a thread until stopped; keeps (t, value)."""
-
-    def __init__(self, sample: Any, every: float) -> None:
-        self.sample, self.every, self.points = sample, every, []
-        self.start = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                value = self.sample()
-            except OSError:
-                value = None  # a venv removed while walked, the agent gone: no sample
-            if value is not None:
-                self.points.append((round(time.monotonic() - self.start, 2), value))
-            self._stop.wait(self.every)
-
-    def stop(self) -> list[tuple[float, Any]]:
-        self._stop.set()
-        self._thread.join()
-        return self.points
-
-
-def agent_sample(head: Head) -> dict[str, int] | None:
-    pid = head.agent_pid()
-    if pid is None:
-        return None
-    status = Path(f"/proc/{pid}/status").read_text()
-    rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
-    return {"pid": pid, "rss_kib": rss, "fds": len(os.listdir(f"/proc/{pid}/fd"))}
-
-
-class GcLoop:
-    """`ray-uv gc --max-size <budget>` every `every` seconds until stopped."""
-
-    def __init__(self, env: dict[str, str], budget: int, every: float) -> None:
-        self.args = [str(BIN / "ray-uv"), "gc", "--max-size", f"{budget / 1024**3:.6f}"]
-        self.env, self.every, self.runs = env, every, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            start = time.monotonic()
-            out = subprocess.run(self.args, env=self.env, capture_output=True, text=True)
-            self.runs.append(
-                {
-                    "rc": out.returncode,
-                    "seconds": round(time.monotonic() - start, 2),
-                    "removed": sum(line.startswith("Removed ") for line in out.stdout.splitlines()),
-                    "error": out.stderr.strip()[-300:] if out.returncode else None,
-                }
-            )
-
-    def stop(self) -> dict[str, Any]:
-        self._stop.set()
-        self._thread.join()
-        failed = [r for r in self.runs if r["rc"] != 0]
-        return {
-            "runs": len(self.runs),
-            "failed": len(failed),
-            "first_failure": failed[0]["error"] if failed else None,
-            "venvs_removed": sum(r["removed"] for r in self.runs),
-            "median_s": percentile([r["seconds"] for r in self.runs], 50),
-        }
 
 
 DRIVER = textwrap.dedent(
@@ -364,18 +201,6 @@ def error_kinds(records: list[dict], failures: list[dict]) -> dict[str, int]:
     return dict(kinds)
 
 
-def node_env(venvs: Path, budget: int | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "UV_"))}
-    env.pop("VIRTUAL_ENV", None)
-    env.update(AUTH, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")
-    env["RAY_RUNTIME_ENV_PLUGINS"] = ray_uv_plugin.plugin_config()
-    env["RAY_UV_PLUGIN_VENV_DIR"] = str(venvs)
-    env[MAX_BUILDS_ENV] = str(default_max_builds())
-    if budget is not None:
-        env[VENV_DIR_MAX_BYTES_ENV] = str(budget)
-    return env
-
-
 def prebuild(keys: list[Key], venvs: Path, work: Path) -> dict[str, float]:
     """Build `keys` with `ray-uv prepare --shared` on a first cluster (no budget); seconds each."""
     head = Head(node_env(venvs, None), work / "ray-start-prebuild.log")
@@ -459,8 +284,8 @@ def load(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "agent": {
             "pids": sorted({p[1]["pid"] for p in agent_points}),
             "cmdline": agent_cmdline,
-            "rss_kib": flatness(t, [p[1]["rss_kib"] for p in agent_points], 0.10, 20 * 1024),
-            "fds": flatness(t, [p[1]["fds"] for p in agent_points], 0.10, 5),
+            "rss_kib": flatness(t, [p[1]["rss_kib"] for p in agent_points], *RSS_TOLERANCE),
+            "fds": flatness(t, [p[1]["fds"] for p in agent_points], *FD_TOLERANCE),
             "samples": agent_points,
         },
         "venv_dir": {
