@@ -28,7 +28,7 @@ from ray_uv_plugin.agent.spec import (
     UvProjectTypeError,
     parse_spec,
 )
-from ray_uv_plugin.driver import uv_run
+from ray_uv_plugin.driver import uv_run_options
 from ray_uv_plugin.ops import cli
 from ray_uv_plugin.ops.cli_common import UsageError, selection
 from ray_uv_plugin.schema import load_schema, make_schema, schema_path, schema_text
@@ -110,8 +110,8 @@ def test_the_uv_run_hook_knows_each_fields_uv_option(tmp_path: Path) -> None:
     """Each field's uv option is one the hook reads as selecting (never ignores or refuses),
     and a `uv run` with it gives the job that field."""
     options = {f.uv.split()[0] for f in FIELDS if f.uv}
-    assert options <= set(uv_run._SELECTING)
-    assert not options & (set(uv_run._IGNORED) | set(uv_run._UNMAPPABLE))
+    assert options <= set(uv_run_options.SELECTING)
+    assert not options & (set(uv_run_options.IGNORED) | set(uv_run_options.UNMAPPABLE))
     app = make_project(tmp_path / "app")
     for f in FIELDS:
         if not f.uv or f.name in ("project", "package", "locked", "install_project"):

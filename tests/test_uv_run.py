@@ -31,7 +31,8 @@ from ray_uv_plugin.driver.hook import (
     THIS_HOOK,
     hook_settings,
 )
-from ray_uv_plugin.driver.uv_run import _IGNORED, _UNMAPPABLE, read_uv_run, split_options
+from ray_uv_plugin.driver.uv_run import read_uv_run
+from ray_uv_plugin.driver.uv_run_options import IGNORED, UNMAPPABLE, split_options
 from ray_uv_plugin.schema import load_schema
 
 PY = "3.11.7"
@@ -133,15 +134,15 @@ def test_the_groups_that_hold_the_plugin_stay_the_drivers(tmp_path: Path) -> Non
     parse_spec(value_of(app, "--all-groups"))
 
 
-@pytest.mark.parametrize("name", sorted(_IGNORED))
+@pytest.mark.parametrize("name", sorted(IGNORED))
 def test_options_that_do_not_change_a_locked_sync_are_ignored(app: Path, name: str) -> None:
-    takes_value = _IGNORED[name]
+    takes_value = IGNORED[name]
     assert value_of(app, *([name, "v"] if takes_value else [name])) == value_of(app)
 
 
-@pytest.mark.parametrize("name", sorted(_UNMAPPABLE))
+@pytest.mark.parametrize("name", sorted(UNMAPPABLE))
 def test_every_unmappable_option_is_named_with_why(app: Path, name: str) -> None:
-    takes_value, why = _UNMAPPABLE[name]
+    takes_value, why = UNMAPPABLE[name]
     flags = [name, "v"] if takes_value else [name]
     driver = read_uv_run(["uv", "run", "-q", *flags, "python"], app, {}, PY)
     assert driver.value is None and driver.unmappable == (" ".join(flags), why)

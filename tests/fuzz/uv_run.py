@@ -11,8 +11,9 @@ from typing import Any
 from hypothesis import strategies as st
 
 from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.driver import uv_run
-from ray_uv_plugin.driver.uv_run import UvRunParseError, read_uv_run, split_options
+from ray_uv_plugin.driver import uv_run_options
+from ray_uv_plugin.driver.uv_run import read_uv_run
+from ray_uv_plugin.driver.uv_run_options import UvRunParseError, split_options
 from tests.fuzz.harness import (
     Case,
     Target,
@@ -25,7 +26,7 @@ from tests.fuzz.harness import (
 )
 
 DRIVER_PYTHON = "3.11.7"
-options = sorted(uv_run._TAKES_VALUE) + sorted(uv_run._SHORT)
+options = sorted(uv_run_options.TAKES_VALUE) + sorted(uv_run_options.SHORT)
 values = st.one_of(
     st.sampled_from(["vllm", "dev", "", " ", "3.11", "3.12", "cpython@3.11.7", "member", "app"]),
     st.sampled_from(["sub", "..", "/", "-x", "--", "=", "a=b", "pkg", "Member", " app "]),
@@ -34,12 +35,14 @@ values = st.one_of(
 word = st.one_of(
     st.sampled_from(options),
     st.builds(lambda o, v: f"{o}={v}", st.sampled_from(options), values),
-    st.builds(lambda o, v: f"{o}{v}", st.sampled_from(sorted(uv_run._SHORT)), values),
+    st.builds(lambda o, v: f"{o}{v}", st.sampled_from(sorted(uv_run_options.SHORT)), values),
     st.sampled_from(["--", "-", "python", "x.py", "-qqp3.11", "-p=3.11", "--bogus", "-Z"]),
     values,
 )
 environ = st.dictionaries(
-    st.sampled_from(sorted(uv_run._ENV_FLAGS) + sorted(uv_run._ENV_VALUES) + ["UV_OTHER"]),
+    st.sampled_from(
+        sorted(uv_run_options.ENV_FLAGS) + sorted(uv_run_options.ENV_VALUES) + ["UV_OTHER"]
+    ),
     st.one_of(st.sampled_from(["1", "true", "0", "", "yes", "3.11", "sub"]), values),
     max_size=3,
 )
@@ -169,7 +172,11 @@ TARGET = Target(
     name="uv_run",
     cases=seeded("uv_run", fresh, _mutate),
     check=check,
-    modules=("ray_uv_plugin.driver.uv_run", "ray_uv_plugin.driver.project_discovery"),
+    modules=(
+        "ray_uv_plugin.driver.uv_run",
+        "ray_uv_plugin.driver.uv_run_options",
+        "ray_uv_plugin.driver.project_discovery",
+    ),
     properties=(
         "split_options gives (options, command) or raises UvRunParseError with a message",
         "read_uv_run never raises, whatever the command line, the driver's uv env vars and "
