@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         logs.mkdir(exist_ok=True)
         out.write(json.dumps({"type": "setup", "seed": args.seed, "ray": ray.__version__,
                               "uv": uv_version(), "machine": f"{os.cpu_count()} CPUs",
-                              "logs": str(logs), "loop_disk": LOOP_SIZE,
+                              "logs": str(logs), "loop_disk": LOOP_SIZE, "network": net.run_id,
                               "link_mbit": NODE_MBIT}) + "\n")  # fmt: skip
         checked: set[tuple[int, str]] = set()
         interrupted = False
