@@ -143,19 +143,25 @@ DRIVER = textwrap.dedent(
 ).replace("MARKER", repr(MARKER))
 
 
-def run_drivers(head: Head, keys: list[Key], drivers: int, actors: int, wave: int) -> dict:
-    """Start every driver at once; their ACTOR lines, their own failures."""
-    procs = []
-    for i in range(drivers):
-        count = actors // drivers + (i < actors % drivers)
+def run_drivers(
+    head: Head, keys: list[Key], args: argparse.Namespace, work: Path, procs: list
+) -> dict:
+    """Start every driver at once (each added to `procs`, for the caller to end should the run
+    be stopped); their ACTOR lines, their own failures."""
+    for i in range(args.drivers):
+        count = args.actors // args.drivers + (i < args.actors % args.drivers)
         plan = [{"key": (k := keys[(i + j) % len(keys)]).name, "value": k.value()}
                 for j in range(count)]  # fmt: skip
-        args = [sys.executable, "-c", DRIVER, head.gcs, json.dumps(plan), str(wave)]
-        procs.append(subprocess.Popen(args, env=head.env, stdout=subprocess.PIPE, text=True,
-                                      stderr=subprocess.PIPE))  # fmt: skip
+        command = [sys.executable, "-c", DRIVER, head.gcs, json.dumps(plan), str(args.wave)]
+        with open(work / f"driver-{i}.err", "w") as err:
+            driver = subprocess.Popen(
+                command, env=head.env, stdout=subprocess.PIPE, stderr=err, text=True,
+                start_new_session=True,
+            )  # fmt: skip
+        procs.append(driver)
     records, failures, inits = [], [], []
-    for proc in procs:
-        out, err = proc.communicate(timeout=3600)
+    for i, proc in enumerate(procs[-args.drivers :]):
+        out, _ = proc.communicate(timeout=3600)
         for line in out.splitlines():
             tag, _, body = line.partition(" ")
             if tag == "ACTOR":
@@ -163,7 +169,8 @@ def run_drivers(head: Head, keys: list[Key], drivers: int, actors: int, wave: in
             elif tag == "DRIVER" and "init_s" in json.loads(body):
                 inits.append(json.loads(body)["init_s"])
         if proc.returncode != 0:
-            failures.append({"rc": proc.returncode, "stderr": err[-600:]})
+            err = (work / f"driver-{i}.err").read_text()[-600:]
+            failures.append({"rc": proc.returncode, "stderr": err})
     return {"records": records, "driver_failures": failures, "init_s": inits}
 
 
@@ -238,6 +245,7 @@ def load(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     # Room for the run's keys and `--budget-slack` venvs more: the old venvs must go to make it.
     budget = held(venvs) + (sum(not k.warm for k in keys) - len(old) + args.budget_slack) * own
     head = Head(node_env(venvs, budget), work / "ray-start.log")
+    procs: list[subprocess.Popen] = []  # the watch and the drivers: ended if the run is stopped
     try:
         ready = disk.ReadyTrees()
         agent = Sampler(lambda: agent_sample(head), 1.0)
@@ -250,11 +258,12 @@ def load(args: argparse.Namespace, work: Path) -> dict[str, Any]:
              *watch_key.prepare_args()],
             env=head.env, stdout=watch_log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
+        procs.append(watch)
         gc = GcLoop(head.env, budget, args.gc_every)
         agent_pid = head.agent_pid()
         agent_cmdline = Path(f"/proc/{agent_pid}/cmdline").read_bytes().decode().split("\0")[:3]
         start = time.monotonic()
-        run = run_drivers(head, keys, args.drivers, args.actors, args.wave)
+        run = run_drivers(head, keys, args, work, procs)
         wall = time.monotonic() - start
         gc_runs = gc.stop()
         watch.send_signal(signal.SIGTERM)
@@ -263,6 +272,9 @@ def load(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         end_bytes = held(venvs)
         left = [read_marker(p) for p in venvs.iterdir() if p.is_dir()]
     finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
         head.stop()
     t = [p[0] for p in agent_points]
     return {
