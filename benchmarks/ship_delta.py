@@ -2,11 +2,11 @@
 ready venv of the previous lock (`ray_uv_plugin.ship.delta`), against the whole venv.
 
 A simulated cluster of two raylets (`benchmarks.netns`, as `cluster_ship --netns`: a namespace
-and a shaped 1 Gbit/s link each, a disk of its own each, a package index of their own at
-200 Mbit/s that also serves Ray and its dependencies, mirrored once from PyPI). Lock A is Ray,
-its dependencies and `--wheels` generated packages of `--wheel-mb` MB; `ray-uv prepare` builds
-it on node 0 and ships it to node 1, which has nothing yet (a whole venv). Then, one after
-another, each lock B that differs from A in one package:
+and a shaped 1 Gbit/s link each (`--node-mbit`), a disk of its own each, a package index of
+their own at 200 Mbit/s that also serves Ray and its dependencies, mirrored once from PyPI).
+Lock A is Ray, its dependencies and `--wheels` generated packages of `--wheel-mb` MB;
+`ray-uv prepare` builds it on node 0 and ships it to node 1, which has nothing yet (a whole
+venv). Then, one after another, each lock B that differs from A in one package:
 
 - `pure`: packaging 26.3 -> 26.4 (pure Python);
 - `compiled`: msgpack 1.2.3 -> 1.2.4 (C extensions);
@@ -18,7 +18,7 @@ bytes, the bytes node 0's link sent (the bridge port's counter: Ray's traffic in
 ship's steps (offer, which on a seeded receiver includes copying the seed's files; stream;
 install), and node 1's marker (`built`: the seed, the files and bytes it gave).
 
-    uv run python -m benchmarks.ship_delta --json out.json
+    uv run python -m benchmarks.ship_delta --json out.json [--node-mbit 100]
 
 Everything it makes (namespaces, links, mounts, the work dir) is removed when it ends, on
 failure and on SIGTERM as well.
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "ray": ray.__version__,
         "uv": uv_version(),
-        "links": {"node_mbit": NODE_MBIT, "index_uplink_mbit": INDEX_MBIT},
+        "links": {"node_mbit": args.node_mbit, "index_uplink_mbit": INDEX_MBIT},
         "lock_a": {"wheels": args.wheels, "wheel_mb": args.wheel_mb, "pins": pins()},
         "cases": {case: f"{n} {BASE[n]} -> {v}" for case, (n, v) in CASES.items()},
         "runs": {},
@@ -154,8 +154,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs = results["runs"]
     try:
         with netns.network() as net:
-            index_host = net.add_host("index", INDEX_MBIT, NODE_MBIT)
-            hosts = [net.add_host(f"n{i}", NODE_MBIT, NODE_MBIT) for i in range(2)]
+            index_host = net.add_host("index", INDEX_MBIT, args.node_mbit)
+            hosts = [net.add_host(f"n{i}", args.node_mbit, args.node_mbit) for i in range(2)]
             with netns.inside(index_host):
                 index = CountingIndex(files, bind=index_host.ip)
             try:
@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--wheels", type=int, default=2, help="generated packages in every lock")
     parser.add_argument("--wheel-mb", type=int, default=50)
+    parser.add_argument("--node-mbit", type=int, default=NODE_MBIT, help="each node's link")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
