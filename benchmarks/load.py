@@ -272,10 +272,7 @@ def load(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         end_bytes = held(venvs)
         left = [read_marker(p) for p in venvs.iterdir() if p.is_dir()]
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        head.stop()
+        head.stop(procs)
     t = [p[0] for p in agent_points]
     return {
         "settings": {k: v for k, v in vars(args).items() if k != "json"}

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,20 @@ class Head:
                 return pid
         return None
 
-    def stop(self) -> None:
+    def stop(self, clients: Sequence[subprocess.Popen] = ()) -> None:
+        """Stop the node, after `clients` (processes in sessions of their own that use it).
+        Whatever interrupts the run, a second Ctrl-C (or `timeout --signal=INT` and `uv run`
+        both passing one on) must not leave it running: SIGINT waits until it is down."""
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for proc in clients:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            self._stop()
+        finally:
+            signal.signal(signal.SIGINT, interrupt)
+
+    def _stop(self) -> None:
         for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
             try:
                 os.killpg(self.proc.pid, sig)
