@@ -254,6 +254,48 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def report(path: Path) -> str:
+    """A run's figures as markdown: faults per kind and action, jobs, rounds, violations."""
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    faults = [x for x in lines if x["type"] == "fault"]
+    summary = next((x for x in lines if x["type"] == "summary"), None)
+    rows = ["| kind | SIGKILL / drop / fill | SIGSTOP+SIGCONT / delay | no target |",
+            "| --- | ---: | ---: | ---: |"]  # fmt: skip
+    for kind in KINDS:
+        mine = [f for f in faults if f["kind"] == kind]
+        first = sum(
+            f["target"] is not None and f["action"] in ("kill", "drop", "fill") for f in mine
+        )
+        second = sum(f["target"] is not None and f["action"] in ("stop", "delay") for f in mine)
+        missed = sum(f["target"] is None for f in mine)
+        rows.append(f"| `{kind}` | {first} | {second} | {missed} |")
+    jobs = Counter(
+        (x["job"], "ok" if x["rc"] == 0 else ("hung" if x["hung"] else "failed"))
+        for x in lines
+        if x["type"] == "job"
+    )
+    rows += [
+        "",
+        "| job | succeeded | failed (a clear error) | hung |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for job in ("actors", "group", "prepare", "uv_run", "verify"):
+        rows.append(
+            f"| `{job}` | {jobs[(job, 'ok')]} | {jobs[(job, 'failed')]} | {jobs[(job, 'hung')]} |"
+        )
+    rounds = [x for x in lines if x["type"] == "round"]
+    hit = sum(f["target"] is not None for f in faults)
+    rows += [
+        "",
+        f"{len(rounds)} rounds, {hit} faults injected ({len(faults) - hit} found no target), "
+        f"{sum(x.get('workers_started', 0) for x in rounds)} workers checked, "
+        f"{sum(len(x['restarted']) for x in rounds)} node restarts, "
+        f"{sum(len(v) for x in rounds for v in x['violations'].values())} violations"
+        + (f", {summary['seconds']} s" if summary else " (no summary: the run was cut)"),
+    ]
+    return "\n".join(rows)
+
+
 def _run(argv: list[str], env: dict[str, str]) -> None:
     import subprocess
 
@@ -288,7 +330,11 @@ def main(argv: list[str] | None = None) -> int:
         help="HH:MM (UTC, today): start no round that the last one's length would end past it",
     )  # fmt: skip
     p.add_argument("--out", default="benchmarks/results/chaos.jsonl")
+    p.add_argument("--report", type=Path, help="print a finished run's figures, run nothing")
     args = p.parse_args(argv)
+    if args.report:
+        print(report(args.report))
+        return 0
     if os.geteuid() != 0:
         print("chaos: needs root (network namespaces, tc, a loop mount)", file=sys.stderr)
         return 2
