@@ -218,13 +218,13 @@ def test_the_message_says_how_long_ray_keeps_the_failure_and_how_to_retry_now(
         "1s apart)" in message
     )
     assert "the error above is the first try's, 0s ago, and uv was not run again" in message
-    assert f"the same sync of {venv} fails the same way (remembered for 45s)" in message
+    assert f"(a failed sync of {venv.name} is remembered for 45s)" in message
     assert (
-        "Ray then answers an identical runtime_env with this error for 123s "
+        "Ray answers an identical runtime_env with this error for 123s "
         "(BAD_RUNTIME_ENV_CACHE_TTL_SECONDS)" in message
     )
     assert 'change the runtime_env\'s env_vars (e.g. add "RETRY": "1")' in message
-    assert "lower BAD_RUNTIME_ENV_CACHE_TTL_SECONDS in the environment of `ray start`" in message
+    assert "or lower it in the environment of `ray start`" in message
     assert failed_builds.recent(venv, "other inputs") is None
     monkeypatch.setenv(MEMO_ENV, "0")
     assert failed_builds.recent(venv, "inputs") is None
@@ -306,7 +306,7 @@ def test_the_memo_holds_one_failure_per_venv_and_inputs_for_its_window(
     failed_builds.remember(venv, "inputs-a", "uv_project: it failed")
     said = failed_builds.recent(venv, "inputs-a")
     assert said is not None and said.startswith("uv_project: it failed\n")
-    assert "first try's, 0s ago" in said and "(remembered for 60s)" in said
+    assert "first try's, 0s ago" in said and "is remembered for 60s)" in said
     assert "with this error for 600s" in said
     assert failed_builds.recent(venv, "inputs-b") is None  # other settings: built again
     assert failed_builds.recent(tmp_path / "fedcba9876543210", "inputs-a") is None

@@ -129,12 +129,10 @@ def _not_run_again(venv: Path, ago: float, window: float, ray_seconds: int | Non
     return (
         f"(This is Ray retrying the same request (its agent tries a failed setup "
         f"{_ray_tries()}), or another with the same build settings: the error above is the "
-        f"first try's, {ago:.0f}s ago, and uv was not run again, since the same sync of {venv} "
-        f"fails the same way (remembered for {window:.0f}s). Ray then answers an identical "
-        f"runtime_env with this error for {ray_keeps} ({RAY_CACHE_ENV}). To try again at "
-        'once, change the runtime_env\'s env_vars (e.g. add "RETRY": "1"): a new request '
-        f"for Ray and for this node; or lower {RAY_CACHE_ENV} in the environment of "
-        "`ray start` on the nodes.)"
+        f"first try's, {ago:.0f}s ago, and uv was not run again (a failed sync of {venv.name} is "
+        f"remembered for {window:.0f}s). Ray answers an identical runtime_env with this error "
+        f"for {ray_keeps} ({RAY_CACHE_ENV}): to try again at once, change the runtime_env's "
+        'env_vars (e.g. add "RETRY": "1"), or lower it in the environment of `ray start`.)'
     )
 
 
