@@ -113,3 +113,34 @@ def test_a_probe_may_take_as_long_as_the_whole_prepare_to_set_up() -> None:
     }
     own = {"uv_project": {}, "config": {"setup_timeout_seconds": 60, "eager_install": True}}
     assert Probes(own, 1800.0).env == own
+
+
+def test_the_value_is_parsed_once_where_it_comes_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`UvEnv.of` parses the `uv_project` value; what follows (the local check, each watch
+    round, the ship's settings) reads its `spec`, never the value again (issue 33: three parses
+    before)."""
+    from ray_uv_plugin.agent.spec import UvProjectTypeError, parse_spec
+    from ray_uv_plugin.cluster import prepare
+
+    parsed: list[object] = []
+    monkeypatch.setattr(prepare, "parse_spec", lambda v: parsed.append(v) or parse_spec(v))
+    env = prepare.UvEnv.of({"extras": ["a"], "build_env_vars": ["CC"]})
+    assert prepare.UvEnv.of(env) is env and len(parsed) == 1
+    assert (env.spec.extras, env.spec.build_env_vars, env.spec.resolves) == (("a",), ("CC",), False)
+    with pytest.raises(UvProjectTypeError, match="uv_project.extras must be a list of strings"):
+        prepare.UvEnv.of({"extras": "a"})
+
+
+def test_every_reporter_has_every_event_of_the_watch() -> None:
+    """`Quiet` and `ray-uv prepare`'s `PrepareLines` implement `WatchReporter` (and so
+    `PrepareReporter`) whole: an event added to the protocol must be shown or ignored there."""
+    from ray_uv_plugin.cluster.options import PrepareReporter, Quiet, WatchReporter
+    from ray_uv_plugin.ops.cli_envs import PrepareLines
+
+    def events(cls: type) -> set[str]:
+        return {name for name in vars(cls) if not name.startswith("_")}
+
+    wanted = events(WatchReporter) | events(PrepareReporter)
+    assert wanted == {"started", "result", "progress", "watching", "round"}
+    for reporter in (Quiet, PrepareLines):
+        assert wanted <= {name for name in dir(reporter) if callable(getattr(reporter, name))}
