@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -172,9 +173,11 @@ class Job:
 
 
 def _last_error(text: str) -> str:
+    """The error the driver ended with: a traceback's last line (`ray.exceptions.X: ...`) or
+    `ray-uv`'s `error: ...`, else its last line (Ray's log lines in between are not it)."""
     lines = [x for x in text.splitlines() if x.strip()]
-    errors = [x for x in lines if "Error" in x or "error" in x]
-    return (errors[-1] if errors else (lines[-1] if lines else ""))[-300:]
+    ended = [x for x in lines if re.match(r"^(error: |[\w.]+(Error|Exception|Timeout)\b)", x)]
+    return (ended[-1] if ended else (lines[-1] if lines else ""))[-300:]
 
 
 def children(pid: int) -> list[int]:
