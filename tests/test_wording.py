@@ -17,7 +17,8 @@ OTHER_SENSES = re.compile(
     r"ship(ped|s)?[ _](it to Ray )?by[ _]value"  # Ray's pickling of a module
     r"|shipped (in|with) the (package|plugin)"  # package data
     r"|shipped (to (the nodes|this node) )?as (the job's )?`?working_dir"  # Ray's upload
-    r"|Ray shipped|shipped (working_dir|project)",
+    r"|Ray shipped|shipped (working_dir|project)"
+    r"|ship (the (new )?lock|`uv\.lock`|it with the project)",  # the user's files
     re.IGNORECASE,
 )
 
@@ -52,6 +53,8 @@ def test_the_check_finds_the_other_senses() -> None:
         "shipped to the nodes as working_dir",
         "the working_dir Ray shipped to this node",
         "a shipped working_dir, unpacked per Ray session",
+        "run `uv lock` in the project and ship the new lock",
+        "ship it with the project or make it a path every node sees",
     ):
         assert OTHER_SENSES.search(phrase), phrase
     for phrase in ("the venv is shipped to the other nodes", "1 built, 3 shipped, 0 reused"):

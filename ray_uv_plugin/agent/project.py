@@ -90,7 +90,7 @@ def locked_sources(files: ProjectFiles) -> LockedSources:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ProjectError(
             f"uv_project: {files.path}/uv.lock is not valid TOML ({e}): run `uv lock` again "
-            "and ship the new lock."
+            "and give the nodes the new lock with the project."
         ) from e
     if not isinstance(packages, list):
         raise ProjectError(
@@ -191,8 +191,8 @@ def load_project(path: Path, uploaded: bool = False) -> ProjectFiles:
         )
     if not lock.is_file():
         raise ProjectError(
-            f"uv_project: {path} has no uv.lock; run `uv lock` in {path} and ship the lock "
-            "with the project (the environment is built from it)."
+            f"uv_project: {path} has no uv.lock; run `uv lock` in {path} and give the nodes "
+            "the lock with the project (the environment is built from it)."
         )
     return ProjectFiles(path, pyproject.read_bytes(), lock.read_bytes())
 
@@ -330,8 +330,8 @@ def copied_sources(
         if not exists:
             raise ProjectError(
                 f"uv_project: uv.lock of {files.path} installs {source!r}, which does not "
-                f"exist on this node ({target}): ship it with the project or make it a path "
-                "every node sees."
+                f"exist on this node ({target}): put it inside the working_dir or on a "
+                "path every node sees."
             )
         digests.append((source, _tree_digest(target)))
     return tuple(digests)

@@ -190,8 +190,8 @@ class _Hint:
 _HINTS = [
     _Hint(
         ("needs to be updated, but `--locked`", "lockfile needs to be updated"),
-        "uv.lock is out of date with pyproject.toml: run `uv lock` in the project and ship the "
-        "new lock (or set uv_project.frozen to use the lock as it is).",
+        "uv.lock is out of date with pyproject.toml: run `uv lock` in the project, so that the "
+        "nodes get the new lock with it (or set uv_project.frozen to use the lock as it is).",
     ),
     _Hint(
         ("incompatible with the project's Python requirement", "No interpreter found"),
