@@ -276,7 +276,7 @@ def report(path: Path) -> str:
     )
     rows += [
         "",
-        "| job | succeeded | failed (a clear error) | hung |",
+        "| job | succeeded | failed | hung |",
         "| --- | ---: | ---: | ---: |",
     ]
     for job in ("actors", "group", "prepare", "uv_run", "verify"):
