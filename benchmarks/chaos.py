@@ -3,7 +3,8 @@
 A 3-node `ray start` cluster in network namespaces, token auth on, node 2's venv dir and uv
 cache on a small loop device (`chaos_cluster`). Each round starts four jobs at once, each
 asking for a venv its own way (`chaos_jobs`: plain actors and `prepare` with shipping on fresh
-keys, a worker group and a `uv run` driver on warm ones), and meanwhile injects the round's
+keys, a worker group and a `uv run` driver on warm ones; at each `uv_sync` fault's moment,
+actors on a fresh key, whose builds that fault can find), and meanwhile injects the round's
 faults at random moments (`chaos_faults`: SIGKILL, or SIGSTOP then SIGCONT, of a `uv sync`, a
 runtime-env agent, a raylet, a ship sender or receiver, a driver; a node's link dropped or
 delayed; the loop disk filled). Then it lets every fault go, starts again the nodes that went
@@ -44,12 +45,13 @@ from benchmarks.chaos_cluster import (
     ChaosCluster,
     Node,
 )
-from benchmarks.chaos_faults import KINDS, Injector, plan
+from benchmarks.chaos_faults import KINDS, Injector, cold_starts, plan
 from benchmarks.chaos_invariants import leftovers, locks, ran_in_ready, whole
 from benchmarks.chaos_jobs import (
     JOB_TIMEOUT_S,
     Job,
     Projects,
+    cold_job,
     jobs_for_round,
     take_reports,
     verify_job,
@@ -101,22 +103,35 @@ def one_round(
     out: TextIO,
 ) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
     prefix = cluster.driver_prefix
-    jobs = jobs_for_round(round_no, cluster.gcs, prefix, projects, uv_project)
-    injector = Injector(cluster, lambda: [p for j in jobs for p in j.pids()])
+    first = jobs_for_round(round_no, cluster.gcs, prefix, projects, uv_project)
     faults = plan(args.seed, round_no, args.per_round, args.window, NODES)
+    starts = cold_starts(faults)
+    cold = [cold_job(round_no, i, cluster.gcs, prefix, projects) for i in range(len(starts))]
+    jobs = [*first, *cold]
+    injector = Injector(cluster, lambda: [p for j in jobs for p in j.pids()])
     done = threading.Event()
     records: list[dict[str, Any]] = []
     start = time.monotonic()
-    for job in jobs:
+    for job in first:
         job.start(logs)
 
     def inject(fault: Any) -> None:
         records.append(injector.run(fault, start, done))
 
+    def start_cold(job: Job, offset_s: float) -> None:
+        time.sleep(max(0.0, start + offset_s - time.monotonic()))
+        job.start(logs)
+
     threads = [threading.Thread(target=inject, args=(f,), daemon=True) for f in faults]
+    starters = [
+        threading.Thread(target=start_cold, args=(j, s), daemon=True)
+        for j, s in zip(cold, starts, strict=True)
+    ]
     try:
-        for t in threads:
+        for t in [*threads, *starters]:
             t.start()
+        for t in starters:
+            t.join()  # within the window: every job has started before any is waited for
         deadline = start + JOB_TIMEOUT_S
         for job in jobs:
             job.wait(deadline)
@@ -131,6 +146,7 @@ def one_round(
                 job.proc.kill()
     restarted = cluster.heal()
     keys = [projects.variant(f"r{round_no}-prepare"), projects.variant(f"r{round_no}-actors")]
+    keys += [projects.variant(f"r{round_no}-cold{i}") for i in range(len(cold))]
     verify = verify_job(round_no, cluster.gcs, prefix, [*keys, projects.base])
     verify.start(logs)
     verify.wait(time.monotonic() + JOB_TIMEOUT_S)
@@ -279,7 +295,7 @@ def report(path: Path) -> str:
         "| job | succeeded | failed | hung |",
         "| --- | ---: | ---: | ---: |",
     ]
-    for job in ("actors", "group", "prepare", "uv_run", "verify"):
+    for job in ("actors", "group", "prepare", "uv_run", "cold", "verify"):
         rows.append(
             f"| `{job}` | {jobs[(job, 'ok')]} | {jobs[(job, 'failed')]} | {jobs[(job, 'hung')]} |"
         )

@@ -186,6 +186,23 @@ def namespace_inode(host: netns.Host) -> int:
     return os.stat(f"/run/netns/{host.ns}").st_ino
 
 
+def in_namespaces(hosts: list[netns.Host]) -> list[list[int]]:
+    """The live processes in each of `hosts`' namespaces (sorted pids), from one walk of /proc:
+    only this run's can be there."""
+    wants = {f"net:[{namespace_inode(h)}]": i for i, h in enumerate(hosts)}
+    found: list[list[int]] = [[] for _ in hosts]
+    for entry in sorted(os.listdir("/proc"), key=lambda e: (len(e), e)):
+        if not entry.isdigit():
+            continue
+        try:
+            i = wants.get(os.readlink(f"/proc/{entry}/ns/net"))
+        except OSError:
+            continue
+        if i is not None:
+            found[i].append(int(entry))
+    return found
+
+
 def in_namespace(host: netns.Host) -> list[int]:
     """The live processes in `host`'s namespace: only this run's can be there."""
     want = f"net:[{namespace_inode(host)}]"

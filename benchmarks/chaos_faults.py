@@ -5,7 +5,11 @@ same faults (kind, action, node, moment, how long) in the same rounds, whatever 
 What a fault hits is found when its moment comes, in this run's namespaces only (a process's
 network namespace is one of the run's nodes': nothing else on the host can be touched), and
 it waits for a target while the round's jobs run (a `uv sync` or a ship actor lives for
-seconds); a fault that found none is recorded so and not counted.
+seconds); a fault that found none is recorded so and not counted. A `uv sync` lasts a second or
+two (a new key's bytecode is seeded from a ready venv) and most are over early in a round: so
+each `uv_sync` fault has builds start at its moment (`cold_starts`: the round starts a job then
+that asks for a fresh key on every node), and its injector looks for a sync every `SYNC_POLL_S`
+from that moment on, until the round's jobs end.
 
 Kinds: SIGKILL, or SIGSTOP then SIGCONT, of a `uv sync`, a runtime-env agent, a raylet, a ship
 sender and a receiver (the `VenvSender`/`VenvReceiver` actors' processes) and a driver; a node's
@@ -28,12 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import netns
-from benchmarks.chaos_cluster import LOOP_NODE, NODE_MBIT, ChaosCluster, in_namespace
+from benchmarks.chaos_cluster import LOOP_NODE, NODE_MBIT, ChaosCluster, in_namespaces
 
 PROCESS_KINDS = ("uv_sync", "agent", "raylet", "ship_sender", "ship_receiver", "driver")
 KINDS = (*PROCESS_KINDS, "link_drop", "link_delay", "disk_full")
 # A SIGKILLed raylet or agent takes its node down: never the head's (the GCS lives there).
 HEAD_SAFE = ("agent", "raylet")
+POLL_S = 0.2  # how often a process fault looks for its target
+SYNC_POLL_S = 0.05  # a `uv sync`: it may last under a second
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,13 @@ def plan(seed: int, round_no: int, per_round: int, window_s: float, nodes: int) 
     return sorted(faults, key=lambda f: f.offset_s)
 
 
+def cold_starts(faults: list[Fault]) -> list[float]:
+    """When the round's cold builds start (seconds from its start): one at each `uv_sync`
+    fault's moment, so that a sync begins after it whatever the round's other builds did.
+    A function of the plan, hence of the seed alone."""
+    return sorted(f.offset_s for f in faults if f.kind == "uv_sync")
+
+
 def _cmdline(pid: int) -> list[str]:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -125,11 +138,12 @@ class Injector:
             pids = self.driver_pids()
             return (random.Random(fault.offset_s).choice(pids), 0) if pids else None
         order = [fault.node] + [i for i in range(len(self.cluster.nodes)) if i != fault.node]
+        hosts = [n.host for n in self.cluster.nodes]
+        pids = in_namespaces(hosts)  # one walk of /proc for every node
         for i in order:
             if fault.kind in HEAD_SAFE and fault.action == "kill" and i == 0:
                 continue
-            node = self.cluster.nodes[i]
-            for pid in sorted(in_namespace(node.host)):
+            for pid in pids[i]:
                 if _is(fault.kind, _cmdline(pid)) and not _zombie(pid):
                     return pid, i
         return None
@@ -142,8 +156,9 @@ class Injector:
             pass  # the jobs ended before its moment: it still hits what is there
         if fault.kind in PROCESS_KINDS:
             found = self.find(fault)
+            poll = SYNC_POLL_S if fault.kind == "uv_sync" else POLL_S
             while found is None and not jobs_done.is_set():
-                time.sleep(0.2)
+                time.sleep(poll)
                 found = self.find(fault)
             if found is None:
                 return record

@@ -5,7 +5,9 @@ ways a job asks for a venv, each a driver process in the head's namespace with a
 - `group`: a worker group (`worker_groups`), one worker per node;
 - `prepare`: `ray-uv prepare` with shipping (one node builds, the others receive);
 - `uv_run`: a driver started with `uv run` under the plugin's driver hook, two actors with the
-  job's venv.
+  job's venv;
+- `cold`: plain actors on a fresh key, one on each node, started at a `uv_sync` fault's moment
+  (`chaos_faults.cold_starts`): three builds, so that a sync fault finds a sync to hit.
 
 Every worker reports, as it starts, its `sys.prefix` and the venv's marker as it read it then
 (`chaos_invariants.ran_in_ready` checks them). A job's result is its exit status, its time,
@@ -130,9 +132,10 @@ class Job:
     started: float = 0.0
     log: Path | None = None
     result: dict[str, Any] = field(default_factory=dict)
+    tag: str = ""  # tells apart a round's jobs of one kind (its log's name)
 
     def start(self, logs: Path) -> None:
-        self.log = logs / f"r{self.round:03d}-{self.kind}.log"
+        self.log = logs / f"r{self.round:03d}-{self.kind}{self.tag}.log"
         out = open(self.log, "w")  # noqa: SIM115 - the job's own, closed with it
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
@@ -272,6 +275,14 @@ def jobs_for_round(
             uv_run_env(),
         ),  # fmt: skip
     ]
+
+
+def cold_job(round_no: int, i: int, gcs: str, prefix: list[str], projects: Projects) -> Job:
+    """Actors on every node in a fresh key: three builds (each two `uv sync`s) that begin when
+    the job starts, at a `uv_sync` fault's moment."""
+    project = projects.variant(f"r{round_no}-cold{i}")
+    argv = [*prefix, sys.executable, "-c", ACTORS, gcs, str(GET_TIMEOUT_S), str(project)]
+    return Job("cold", round_no, argv, ROOT, driver_env(), tag=str(i))
 
 
 def verify_job(round_no: int, gcs: str, prefix: list[str], projects: list[Path]) -> Job:
