@@ -5,7 +5,10 @@ Ray is started."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import subprocess
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +20,7 @@ from ray_uv_plugin.agent.request import KeyInputs, make_request
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv_env import sync_environment
 from ray_uv_plugin.ship.actors import ShipError, VenvReceiver, check_offer, platform_tag
+from ray_uv_plugin.store import trust
 from tests.test_request import PINNED_LOCK, PINNED_PYPROJECT
 
 
@@ -130,3 +134,43 @@ def test_a_marker_whose_build_variables_are_no_names_records_no_inputs(project, 
     source = offered(make_request(parse_spec({}), project, {}).inputs)
     source["marker"]["inputs"]["selection"]["build_env_vars"] = named
     assert refusal(source, {}) == "its marker does not record the inputs of its key"
+
+
+def test_a_receiver_on_a_full_disk_names_the_venv_dir_and_says_what_to_do(project, tmp_path):
+    """The chaos run (seed 1) saw `checking the offer: [Errno 28] No space left on device` where
+    a build on the same disk names the venv dir and what to do: the receiver now says the same.
+    The disk: a tmpfs with every inode taken, the key's lock file left by an earlier build."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs to fill needs root")
+    disk = tmp_path / "full"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=64", "tmpfs", str(disk)],
+        capture_output=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        root = trust.make_root(disk / "venvs")
+        inputs = make_request(parse_spec({}), project, {}).inputs
+        (root / f"{inputs.key}.lock").touch()
+        for i in range(100):
+            try:
+                (disk / f"filler-{i}").touch()
+            except OSError as e:
+                assert e.errno == errno.ENOSPC
+                break
+        else:
+            pytest.fail("the tmpfs's inodes never ran out")
+        receiver = VenvReceiver.__ray_metadata__.modified_class()
+        receiver.root = root
+        with pytest.raises(ShipError) as info:
+            receiver.offer(whole_offer(inputs), {"env_vars": {}, "resolves": False})
+        message = str(info.value)
+        assert f"the disk of the venv dir {root} is full" in message, message
+        assert f"while receiving {inputs.key}" in message and "ray-uv gc --max-size" in message
+        assert "Errno" not in message
+        assert sorted(p.name for p in root.iterdir()) == [f"{inputs.key}.lock"]
+        assert receiver.lock is None  # let go
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)

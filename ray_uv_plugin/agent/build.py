@@ -26,11 +26,12 @@ from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV
 from ray_uv_plugin.store.layout import installed_ray_version, remove_leftovers
 
 
-def _no_space(venv: Path) -> str:
+def no_space(venv: Path, doing: str = "building") -> str:
+    """What a full venv dir's disk says, for a build or a received venv (`ship.actors`)."""
     free = shutil.disk_usage(venv.parent).free
     return (
         f"uv_project: the disk of the venv dir {venv.parent} is full ({free / 1024**2:.0f} MiB "
-        f"free) while building {venv.name}: free space (`ray-uv gc --max-size ...`), or set "
+        f"free) while {doing} {venv.name}: free space (`ray-uv gc --max-size ...`), or set "
         "RAY_UV_PLUGIN_VENV_DIR to a larger disk. Nothing half-built was kept."
     )
 
@@ -85,7 +86,7 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
             ) from None
         if result.returncode != 0:
             if "No space left on device" in result.output:
-                raise UvSyncError(f"{_no_space(venv)}\n--- uv output ---\n{result.tail(10)}")
+                raise UvSyncError(f"{no_space(venv)}\n--- uv output ---\n{result.tail(10)}")
             error = sync_failure(files.path, result)
             if _removed(files.path, project_fd):
                 raise UvSyncError(
@@ -120,7 +121,7 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
     except OSError as e:
         freezing.remove_tree(venv)
         if e.errno == errno.ENOSPC:
-            raise UvSyncError(_no_space(venv)) from e
+            raise UvSyncError(no_space(venv)) from e
         raise
     except BaseException:
         freezing.remove_tree(venv)

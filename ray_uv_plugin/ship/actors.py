@@ -5,6 +5,7 @@ The driver side that starts and feeds them is `transfer`.
 
 from __future__ import annotations
 
+import errno
 import os
 import platform
 import queue
@@ -15,6 +16,7 @@ from typing import Any
 
 import ray
 
+from ray_uv_plugin.agent.build import no_space
 from ray_uv_plugin.agent.request import KeyInputs
 from ray_uv_plugin.agent.uv_env import sync_environment
 from ray_uv_plugin.ship import archive, delta, unpack
@@ -174,6 +176,11 @@ class VenvReceiver:
         try:
             with self._guard:
                 return self._offer(source, settings)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not isinstance(source, dict):
+                raise self._fail("checking the offer", e) from e
+            venv = self.root / str(source.get("key"))  # checked: the offer got this far
+            raise self._fail("checking the offer", OSError(no_space(venv, "receiving"))) from e
         except Exception as e:
             raise self._fail("checking the offer", e) from e
 
