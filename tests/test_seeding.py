@@ -8,6 +8,7 @@ import importlib.util
 import logging
 import marshal
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,8 @@ import pytest
 from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.store import freezing, manifest
-from ray_uv_plugin.store.layout import read_marker, site_packages
+from ray_uv_plugin.store import freezing, gc, manifest
+from ray_uv_plugin.store.layout import MARKER, read_marker, site_packages
 from tests.uvproject import write_project
 
 pytestmark = pytest.mark.timeout(600)
@@ -139,3 +140,21 @@ def test_a_damaged_seed_never_leaks_and_the_build_says_so(locks, tmp_path, caplo
     new = Path(importlib.util.cache_from_source(str(site_packages(built.path) / "six.py")))
     assert new.read_bytes() != bytes(data)
     assert accepted(built.path) == []
+
+
+def test_a_seed_is_not_marked_used_so_gc_and_the_budget_may_still_remove_it(
+    locks, tmp_path
+) -> None:
+    """A burst of new keys seeding from an old venv must not keep it from `gc` and the venv
+    dir's budget, which remove the venvs used least recently: the seed's last use (its
+    marker's mtime) is what it was before it was seeded from."""
+    a, b = locks
+    root = tmp_path / "venvs"
+    seed = build(a, root)
+    hour_ago = time.time() - 3600
+    os.utime(seed.path / MARKER, (hour_ago, hour_ago))
+    seeded = build(b, root)
+    assert read_marker(seeded.path)["built"]["seed"] == seed.key
+    assert abs((seed.path / MARKER).stat().st_mtime - hour_ago) < 1
+    report = gc.collect(root, older_than_days=1 / 48)  # idle 30 min: the seed only
+    assert [d.entry.key for d in report.removed] == [seed.key]

@@ -137,7 +137,10 @@ def nearest(
     if best is None:
         return None
     _, name, path, meta = best
-    if not check_ready(root, name):  # trusted, whole, and marked used: it is
+    # Trusted and whole, but not marked used: a seed is only read, and a venv the node's
+    # new keys keep seeding from must stay one that `gc` and the budget may remove (a seed
+    # removed meanwhile costs a full build of what it would have given, never a failure).
+    if not check_ready(root, name, use=False):
         return None
     return name, path, meta
 

@@ -142,17 +142,17 @@ def _not_ready(why: str) -> Readiness:
     return Readiness(why_not=why)
 
 
-def check_ready(root: Path, key: str) -> Readiness:
-    """Whether `<root>/<key>` is a ready venv we may use (then marked used), with its marker;
-    else why not: `absent`, or what is wrong with it. Raises `UntrustedPathError` for what we
-    must not touch."""
+def check_ready(root: Path, key: str, use: bool = True) -> Readiness:
+    """Whether `<root>/<key>` is a ready venv we may use (then marked used, for `gc`, unless
+    `use` is False: a venv only read, as a seed is), with its marker; else why not: `absent`,
+    or what is wrong with it. Raises `UntrustedPathError` for what we must not touch."""
     venv = root / key
     try:
         trust.check_dir(venv, "the venv")
     except FileNotFoundError:
         return _not_ready("absent")
     try:
-        meta = _read_marker(venv, touch=True)
+        meta = _read_marker(venv, touch=use)
     except trust.WrongTypeError:
         return _not_ready("its marker is not a regular file")
     except trust.UntrustedPathError:
