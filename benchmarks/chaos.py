@@ -4,7 +4,8 @@ A 3-node `ray start` cluster in network namespaces, token auth on, node 2's venv
 cache on a small loop device (`chaos_cluster`). Each round starts four jobs at once, each
 asking for a venv its own way (`chaos_jobs`: plain actors and `prepare` with shipping on fresh
 keys, a worker group and a `uv run` driver on warm ones; at each `uv_sync` fault's moment,
-actors on a fresh key, whose builds that fault can find), and meanwhile injects the round's
+actors on a fresh key, whose builds that fault can find, and `prepare` at a ship fault's), and
+meanwhile injects the round's
 faults at random moments (`chaos_faults`: SIGKILL, or SIGSTOP then SIGCONT, of a `uv sync`, a
 runtime-env agent, a raylet, a ship sender or receiver, a driver; a node's link dropped or
 delayed; the loop disk filled). Then it lets every fault go, starts again the nodes that went
@@ -106,7 +107,10 @@ def one_round(
     first = jobs_for_round(round_no, cluster.gcs, prefix, projects, uv_project)
     faults = plan(args.seed, round_no, args.per_round, args.window, NODES)
     starts = cold_starts(faults)
-    cold = [cold_job(round_no, i, cluster.gcs, prefix, projects) for i in range(len(starts))]
+    cold = [
+        cold_job(round_no, i, kind, cluster.gcs, prefix, projects)
+        for i, (_, kind) in enumerate(starts)
+    ]
     jobs = [*first, *cold]
     injector = Injector(cluster, lambda: [p for j in jobs for p in j.pids()])
     done = threading.Event()
@@ -125,7 +129,7 @@ def one_round(
     threads = [threading.Thread(target=inject, args=(f,), daemon=True) for f in faults]
     starters = [
         threading.Thread(target=start_cold, args=(j, s), daemon=True)
-        for j, s in zip(cold, starts, strict=True)
+        for j, (s, _) in zip(cold, starts, strict=True)
     ]
     try:
         for t in [*threads, *starters]:
@@ -295,7 +299,7 @@ def report(path: Path) -> str:
         "| job | succeeded | failed | hung |",
         "| --- | ---: | ---: | ---: |",
     ]
-    for job in ("actors", "group", "prepare", "uv_run", "cold", "verify"):
+    for job in ("actors", "group", "prepare", "uv_run", "cold", "cold_ship", "verify"):
         rows.append(
             f"| `{job}` | {jobs[(job, 'ok')]} | {jobs[(job, 'failed')]} | {jobs[(job, 'hung')]} |"
         )

@@ -6,10 +6,11 @@ What a fault hits is found when its moment comes, in this run's namespaces only 
 network namespace is one of the run's nodes': nothing else on the host can be touched), and
 it waits for a target while the round's jobs run (a `uv sync` or a ship actor lives for
 seconds); a fault that found none is recorded so and not counted. A `uv sync` lasts a second or
-two (a new key's bytecode is seeded from a ready venv) and most are over early in a round: so
-each `uv_sync` fault has builds start at its moment (`cold_starts`: the round starts a job then
-that asks for a fresh key on every node), and its injector looks for a sync every `SYNC_POLL_S`
-from that moment on, until the round's jobs end.
+two, a ship actor a few, and most are over early in a round: so each such fault has what it
+hits start at its moment (`cold_starts`: the round starts a job then that asks for a fresh key,
+by actors on every node for a `uv_sync` fault, by `prepare` with shipping for a ship fault),
+and its injector looks for a sync every `SYNC_POLL_S` from that moment on, until the round's
+jobs end.
 
 Kinds: SIGKILL, or SIGSTOP then SIGCONT, of a `uv sync`, a runtime-env agent, a raylet, a ship
 sender and a receiver (the `VenvSender`/`VenvReceiver` actors' processes) and a driver; a node's
@@ -90,11 +91,15 @@ def plan(seed: int, round_no: int, per_round: int, window_s: float, nodes: int) 
     return sorted(faults, key=lambda f: f.offset_s)
 
 
-def cold_starts(faults: list[Fault]) -> list[float]:
-    """When the round's cold builds start (seconds from its start): one at each `uv_sync`
-    fault's moment, so that a sync begins after it whatever the round's other builds did.
-    A function of the plan, hence of the seed alone."""
-    return sorted(f.offset_s for f in faults if f.kind == "uv_sync")
+# What a fault of these kinds needs started at its moment: actors (three builds) or `prepare`.
+COLD_JOBS = {"uv_sync": "cold", "ship_sender": "cold_ship", "ship_receiver": "cold_ship"}
+
+
+def cold_starts(faults: list[Fault]) -> list[tuple[float, str]]:
+    """The round's extra jobs, (seconds from its start, job kind): one at the moment of each
+    fault of `COLD_JOBS`, so that a sync or a ship begins after it whatever the round's other
+    jobs did. A function of the plan, hence of the seed alone."""
+    return sorted((f.offset_s, COLD_JOBS[f.kind]) for f in faults if f.kind in COLD_JOBS)
 
 
 def _cmdline(pid: int) -> list[str]:

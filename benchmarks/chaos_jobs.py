@@ -7,7 +7,8 @@ ways a job asks for a venv, each a driver process in the head's namespace with a
 - `uv_run`: a driver started with `uv run` under the plugin's driver hook, two actors with the
   job's venv;
 - `cold`: plain actors on a fresh key, one on each node, started at a `uv_sync` fault's moment
-  (`chaos_faults.cold_starts`): three builds, so that a sync fault finds a sync to hit.
+  (`chaos_faults.cold_starts`): three builds, so that a sync fault finds a sync to hit;
+  `cold_ship`: `prepare` with shipping on a fresh key, at a ship fault's moment.
 
 Every worker reports, as it starts, its `sys.prefix` and the venv's marker as it read it then
 (`chaos_invariants.ran_in_ready` checks them). A job's result is its exit status, its time,
@@ -277,12 +278,18 @@ def jobs_for_round(
     ]
 
 
-def cold_job(round_no: int, i: int, gcs: str, prefix: list[str], projects: Projects) -> Job:
-    """Actors on every node in a fresh key: three builds (each two `uv sync`s) that begin when
-    the job starts, at a `uv_sync` fault's moment."""
+def cold_job(
+    round_no: int, i: int, kind: str, gcs: str, prefix: list[str], projects: Projects
+) -> Job:
+    """A fresh key asked for when the job starts, at a fault's moment: by actors on every node
+    (`cold`: three builds), or by `prepare` with shipping (`cold_ship`: a build, two ships)."""
     project = projects.variant(f"r{round_no}-cold{i}")
-    argv = [*prefix, sys.executable, "-c", ACTORS, gcs, str(GET_TIMEOUT_S), str(project)]
-    return Job("cold", round_no, argv, ROOT, driver_env(), tag=str(i))
+    if kind == "cold":
+        argv = [*prefix, sys.executable, "-c", ACTORS, gcs, str(GET_TIMEOUT_S), str(project)]
+    else:
+        argv = [*prefix, str(BIN / "ray-uv"), "prepare", "--address", gcs,
+                "--project", str(project), "--json"]  # fmt: skip
+    return Job(kind, round_no, argv, ROOT, driver_env(), tag=str(i))
 
 
 def verify_job(round_no: int, gcs: str, prefix: list[str], projects: list[Path]) -> Job:

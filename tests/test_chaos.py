@@ -38,16 +38,20 @@ def test_the_plan_is_the_seeds_alone() -> None:
         assert [f.offset_s for f in faults] == sorted(f.offset_s for f in faults)
 
 
-def test_every_uv_sync_fault_has_builds_start_at_its_moment() -> None:
-    """A sync lasts a second or two: the round starts fresh builds when a sync fault comes due,
-    so that it finds one (the seed-1 run, without them: 21 of 30 found no sync)."""
+def test_every_sync_and_ship_fault_has_its_target_start_at_its_moment() -> None:
+    """A sync or a ship lasts seconds: the round starts fresh builds (or a `prepare`) when such
+    a fault comes due, so that it finds one (the seed-1 run, without them: 21 of 30 sync faults
+    and 31 of 60 ship faults found none)."""
+    ships = ("ship_sender", "ship_receiver")
     for r in range(5):
         faults = plan(2, r, 2 * len(KINDS), 40.0, 3)
-        syncs = [f.offset_s for f in faults if f.kind == "uv_sync"]
-        assert len(syncs) == 2  # each kind twice in a round of 2 * len(KINDS)
-        assert cold_starts(faults) == sorted(syncs)
+        syncs = [(f.offset_s, "cold") for f in faults if f.kind == "uv_sync"]
+        shipping = [(f.offset_s, "cold_ship") for f in faults if f.kind in ships]
+        assert len(syncs) == 2 and len(shipping) == 4  # each kind twice a round
+        assert cold_starts(faults) == sorted(syncs + shipping)
         assert cold_starts(faults) == cold_starts(plan(2, r, 2 * len(KINDS), 40.0, 3))
-    assert cold_starts([f for f in plan(2, 0, 18, 40.0, 3) if f.kind != "uv_sync"]) == []
+    others = [f for f in plan(2, 0, 18, 40.0, 3) if f.kind not in ("uv_sync", *ships)]
+    assert cold_starts(others) == []
 
 
 def ready_venv(root: Path, key: str = KEY) -> Path:
