@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import statistics
 import sys
@@ -53,6 +52,7 @@ from ray_uv_plugin.store.layout import MARKER, lock_path
 from ray_uv_plugin.store.units import format_bytes
 
 from .envs import BenchProject, write_project
+from .log_lines import capturing_logger
 
 SET = "small"
 HOUR = 3600.0
@@ -89,27 +89,6 @@ def held(root: Path, venvs: list[Path] | None = None, ready: disk.ReadyTrees | N
     return disk.measure(paths, ready).size(*paths)
 
 
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-    def count(self, text: str) -> int:
-        return sum(text in line for line in self.lines)
-
-    def keys(self, text: str) -> int:
-        """How many keys logged a line with `text` (`uv_project <key>: ...`)."""
-        return len({line.split(":")[0] for line in self.lines if text in line})
-
-    def budget_checks(self) -> list[float]:
-        """The seconds each build took to make room within the budget."""
-        found = [line.rsplit("(checked in ", 1) for line in self.lines if "(checked in " in line]
-        return [float(part[1].rstrip("s)")) for part in found]
-
-
 class SizeSampler:
     """`held(root)` every `every` seconds in a thread, until stopped: the largest seen. Ready
     venvs are walked once (they do not change), so sampling costs the builds little CPU."""
@@ -144,11 +123,7 @@ def build_all(
     os.environ[UV_ENV_VAR] = str(work / f"uv-{label}")
     spec = parse_spec({"extras": [SET]})
     requests = [make_request(spec, load_project(p.path), {}) for p in projects]
-    logger = logging.getLogger(f"build-limits-{label}")
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    lines = Lines()
-    logger.addHandler(lines)
+    logger, lines = capturing_logger(f"build-limits-{label}", propagate=False)
 
     async def run() -> list[Any]:
         if at_once:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.log_lines import Lines, capturing_logger
 from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import make_request
@@ -32,7 +33,7 @@ from ray_uv_plugin.store.layout import (
     write_marker,
 )
 from ray_uv_plugin.store.units import format_bytes
-from tests.test_build_slots import Lines, hold_slot, kill
+from tests.test_build_slots import hold_slot, kill
 from tests.uvproject import CountingUv, project_variants, write_project
 
 GIB = 1024**3
@@ -93,11 +94,7 @@ def age(venv: Path, hours: float) -> None:
 
 
 def logger_with_lines() -> tuple[logging.Logger, Lines]:
-    logger = logging.getLogger(f"test-budget-{time.monotonic_ns()}")
-    logger.setLevel(logging.INFO)
-    lines = Lines()
-    logger.addHandler(lines)
-    return logger, lines
+    return capturing_logger("test-budget")
 
 
 def test_a_build_over_the_budget_removes_the_least_recently_used_venv(

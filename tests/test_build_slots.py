@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import ray
 
+from benchmarks.log_lines import Lines, capturing_logger
 from ray_uv_plugin.agent.builder import ensure_venv, ensure_venv_async
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import make_request
@@ -78,24 +79,8 @@ def request_for(project: Path):
     return make_request(parse_spec({}), load_project(project), {})
 
 
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-    def having(self, text: str) -> list[str]:
-        return [line for line in self.lines if text in line]
-
-
 def setup_logger() -> tuple[logging.Logger, Lines]:
-    logger = logging.getLogger(f"test-slots-{time.monotonic_ns()}")
-    logger.setLevel(logging.INFO)
-    lines = Lines()
-    logger.addHandler(lines)
-    return logger, lines
+    return capturing_logger("test-slots")
 
 
 @pytest.fixture
