@@ -593,8 +593,23 @@ PAGES = (
     REPO / "README.md",
     *sorted(DOCS.glob("*.md")),
     REPO / "benchmarks" / "RESULTS.md",
+    REPO / "benchmarks" / "HISTORY.md",
     REPO / "examples" / "kuberay" / "README.md",
 )
+
+
+def test_results_is_one_page_of_current_figures() -> None:
+    """benchmarks/RESULTS.md holds the current figures on one page (earlier runs live in
+    HISTORY.md), and each benchmark's section names the JSON in benchmarks/results/ they come
+    from, so every figure there can be traced to a file that exists."""
+    page = (REPO / "benchmarks" / "RESULTS.md").read_text()
+    assert len(page.splitlines()) <= 350, "RESULTS.md: move earlier runs to HISTORY.md"
+    for section in page.split("\n## ")[1:]:
+        heading = section.splitlines()[0]
+        names = re.findall(r"results/([\w.-]+\.json)", section)
+        assert names, f"RESULTS.md, {heading!r}: name the JSON its figures come from"
+        missing = [n for n in names if not (REPO / "benchmarks" / "results" / n).exists()]
+        assert not missing, (heading, missing)
 
 
 def test_readme_quickstart_keeps_its_two_commands() -> None:
