@@ -344,6 +344,16 @@ def newest_lock(node: Node) -> Path:
     return max(node.venvs.glob("*.lock"), key=lambda p: p.stat().st_mtime)
 
 
+@pytest.fixture
+def whole_venvs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole venvs on the link (`RAY_UV_PLUGIN_SHIP_SEEDS=0`, read by the driver's `ship`): a
+    fault mid-stream needs a stream of many chunks, and the earlier tests' venvs on node B are
+    near enough to seed all but a few MB of this one."""
+    from ray_uv_plugin.ship.transfer import SEEDS_ENV
+
+    monkeypatch.setenv(SEEDS_ENV, "0")
+
+
 def wait_free(lock: Path, seconds: float = 120) -> None:
     deadline = time.monotonic() + seconds
     while is_held(lock) and time.monotonic() < deadline:
@@ -351,7 +361,9 @@ def wait_free(lock: Path, seconds: float = 120) -> None:
     assert not is_held(lock), f"{lock} is still held"
 
 
-def test_a_receiver_killed_mid_unpack_leaves_nothing_used(two_nodes, tmp_path: Path) -> None:
+def test_a_receiver_killed_mid_unpack_leaves_nothing_used(
+    two_nodes, tmp_path: Path, whole_venvs
+) -> None:
     _, _, b = two_nodes
     project = new_project(tmp_path)
     killed: list[int] = []
@@ -377,7 +389,7 @@ def test_a_receiver_killed_mid_unpack_leaves_nothing_used(two_nodes, tmp_path: P
 
 
 def test_a_sender_killed_mid_way_fails_cleanly_and_the_next_attempt_ships(
-    two_nodes, tmp_path: Path
+    two_nodes, tmp_path: Path, whole_venvs
 ) -> None:
     _, _, b = two_nodes
     project = new_project(tmp_path)
@@ -664,7 +676,9 @@ def test_a_receiver_lets_go_of_the_lock_by_itself(two_nodes, tmp_path: Path) -> 
     assert not list(b.venvs.glob("*.ship-*"))
 
 
-def test_a_venv_moved_while_it_is_sent_is_taken_by_no_node(two_nodes, tmp_path: Path) -> None:
+def test_a_venv_moved_while_it_is_sent_is_taken_by_no_node(
+    two_nodes, tmp_path: Path, whole_venvs
+) -> None:
     """The sender holds the key's lock shared (gc leaves the venv alone meanwhile); an operator
     who moves the venv away mid-ship anyway makes the receive fail, and B keeps nothing."""
     from ray_uv_plugin.ship.transfer import ship

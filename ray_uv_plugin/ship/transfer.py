@@ -58,6 +58,9 @@ from ray_uv_plugin.ship import archive, delta
 from ray_uv_plugin.ship.actors import VenvReceiver, VenvSender, is_ready
 
 SHIP_ENV = "RAY_UV_PLUGIN_SHIP"  # "0" on the driver: `prepare` and worker groups never ship
+# "0" on the driver: a ship sends the whole venv, never the difference from a receiver's seed
+# (`delta`): where the link is faster than a node's disk copies them.
+SEEDS_ENV = "RAY_UV_PLUGIN_SHIP_SEEDS"
 WINDOW = 4  # chunks in flight to each receiver, at least (a deep chain needs more: `window`)
 MAX_WINDOW = 16  # at most: the sender's node holds this many chunks in its object store
 MAX_FANOUT = 4  # receivers a receiver passes each chunk on to, at most (the sender: one)
@@ -84,8 +87,12 @@ def node_python_env(job_env: dict[str, Any]) -> dict[str, Any] | None:
     return dict(NODE_PYTHON) if job_env.get("py_executable") or job_default else None
 
 
+def _on(name: str) -> bool:
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def shipping_enabled() -> bool:
-    return os.environ.get(SHIP_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return _on(SHIP_ENV)
 
 
 def relay_parents(receivers: list[str], fanout: int) -> dict[str, str | None]:
@@ -313,6 +320,8 @@ def ship(
                 on_decided(n, "failed")
             return {**results, **{n: ShipResult(n, "failed", why=why) for n in targets}}
         source["node_id"] = source_node
+        if not _on(SEEDS_ENV):
+            source["files"] = []  # nothing a receiver may take from its seed: all is sent
         marks.append(time.monotonic())
         offers = {n: r.offer.remote(source, settings) for n, r in actors.receivers.items()}
         answers, stalled = _each(
