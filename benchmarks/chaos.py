@@ -57,7 +57,9 @@ from benchmarks.chaos_jobs import (
     take_reports,
     verify_job,
 )
-from benchmarks.cluster_ship import BIN, WHEEL_CACHE, CountingIndex, mirror_pypi, remove
+from benchmarks.counting_index import CountingIndex
+from benchmarks.package_set import WHEEL_CACHE, mirror_pypi
+from benchmarks.raylets import BIN, remove
 from ray_uv_plugin.agent.uv import find_uv, uv_version
 
 INVARIANTS = ("whole", "ran_in_ready", "locks", "leftovers", "no_hang", "next_round")

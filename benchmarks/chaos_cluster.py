@@ -22,7 +22,7 @@ from pathlib import Path
 
 import ray_uv_plugin
 from benchmarks import netns
-from benchmarks.cluster_ship import BIN, CLUSTER_AUTH, driver_env, free_ports
+from benchmarks.raylets import BIN, CLUSTER_AUTH, driver_env, free_ports
 
 NODES = 3
 LOOP_NODE = 2  # the node whose venv dir and uv cache sit on a small loop device

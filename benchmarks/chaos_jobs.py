@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cluster_ship import BIN, driver_env
+from benchmarks.raylets import BIN, driver_env
 from ray_uv_plugin.agent.uv import find_uv
 from tests.uvproject import write_project
 

@@ -38,19 +38,10 @@ from typing import Any
 import ray
 
 from benchmarks import netns, node_disks
-from benchmarks.cluster_ship import (
-    INDEX_MBIT,
-    NODE_MBIT,
-    WHEEL_CACHE,
-    CountingIndex,
-    du,
-    make_wheel,
-    mirror_pypi,
-    prepare,
-    raylets,
-    remove,
-    write_project,
-)
+from benchmarks.cluster_ship_netns import INDEX_MBIT, NODE_MBIT
+from benchmarks.counting_index import CountingIndex
+from benchmarks.package_set import WHEEL_CACHE, make_wheel, mirror_pypi, write_project
+from benchmarks.raylets import du, prepare, raylets, remove
 from ray_uv_plugin.agent.uv import uv_version
 from ray_uv_plugin.store.layout import read_marker
 

@@ -185,7 +185,8 @@ def test_the_shipping_benchmarks_index_serves_and_counts_real_wheels(tmp_path: P
     (no wheel bytes), and installs count every wheel byte served."""
     import subprocess
 
-    from benchmarks.cluster_ship import CountingIndex, make_wheel, write_project
+    from benchmarks.counting_index import CountingIndex
+    from benchmarks.package_set import make_wheel, write_project
     from ray_uv_plugin.agent.uv import find_uv
 
     wheels = [make_wheel(tmp_path, i, 100_000) for i in range(2)]
@@ -213,7 +214,8 @@ def test_the_host_cpu_sampler_sees_a_busy_core_and_reads_a_window(tmp_path: Path
     import os
     import time
 
-    from benchmarks.cluster_ship import HostCpu, plot_netns
+    from benchmarks.bounds import HostCpu
+    from benchmarks.cluster_ship_report import plot_netns
 
     with HostCpu(every=0.1) as cpu:
         end = time.monotonic() + 0.6
@@ -306,7 +308,7 @@ def test_the_ship_is_judged_against_the_larger_of_the_link_and_cpu_bounds(tmp_pa
     table's row and the chart carry both bounds; an older run without a CPU bound is read as
     before."""
     from benchmarks.bounds import cpu_bound, judge, link_bound
-    from benchmarks.cluster_ship import plot_netns, summarize_netns
+    from benchmarks.cluster_ship_report import plot_netns, summarize_netns
 
     assert link_bound(30.0, 125_000_000, 1000) == 31.0  # 1 Gbit/s: 125 MB in a second
     assert cpu_bound(30.0, [4.0, 6.0, 10.0], 2) == 40.0

@@ -175,13 +175,13 @@ def test_two_simulated_nodes_ship_the_env_built_once() -> None:
     """N = 2, tiny packages, shipping: the index serves each file once, the source-built
     package is built on one node only, the other node gets the venv by shipping (its bytes
     leave the source node's link), and nothing of the run is left."""
-    from benchmarks import cluster_ship
+    from benchmarks import cluster_ship_netns, package_set
 
     try:
-        mirrored = cluster_ship.mirror_pypi("ray==2.60.0", cluster_ship.WHEEL_CACHE / "pypi")
+        mirrored = package_set.mirror_pypi("ray==2.60.0", package_set.WHEEL_CACHE / "pypi")
     except (OSError, subprocess.CalledProcessError) as e:
         pytest.skip(f"Ray's wheels for the simulated index could not be fetched from PyPI: {e}")
-    results = cluster_ship.run_netns(args("2"))
+    results = cluster_ship_netns.run_netns(args("2"))
     (run,) = results["runs"]
     assert [n["outcome"] for n in run["per_node"]].count("shipped") == 1, run["per_node"]
     assert run["builds"] == 1 and run["failed"] == 0
@@ -209,9 +209,9 @@ def test_two_simulated_nodes_ship_the_env_built_once() -> None:
 def test_three_simulated_nodes_the_source_node_sends_the_venv_once() -> None:
     """N = 3: the source node's link carries the venv's stream once, and a receiver passes it
     on (left to Ray, both receivers pulled every chunk from the source node: twice)."""
-    from benchmarks import cluster_ship
+    from benchmarks import cluster_ship_netns
 
-    results = cluster_ship.run_netns(args("3"))
+    results = cluster_ship_netns.run_netns(args("3"))
     (run,) = results["runs"]
     assert (run["shipped"], run["builds"], run["failed"]) == (2, 1, 0), run["per_node"]
     stream = run["stream_bytes"]
