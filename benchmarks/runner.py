@@ -80,6 +80,18 @@ def write_uv_wrapper(path: Path) -> Path:
     return path
 
 
+def session_env(workdir: Path) -> dict[str, str]:
+    """What every sample's Ray session runs with, whoever starts the driver."""
+    return {
+        "RAY_USAGE_STATS_ENABLED": "0",
+        # Ray's own files (sessions, its `uv`/`pip` venvs, the current-cluster address) in a dir
+        # of ours: other Rays on this host neither join ours nor are joined by it.
+        "RAY_TMPDIR": str(workdir / "ray"),
+        # Workers that Ray prestarts for the first driver would compete with the measured ones.
+        "RAY_prestart_worker_first_driver": "0",
+    }
+
+
 def sample_env(settings: Settings, sync_log: Path) -> dict[str, str]:
     """The environment of a sample's driver, and so of the local Ray it starts."""
     return clean_env(
@@ -89,13 +101,15 @@ def sample_env(settings: Settings, sync_log: Path) -> dict[str, str]:
         # Ray's `uv run` hook would put py_executable="uv run ..." into every job's runtime_env
         # when the driver runs under `uv run`; with it, Ray's `uv` field never comes up here.
         RAY_ENABLE_UV_RUN_RUNTIME_ENV="0",
-        RAY_USAGE_STATS_ENABLED="0",
-        # Ray's own files (sessions, its `uv`/`pip` venvs, the current-cluster address) in a dir
-        # of ours: other Rays on this host neither join ours nor are joined by it.
-        RAY_TMPDIR=str(settings.workdir / "ray"),
-        # Workers that Ray prestarts for the first driver would compete with the measured ones.
-        RAY_prestart_worker_first_driver="0",
+        **session_env(settings.workdir),
     )
+
+
+def count_calls(log: Path, verb: str) -> int:
+    """How many calls a counting `uv` (`write_uv_wrapper`) logged with subcommand `verb`."""
+    if not log.exists():
+        return 0
+    return sum(1 for line in log.read_text().splitlines() if line.split(" ")[0] == verb)
 
 
 def run_sample(case: Case, inputs: Inputs, settings: Settings, repeat: int) -> Sample:
@@ -134,8 +148,7 @@ def run_sample(case: Case, inputs: Inputs, settings: Settings, repeat: int) -> S
     syncs = None
     if case.scenario.uv_project:
         if settings.address is None:
-            lines = sync_log.read_text().splitlines() if sync_log.exists() else []
-            syncs = sum(1 for line in lines if line.startswith("sync"))
+            syncs = count_calls(sync_log, "sync")
         elif result.get("setup_log"):
             syncs = sum(1 for entry in result["setup_log"] if entry["verb"] == "built")
     return Sample(

@@ -2,7 +2,9 @@
 
 Run as ``python -m benchmarks.sample '<json>'`` by `benchmarks.runner`; prints one JSON line.
 A process per sample gives every sample a fresh Ray session, and the actor class defined here in
-``__main__`` travels by value, so workers need nothing of this package.
+``__main__`` travels by value, so workers need nothing of this package. Nor does this file:
+`benchmarks.uv_run_driver` copies it into a project as the driver a user starts with `uv run`
+(`BENCH_T0`, the shell's clock as `uv run` started, adds the times counted from there).
 """
 
 from __future__ import annotations
@@ -88,16 +90,20 @@ def _setup_log_lines() -> list[dict[str, Any]]:
 
 def measure(config: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"ok": False}
+    t0 = os.environ.get("BENCH_T0")
+    if t0:
+        result["driver_start_s"] = time.time() - float(t0)
     cluster = None
     try:
         t = time.perf_counter()
         cluster = _start_ray(config)
         result["ray_start_s"] = time.perf_counter() - t
+        result["job_runtime_env"] = ray.get_runtime_context().runtime_env
         n = int(config["actors"])
         options = _placements(n, spread=bool(config.get("cluster")))
         start = time.perf_counter()
         actors = [
-            Probe.options(runtime_env=config["runtime_env"], **options[i]).remote()
+            Probe.options(runtime_env=config.get("runtime_env"), **options[i]).remote()
             for i in range(n)
         ]
         imports = list(config.get("imports") or [])
@@ -118,6 +124,8 @@ def measure(config: dict[str, Any]) -> dict[str, Any]:
                 done[i] = now - start
                 answers[i] = ray.get(ref)
         result["first_call_s"] = [done[i] for i in range(n)]
+        if t0:
+            result["total_s"] = time.time() - float(t0)
         result["executables"] = sorted({a[0] for a in answers})
         if imports:
             result["import_s"] = [a[2] for a in answers]

@@ -25,8 +25,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -35,36 +33,21 @@ from typing import Any
 from rich.console import Console
 
 from benchmarks.edit_run import changed_lock
-from benchmarks.envs import BenchProject, clean_env, remove_tree
+from benchmarks.envs import BenchProject, remove_tree
 from benchmarks.report import machine
 from benchmarks.uv_run_driver import (
     Bench,
     Case,
-    Sample,
-    markdown,
     prepare_set,
     run_sample,
-    summarize,
+    sync_dot_venv,
     write_counting_uv,
 )
-from ray_uv_plugin.agent.uv import find_uv
+from benchmarks.uv_run_report import Sample, markdown, summarize
 from ray_uv_plugin.store.layout import KEY_LENGTH, read_marker
 
 WAYS = ("ours-change", "ray-hook")
 _DURATION = r"([\d.]+)(ms|s)"
-
-
-def sync_dot_venv(project: BenchProject) -> None:
-    """The project's `.venv` synced to its lock as `prepare_set` syncs it (bytecode, this
-    Python): what the user's last `uv run` left."""
-    subprocess.run(
-        [find_uv(), "sync", "--locked", "--quiet", "--extra", project.extra]
-        + ["--compile-bytecode", "--python", sys.executable],
-        cwd=project.path,
-        env=clean_env(UV_PYTHON_DOWNLOADS="never"),
-        check=True,
-        timeout=3600,
-    )
 
 
 def back_to_a(project: BenchProject, lock_a: str, venvs: Path, key_a: str) -> None:

@@ -3,10 +3,11 @@
     uv run python -m benchmarks.uv_run_driver --sets realistic,big --actors 1,8,32 \
         --json benchmarks/results/uv-run-driver.json --plot benchmarks/results/uv-run-driver.png
 
-The same driver script (`bench_driver.py`, written into each set's uv project) starts a local
-Ray, N actors with no runtime_env of their own, and times their first calls (each imports the
-set's typical modules). It is started as users start it, `uv run --extra <set> python
-bench_driver.py` in the project's directory, in each of these ways:
+The same driver script (`bench_driver.py`: `benchmarks/sample.py`, the harness `startup` runs,
+copied into each set's uv project) starts a local Ray, N actors with no runtime_env of their own,
+and times their first calls (each imports the set's typical modules). It is started as users
+start it, `uv run --extra <set> python bench_driver.py` in the project's directory, in each of
+these ways:
 
 - floor: Ray's `uv run` hook off (`RAY_ENABLE_UV_RUN_RUNTIME_ENV=0`), no hook of ours: workers
   run in the driver's own `.venv` (prepared with bytecode, as the plugin's venvs are);
@@ -28,19 +29,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
+from benchmarks import sample as harness
 from benchmarks.envs import (
     PACKAGE_SETS,
     PROBE_IMPORTS,
@@ -50,25 +48,30 @@ from benchmarks.envs import (
     write_project,
 )
 from benchmarks.report import machine
-from benchmarks.runner import SYNC_LOG_ENV, rounds, run_for_result, write_uv_wrapper
+from benchmarks.runner import (
+    SYNC_LOG_ENV,
+    count_calls,
+    rounds,
+    run_for_result,
+    session_env,
+    write_uv_wrapper,
+)
+from benchmarks.uv_run_report import (
+    WAYS,
+    Sample,
+    markdown,
+    plot,
+    print_report,
+    summarize,
+    targets,
+    write_json,
+)
 from ray_uv_plugin.agent.uv import UV_ENV_VAR, find_uv
 from ray_uv_plugin.store.layout import MARKER, VENV_DIR_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY_UV = Path(sys.executable).parent / "ray-uv"
 DRIVER_NAME = "bench_driver.py"
-WAYS = ("floor", "ray-hook", "ours-ready", "ours-first", "ray-env")
-WAY_LABELS = {
-    "floor": "floor: Ray's hook off, workers in the driver's .venv",
-    "ray-hook": "Ray's `uv run` hook: `uv run` per worker",
-    "ours-ready": "ours, venv ready (2nd session on)",
-    "ours-first": "ours, first session (builds the venv)",
-    "ray-env": "a runtime_env without the plugin (.venv + working_dir)",
-    "ours-change": "ours, first session after a one-package change",  # --after-change
-}
-ORDER = (*WAYS, "ours-change")
-# The issue's target: ours above the floor at most this share of Ray's hook's overhead.
-OVERHEAD_SHARE = 0.10
 # What the benchmark's own environment may carry that would set a way up before we do.
 SETUP_VARS = (
     "RAY_RUNTIME_ENV_HOOK",
@@ -77,48 +80,6 @@ SETUP_VARS = (
     "RAY_RUNTIME_ENV_PLUGINS",
     "RAY_RUNTIME_ENV_PLUGIN_SCHEMAS",
     "PYTHONPATH",
-)
-
-# The driver users write: nothing about environments in it. It reports one JSON line.
-DRIVER = textwrap.dedent(
-    """\
-    import json, os, sys, time
-    import ray
-
-    @ray.remote(num_cpus=0)
-    class Probe:
-        def ping(self, imports):
-            import importlib
-            start = time.perf_counter()
-            for name in imports:
-                importlib.import_module(name)
-            return sys.executable, time.perf_counter() - start
-
-    config = json.loads(sys.argv[1])
-    result = {"ok": False, "driver_start_s": time.time() - float(os.environ["BENCH_T0"])}
-    try:
-        t = time.perf_counter()
-        ray.init(address="local", include_dashboard=False, log_to_driver=False)
-        start = time.perf_counter()
-        result["ray_init_s"] = start - t
-        result["job_runtime_env"] = ray.get_runtime_context().runtime_env
-        actors = [Probe.remote() for _ in range(config["actors"])]
-        refs = [a.ping.remote(config["imports"]) for a in actors]
-        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=config["timeout"])
-        if pending:
-            raise TimeoutError(f"{len(pending)} of {len(refs)} actors had not answered")
-        answers = ray.get(refs)
-        result["after_init_s"] = time.perf_counter() - start
-        result["total_s"] = time.time() - float(os.environ["BENCH_T0"])
-        result["executables"] = sorted({a[0] for a in answers})
-        result["import_s"] = [a[1] for a in answers]
-        result["ok"] = True
-    except Exception as e:
-        result["error"] = f"{type(e).__name__}: {e}"
-    finally:
-        ray.shutdown()
-    print("BENCH_RESULT " + json.dumps(result), flush=True)  # runner.RESULT_PREFIX
-    """
 )
 
 
@@ -131,26 +92,6 @@ class Case:
     @property
     def group(self) -> tuple[str, int]:
         return (self.set_name, self.actors)
-
-
-@dataclass
-class Sample:
-    set_name: str
-    way: str
-    actors: int
-    repeat: int
-    ok: bool
-    total_s: float | None = None  # from `uv run` starting to every actor answered
-    after_init_s: float | None = None  # from `ray.init` returning to every actor answered
-    ray_init_s: float | None = None
-    driver_start_s: float | None = None  # `uv run` up to the driver's first line
-    syncs: int = 0  # `uv sync` by the plugin
-    worker_uv_runs: int = 0  # `uv run` by anyone but the driver's own
-    executables: list[str] = field(default_factory=list)
-    import_s: list[float] = field(default_factory=list)
-    job_runtime_env: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-    setup_log: list[str] = field(default_factory=list)  # the plugin's lines of Ray's setup log
 
 
 @dataclass(frozen=True)
@@ -204,10 +145,17 @@ def write_counting_uv(bench: Bench) -> None:
 
 
 def prepare_set(set_name: str, bench: Bench) -> BenchProject:
-    """The set's locked project with the driver script, and its `.venv` synced the way the
-    plugin builds venvs (bytecode compiled, this Python): the floor, and what `uv run` finds."""
+    """The set's locked project with the driver script, and its `.venv` synced: the floor, and
+    what `uv run` finds."""
     project = write_project(set_name, bench.workdir / "projects" / set_name)
-    (project.path / DRIVER_NAME).write_text(DRIVER)
+    (project.path / DRIVER_NAME).write_text(Path(harness.__file__).read_text())
+    sync_dot_venv(project)
+    return project
+
+
+def sync_dot_venv(project: BenchProject) -> None:
+    """The project's `.venv` synced to its lock the way the plugin builds venvs (bytecode
+    compiled, this Python): what the user's last `uv run` left."""
     subprocess.run(
         [find_uv(), "sync", "--locked", "--quiet", "--extra", project.extra]
         + ["--compile-bytecode", "--python", sys.executable],
@@ -216,7 +164,6 @@ def prepare_set(set_name: str, bench: Bench) -> BenchProject:
         check=True,
         timeout=3600,
     )
-    return project
 
 
 def way_env(way: str, bench: Bench, set_name: str) -> tuple[dict[str, str], str]:
@@ -228,11 +175,7 @@ def way_env(way: str, bench: Bench, set_name: str) -> tuple[dict[str, str], str]
             UV_ENV_VAR: str(bench.workdir / "uv-logged"),
             SYNC_LOG_ENV: str(bench.sync_log),
             VENV_DIR_ENV: str(bench.venv_dir / set_name),
-            "RAY_USAGE_STATS_ENABLED": "0",
-            # Ray's files in a dir of ours: no other Ray on this host is joined or joins ours.
-            "RAY_TMPDIR": str(bench.workdir / "ray"),
-            # Workers prestarted for the first driver would compete with the measured ones.
-            "RAY_prestart_worker_first_driver": "0",
+            **session_env(bench.workdir),
         }
     )
     if way == "floor":
@@ -273,18 +216,19 @@ def run_sample(case: Case, project: BenchProject, bench: Bench, repeat: int) -> 
         setup_log = plugin_setup_lines(bench.workdir / "ray")
     finally:
         remove_tree(bench.workdir / "ray")
+    ok, first_calls = bool(result.get("ok")), result.get("first_call_s") or []
     sample = Sample(
         case.set_name,
         case.way,
         case.actors,
         repeat,
-        ok=bool(result.get("ok")),
-        total_s=result.get("total_s"),
-        after_init_s=result.get("after_init_s"),
-        ray_init_s=result.get("ray_init_s"),
+        ok=ok,
+        total_s=result.get("total_s") if ok else None,
+        after_init_s=max(first_calls) if ok else None,  # from `ray.init` returning
+        ray_init_s=result.get("ray_start_s"),
         driver_start_s=result.get("driver_start_s"),
-        syncs=_count(bench.sync_log, "sync"),
-        worker_uv_runs=max(0, _count(bench.run_log, "run") - 1),
+        syncs=count_calls(bench.sync_log, "sync"),
+        worker_uv_runs=max(0, count_calls(bench.run_log, "run") - 1),
         executables=result.get("executables", []),
         import_s=result.get("import_s", []),
         job_runtime_env=result.get("job_runtime_env") or {},
@@ -328,210 +272,6 @@ def wrong_env(sample: Sample, project: BenchProject, bench: Bench) -> str | None
     elif sample.worker_uv_runs == 0 or any(e.startswith(venv_dir) for e in sample.executables):
         return f"workers did not run `uv run`: {sample.executables}"
     return None
-
-
-def _count(log: Path, verb: str) -> int:
-    if not log.exists():
-        return 0
-    return sum(1 for line in log.read_text().splitlines() if line.split(" ")[0] == verb)
-
-
-@dataclass(frozen=True)
-class Row:
-    set_name: str
-    actors: int
-    way: str
-    median: float | None  # of total_s
-    low: float | None
-    high: float | None
-    after_init: float | None  # median of after_init_s
-    ok: int
-    runs: int
-    syncs: tuple[int, ...]  # per sample
-    worker_uv_runs: tuple[int, ...]
-    errors: tuple[str, ...]
-
-
-def summarize(samples: list[Sample]) -> list[Row]:
-    cases: dict[tuple[str, int, str], list[Sample]] = {}
-    for s in samples:
-        cases.setdefault((s.set_name, s.actors, s.way), []).append(s)
-    rows = []
-    for (set_name, actors, way), group in sorted(
-        cases.items(), key=lambda kv: (kv[0][0], kv[0][1], ORDER.index(kv[0][2]))
-    ):
-        good = [s for s in group if s.ok and s.total_s is not None]
-        times = [s.total_s for s in good if s.total_s is not None]
-        after = [s.after_init_s for s in good if s.after_init_s is not None]
-        rows.append(
-            Row(
-                set_name,
-                actors,
-                way,
-                statistics.median(times) if times else None,
-                min(times) if times else None,
-                max(times) if times else None,
-                statistics.median(after) if after else None,
-                len(good),
-                len(group),
-                tuple(s.syncs for s in group),
-                tuple(s.worker_uv_runs for s in group),
-                tuple(sorted({(s.error or "").splitlines()[0][:200] for s in group if s.error})),
-            )
-        )
-    return rows
-
-
-@dataclass(frozen=True)
-class Target:
-    name: str
-    measured: str
-    met: bool | None  # None: not measured in this run
-
-
-def targets(rows: list[Row]) -> list[Target]:
-    """The issue's targets: overhead share at the largest N of each set, one sync per node
-    and env, no `uv run` by a worker of ours."""
-    found = []
-    by_key = {(r.set_name, r.actors, r.way): r for r in rows}
-    for set_name in sorted({r.set_name for r in rows}):
-        n = max(r.actors for r in rows if r.set_name == set_name)
-        floor, theirs, ours = (by_key.get((set_name, n, w)) for w in WAYS[:3])
-        name = f"{set_name}, {n} actors: ours (venv ready) above the floor <= 10% of Ray's hook's"
-        if not (
-            floor and theirs and ours and None not in (floor.median, theirs.median, ours.median)
-        ):
-            found.append(Target(name, "not measured", None))
-            continue
-        found.append(_share(name, ("floor", floor.median), theirs.median, ours.median))  # type: ignore[arg-type]
-        ray_env = by_key.get((set_name, n, "ray-env"))
-        if ray_env is not None and ray_env.median is not None:
-            # The same share, counted from a runtime_env without the plugin: what is ours alone.
-            name = (
-                f"{set_name}, {n} actors: ours (venv ready) above a runtime_env without the "
-                "plugin <= 10% of Ray's hook's above it"
-            )
-            base = ("ray-env", ray_env.median)
-            found.append(_share(name, base, theirs.median, ours.median))  # type: ignore[arg-type]
-    first = [s for r in rows if r.way == "ours-first" for s in r.syncs]
-    ready = [s for r in rows if r.way == "ours-ready" for s in r.syncs]
-    found.append(
-        Target(
-            "one `uv sync` per node per env (first session 1, later sessions 0)",
-            f"first session: {sorted(set(first))}, venv ready: {sorted(set(ready))}",
-            (set(first) <= {1} and set(ready) <= {0}) if first or ready else None,
-        )
-    )
-    runs = [u for r in rows if r.way.startswith("ours") for u in r.worker_uv_runs]
-    found.append(
-        Target(
-            "no `uv run` by any worker of ours",
-            f"{sum(runs)} in {len(runs)} samples",
-            (sum(runs) == 0) if runs else None,
-        )
-    )
-    return found
-
-
-def _share(name: str, base: tuple[str, float], theirs: float, ours: float) -> Target:
-    """Ours above `base` (its name, its median) at most OVERHEAD_SHARE of Ray's hook's."""
-    ours_over, theirs_over = ours - base[1], theirs - base[1]
-    met = ours_over <= OVERHEAD_SHARE * theirs_over if theirs_over > 0 else None
-    measured = f"{ours_over:+.2f}s against {theirs_over:+.2f}s ({base[0]} {base[1]:.2f}s)"
-    return Target(name, measured, met)
-
-
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
-
-
-def print_report(console: Console, rows: list[Row], found: list[Target]) -> None:
-    table = Table(title="`uv run` driver, N plain actors: seconds from `uv run` to all answered")
-    for col in (
-        "set",
-        "N",
-        "way",
-        "median",
-        "min-max",
-        "after ray.init",
-        "ok",
-        "syncs",
-        "worker uv runs",
-    ):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(
-            r.set_name,
-            str(r.actors),
-            WAY_LABELS[r.way],
-            _fmt(r.median),
-            f"{_fmt(r.low)}-{_fmt(r.high)}",
-            _fmt(r.after_init),
-            f"{r.ok}/{r.runs}",
-            ",".join(map(str, r.syncs)),
-            ",".join(map(str, r.worker_uv_runs)),
-        )
-    console.print(table)
-    for r in rows:
-        for error in r.errors:
-            console.print(f"[red]{r.set_name} x{r.actors} {r.way}: {error}[/red]", highlight=False)
-    for t in found:
-        mark = {True: "[green]met[/green]", False: "[red]missed[/red]", None: "n/a"}[t.met]
-        console.print(f"{mark}  {t.name}: {t.measured}", highlight=False)
-
-
-def markdown(rows: list[Row], found: list[Target]) -> str:
-    """The table and the targets for RESULTS.md."""
-    lines = [
-        "| set | N | way | median s | min-max | after ray.init | ok | syncs | worker uv runs |",
-        "|---|---:|---|---:|---|---:|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r.set_name} | {r.actors} | {WAY_LABELS[r.way]} | {_fmt(r.median)} | "
-            f"{_fmt(r.low)}-{_fmt(r.high)} | {_fmt(r.after_init)} | {r.ok}/{r.runs} | "
-            f"{','.join(map(str, r.syncs))} | {','.join(map(str, r.worker_uv_runs))} |"
-        )
-    lines += ["", "| target | measured | met |", "|---|---|---|"]
-    met = {True: "yes", False: "**no**", None: "n/a"}
-    lines += [f"| {t.name} | {t.measured} | {met[t.met]} |" for t in found]
-    return "\n".join(lines)
-
-
-def plot(path: Path, rows: list[Row], title: str) -> None:
-    """Time against N per set, one line per way, min-max as error bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sets = sorted({r.set_name for r in rows})
-    fig, axes = plt.subplots(1, len(sets), figsize=(6 * len(sets), 4.5), squeeze=False)
-    for ax, set_name in zip(axes[0], sets, strict=True):
-        for way in ORDER:
-            points = [r for r in rows if r.set_name == set_name and r.way == way and r.median]
-            if not points:
-                continue
-            points.sort(key=lambda r: r.actors)
-            xs = [r.actors for r in points]
-            ys = [r.median for r in points]
-            err = [
-                [y - r.low for y, r in zip(ys, points, strict=True)],  # type: ignore[operator]
-                [r.high - y for y, r in zip(ys, points, strict=True)],
-            ]  # type: ignore[operator]
-            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=WAY_LABELS[way])
-        ax.set_title(f"{set_name} set")
-        ax.set_xlabel("plain actors (N)")
-        ax.set_ylabel("s from `uv run` to all N answered")
-        ax.set_xscale("log", base=2)
-        ns = sorted({r.actors for r in rows if r.set_name == set_name})
-        ax.set_xticks(ns, [str(n) for n in ns])
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -636,14 +376,14 @@ def _run(
             highlight=False,
         )
         if args.json:  # after every sample: a run cut short keeps what it measured
-            _write_json(args.json, meta, samples)
+            write_json(args.json, meta, samples)
     meta["loadavg_end"] = os.getloadavg()
     rows = summarize(samples)
     print_report(console, rows, targets(rows))
     if args.markdown:
         print(markdown(rows, targets(rows)))
     if args.json:
-        _write_json(args.json, meta, samples)
+        write_json(args.json, meta, samples)
         console.print(f"wrote {args.json}")
     if args.plot:
         plot(
@@ -653,17 +393,6 @@ def _run(
         )
         console.print(f"wrote {args.plot}")
     return 0 if all(s.ok for s in samples) else 1
-
-
-def _write_json(path: Path, meta: dict[str, Any], samples: list[Sample]) -> None:
-    rows = summarize(samples)
-    data = {
-        "meta": meta,
-        "samples": [asdict(s) for s in samples],
-        "rows": [asdict(r) for r in rows],
-        "targets": [asdict(t) for t in targets(rows)],
-    }
-    path.write_text(json.dumps(data, indent=1))
 
 
 if __name__ == "__main__":
