@@ -28,6 +28,7 @@ from tests.test_ship import (  # noqa: F401 - two_nodes: the fixture, for this m
     driver_node,
     new_project,
     newest_lock,
+    on_progress,
     other_node,
     remove,
     two_nodes,
@@ -228,7 +229,7 @@ def test_a_stalled_relaying_receiver_costs_the_one_it_relays_to_nothing_but_time
     """Three raylets; the first receiver, which passes each chunk on to the second, stops
     (SIGSTOP) after chunk 1: the second takes the sender's copies instead and gets the venv;
     the first is given up on alone."""
-    from ray_uv_plugin.ship.transfer import relay_parents, ship
+    from ray_uv_plugin.ship.transfer import ShipOptions, relay_parents, ship
 
     cluster, _, _ = two_nodes
     c = Node(tmp_path / "node-c")
@@ -246,10 +247,8 @@ def test_a_stalled_relaying_receiver_costs_the_one_it_relays_to_nothing_but_time
                 os.kill(pid, signal.SIGSTOP)
                 stopped.append(pid)
 
-        results = ship(
-            key, driver_node(), [node_c.node_id, b_id], chunk_bytes=2 * MiB,
-            on_progress=stop_c, stall_timeout=10,
-        )  # fmt: skip
+        options = ShipOptions(chunk_bytes=2 * MiB, stall_timeout=10)
+        results = ship(key, driver_node(), [node_c.node_id, b_id], options, on_progress(stop_c))
         assert stopped
         assert results[b_id].outcome == "shipped", results
         on_c = results[node_c.node_id]

@@ -18,8 +18,9 @@ import sys
 import tarfile
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
@@ -33,6 +34,7 @@ from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
 from ray_uv_plugin.ship import archive, relocation
 from ray_uv_plugin.ship.archive import ArchiveError, Packer
 from ray_uv_plugin.ship.install import install_received
+from ray_uv_plugin.ship.options import Quiet, ShipOptions
 from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store.build_lock import is_held
 from ray_uv_plugin.store.disk import venv_size
@@ -41,6 +43,22 @@ from tests.uvproject import CountingUv, write_project
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1024 * 1024
+
+
+def chunked(chunk_bytes: int) -> ShipOptions:
+    """A ship's options: the defaults, in chunks of `chunk_bytes`."""
+    return ShipOptions(chunk_bytes=chunk_bytes)
+
+
+def on_progress(see: Callable[[Any], None]) -> Quiet:
+    """A ship's reporter that shows each chunk's progress to `see` (a fault, at a chunk)."""
+
+    class Seeing(Quiet):
+        def progress(self, progress: Any) -> None:
+            see(progress)
+
+    return Seeing()
+
 
 # Run in a venv: import every top-level module of every installed distribution.
 IMPORT_ALL = textwrap.dedent(
@@ -562,7 +580,7 @@ def test_the_building_node_dying_mid_way_fails_cleanly(two_nodes, tmp_path: Path
         if p.chunk == 2:
             remove(cluster, node_d, graceful=False)
 
-    results = ship(on_d.key, on_d.node_id, [on_b.node_id], chunk_bytes=4 * MiB, on_progress=kill_d)
+    results = ship(on_d.key, on_d.node_id, [on_b.node_id], chunked(4 * MiB), on_progress(kill_d))
     failed = results[on_b.node_id]
     assert failed.outcome == "failed", failed
     assert failed.why.startswith(f"the source node {on_d.address} ({on_d.node_id[:8]}): "), failed
@@ -616,10 +634,8 @@ def test_a_stalled_receiver_is_given_up_alone(two_nodes, tmp_path: Path) -> None
                 stopped.append(pid)
 
         start = time.monotonic()
-        results = ship(
-            key, driver_node(), [b_id, node_c.node_id], chunk_bytes=2 * MiB,
-            on_progress=stop_c, stall_timeout=10,
-        )  # fmt: skip
+        options = ShipOptions(chunk_bytes=2 * MiB, stall_timeout=10)
+        results = ship(key, driver_node(), [b_id, node_c.node_id], options, on_progress(stop_c))
         assert time.monotonic() - start < 120  # not the ship's whole time limit
         assert stopped
         assert results[b_id].outcome == "shipped", results
@@ -664,10 +680,8 @@ def test_a_receiver_lets_go_of_the_lock_by_itself(two_nodes, tmp_path: Path) -> 
             wait_free(lock, 60)  # nothing but the receiver's own watchdog can free it now
             held.append(time.monotonic() - start)
 
-    results = ship(
-        key, driver_node(), [other_node()], chunk_bytes=MiB, on_progress=stalled_driver,
-        runtime_env={"env_vars": {BUILD_TIMEOUT_ENV: "5"}},
-    )  # fmt: skip
+    options = ShipOptions(chunk_bytes=MiB, runtime_env={"env_vars": {BUILD_TIMEOUT_ENV: "5"}})
+    results = ship(key, driver_node(), [other_node()], options, on_progress(stalled_driver))
     assert held and held[0] < 30, held
     (failed,) = results.values()
     assert failed.outcome == "failed", failed
@@ -698,9 +712,7 @@ def test_a_venv_moved_while_it_is_sent_is_taken_by_no_node(
             os.rename(venv, moved)
 
     try:
-        results = ship(
-            key, driver_node(), [other_node()], chunk_bytes=MiB, on_progress=gc_then_move
-        )
+        results = ship(key, driver_node(), [other_node()], chunked(MiB), on_progress(gc_then_move))
     finally:
         if moved.exists():
             os.rename(moved, venv)
@@ -773,7 +785,7 @@ def test_a_venv_with_wheels_built_for_its_node_goes_only_to_the_same_hardware(
         project = host_package_project(tmp_path / "proj", f"host{time.monotonic_ns()}")
         key = build_on_driver_node(project)
         b_id = other_node(node_c.node_id)
-        results = ship(key, driver_node(), [b_id, node_c.node_id], chunk_bytes=8 * MiB)
+        results = ship(key, driver_node(), [b_id, node_c.node_id], chunked(8 * MiB))
     finally:
         remove(cluster, node_c)
     assert results[b_id].outcome == "shipped", results

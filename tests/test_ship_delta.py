@@ -23,6 +23,7 @@ from ray_uv_plugin.ops.cli_venvs import built_label
 from ray_uv_plugin.ship import delta
 from ray_uv_plugin.ship.archive import ArchiveError, Packer
 from ray_uv_plugin.ship.install import install_received
+from ray_uv_plugin.ship.messages import Offer, OfferAnswer
 from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store import freezing, manifest
 from ray_uv_plugin.store.build_lock import BuildLock
@@ -55,13 +56,18 @@ def ship_stream(venv: Path, root: Path, seeded: bool = False) -> tuple[Packer, d
     packer = Packer(venv, 4 * MiB)
     unpacker = Unpacker(root, key, "test", sender_venv=str(venv))
     try:
-        source = {
-            "files": delta.offered_files(packer.built),
-            "distributions": delta.distributions(venv),
-        }
+        source = Offer(
+            key,
+            str(venv),
+            "test",
+            {},
+            "",
+            files=tuple(delta.offered_files(packer.built)),
+            distributions=tuple(delta.distributions(venv)),
+        )
         if seeded:
             unpacker.staged = delta.stage(root, unpacker.tmp, key, source)
-        packer.refer = frozenset(delta.take_answer(unpacker.staged)["have"])
+        packer.refer = frozenset(delta.take_answer(unpacker.staged).have)
         chunk = packer.next_chunk()
         count = 0
         while True:
@@ -207,6 +213,10 @@ def test_a_reference_to_a_file_not_staged_is_refused(
     assert os.listdir(root) == []
 
 
+def take(*have: str) -> OfferAnswer:
+    return OfferAnswer("take", seed="s" if have else None, have=have)
+
+
 def test_offered_files_skip_small_ones_and_shared_files_intersect() -> None:
     files = {
         "x": manifest.file_entry(0o644, delta.MIN_BYTES, "a" * 64),
@@ -214,9 +224,9 @@ def test_offered_files_skip_small_ones_and_shared_files_intersect() -> None:
         "z": manifest.DIR,
     }
     assert delta.offered_files(files) == ["a" * 64]
-    answers = [{"have": ["1", "2", "3"]}, {"have": ["2", "3"]}, {"have": ["3", "4"]}]
+    answers = [take("1", "2", "3"), take("2", "3"), take("3", "4")]
     assert delta.shared_files(answers) == ["3"]
-    assert delta.shared_files([{"have": ["1"]}, {"have": []}]) == []  # one without a seed
+    assert delta.shared_files([take("1"), take()]) == []  # one without a seed
     assert delta.shared_files([]) == []
 
 

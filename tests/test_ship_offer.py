@@ -20,6 +20,7 @@ from ray_uv_plugin.agent.request import KeyInputs, make_request
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv_env import sync_environment
 from ray_uv_plugin.ship.actors import ShipError, VenvReceiver, check_offer, platform_tag
+from ray_uv_plugin.ship.messages import Offer, ShipSettings
 from ray_uv_plugin.store import trust
 from tests.test_request import PINNED_LOCK, PINNED_PYPROJECT
 
@@ -43,8 +44,11 @@ def offered(inputs: KeyInputs, key: str | None = None) -> dict[str, Any]:
 
 
 def refusal(source: dict[str, Any], env_vars: dict[str, str], resolves: bool = False):
+    """The receiver's judgement of an offer with these parts (unchecked: `check_offer` is
+    another test's)."""
     receiver = VenvReceiver.__ray_metadata__.modified_class()
-    return receiver._refusal(source, sync_environment(env_vars), resolves)
+    offer = Offer(source["key"], "/senders/venv", "10.0.0.8", source["marker"], source["platform"])
+    return receiver._refusal(offer, sync_environment(env_vars), resolves)
 
 
 def test_the_inputs_a_marker_records_are_the_inputs(project):
@@ -125,7 +129,9 @@ def test_an_offer_of_another_shape_is_refused_naming_the_part(project, change, w
     source = {**whole_offer(make_request(parse_spec({}), project, {}).inputs), **change}
     with pytest.raises(ShipError, match=words):
         check_offer(source)
-    assert check_offer(whole_offer(make_request(parse_spec({}), project, {}).inputs)) is None
+    whole = whole_offer(make_request(parse_spec({}), project, {}).inputs)
+    assert check_offer(whole) == Offer(**whole)  # the typed offer, of the same parts
+    assert check_offer(Offer(**whole)) == Offer(**whole)  # as a sender sends it
 
 
 @pytest.mark.parametrize("named", [3, [[1]], "CMAKE_ARGS", [None]])
@@ -165,7 +171,7 @@ def test_a_receiver_on_a_full_disk_names_the_venv_dir_and_says_what_to_do(projec
         receiver = VenvReceiver.__ray_metadata__.modified_class()
         receiver.root = root
         with pytest.raises(ShipError) as info:
-            receiver.offer(whole_offer(inputs), {"env_vars": {}, "resolves": False})
+            receiver.offer(whole_offer(inputs), ShipSettings())
         message = str(info.value)
         assert f"the disk of the venv dir {root} is full" in message, message
         assert f"while receiving {inputs.key}" in message and "ray-uv gc --max-size" in message

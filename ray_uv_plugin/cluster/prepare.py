@@ -194,24 +194,37 @@ def ship_and_probe(
         raise ValueError(f"no venv to ship from {source.label}: {source}")
     env = UvEnv.of(env)
     probes = probes or Probes({"uv_project": dict(env.value)}, timeout)
-    addresses = dict(nodes)
-    shipped = shipping.ship(
-        source.key,
-        source.node_id,
-        [node_id for node_id, _ in nodes],
-        settings={
-            "env_vars": probes.env.get("env_vars") or {},
-            "resolves": env.spec.resolves,
-            "build_env_vars": list(env.spec.build_env_vars),
-        },
+    options = shipping.ShipOptions(
+        settings=shipping.ShipSettings(
+            env_vars=probes.env.get("env_vars") or {},
+            resolves=env.spec.resolves,
+            build_env_vars=tuple(env.spec.build_env_vars),
+        ),
         runtime_env=runtime_env,
-        chunk_bytes=chunk_bytes or shipping.archive.CHUNK_BYTES,
+        chunk_bytes=chunk_bytes or shipping.ShipOptions.chunk_bytes,
         timeout=timeout,
-        on_progress=on_progress,
-        actors=actors,
-        on_decided=lambda node_id, _: probes.submit((node_id, addresses[node_id])),
+    )
+    reporter = _ProbeWhenDecided(probes, dict(nodes), on_progress)
+    shipped = shipping.ship(
+        source.key, source.node_id, [node_id for node_id, _ in nodes], options, reporter, actors
     )  # it decides on every node, each once
     return probes.collect(on_result, shipped)
+
+
+class _ProbeWhenDecided:
+    """A ship's reporter (`transfer.ShipReporter`) that probes each node as soon as its part is
+    decided, and passes the chunks' progress on."""
+
+    def __init__(
+        self, probes: Probes, addresses: dict[str, str], on_progress: Callable[[Any], None]
+    ) -> None:
+        self.probes, self.addresses, self.on_progress = probes, addresses, on_progress
+
+    def decided(self, node: str, decision: str) -> None:
+        self.probes.submit((node, self.addresses[node]))
+
+    def progress(self, progress: Any) -> None:
+        self.on_progress(progress)
 
 
 def _source_first(nodes: list[tuple[str, str]]) -> tuple[tuple[str, str], list[tuple[str, str]]]:

@@ -1,6 +1,7 @@
 """What runs on the nodes while a venv is shipped: a `VenvSender` on the node that has it, a
 `VenvReceiver` on each target, and a task that asks a node whether it has the venv already.
-The driver side that starts and feeds them is `transfer`.
+The driver side that starts and feeds them is `transfer`; what they say to it and to each
+other is typed in `messages`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from ray_uv_plugin.agent.uv_env import sync_environment
 from ray_uv_plugin.ship import archive, delta, unpack
 from ray_uv_plugin.ship.build_target import build_target, local_builds, target_differs
 from ray_uv_plugin.ship.install import install_received
+from ray_uv_plugin.ship.messages import ChunkMeta, Installed, Offer, OfferAnswer, ShipSettings
+from ray_uv_plugin.ship.offer import ShipError, check_offer
 from ray_uv_plugin.store import trust
 from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, BuildLock, build_timeout, hold_shared
 from ray_uv_plugin.store.disk import venv_size
@@ -37,10 +40,6 @@ WATCH_INTERVAL = 1.0  # how often a receiver checks how long it has held the loc
 UNPACK_QUEUE = 2  # chunks a receiver holds, pulled but not yet unpacked, while it pulls the next
 # How a refusal names what a node contributes to a venv's key (`KeyInputs.on_this_node`).
 NODE_INPUTS = {"interpreter": "Python interpreter", "uv": "uv", "env": "set of uv settings"}
-
-
-class ShipError(RuntimeError):
-    """A venv could not be sent or received; the message names the node and the step."""
 
 
 def platform_tag() -> str:
@@ -72,7 +71,7 @@ class VenvSender:
     not what its build made (`archive.DriftError`) is not sent, and is marked not whole, so
     that its next use here rebuilds it."""
 
-    def open(self, key: str, chunk_bytes: int) -> dict[str, Any]:
+    def open(self, key: str, chunk_bytes: int) -> Offer:
         """Take the ready venv `key` to send, in chunks of `chunk_bytes`; its `describe`."""
         self.key = key
         root = venv_root()
@@ -105,23 +104,23 @@ class VenvSender:
             then = f"it could not be marked for a rebuild ({error}): remove it with `ray-uv gc`"
         return ShipError(f"{_where()}: the venv {self.key} to send: {e}; not sent, and {then}")
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Offer:
         size, on_disk = venv_size(self.venv)
         built_here = local_builds(self.venv)
-        return {
-            "key": self.key,
-            "venv": str(self.venv),
-            "host": _where(),
-            "marker": self.marker,
-            "platform": platform_tag(),
-            "size": size,
-            "du": on_disk,
-            "pid": os.getpid(),
-            "built_here": built_here,  # {distribution: wheel tag}, built on this node by uv
-            "target": build_target(_keyed_env(self.marker or {})) if built_here else None,
-            "distributions": delta.distributions(self.venv),  # for a receiver's seed
-            "files": delta.offered_files(self.packer.built),  # sha256s it may take from one
-        }
+        return Offer(
+            key=self.key,
+            venv=str(self.venv),
+            host=_where(),
+            marker=self.marker,
+            platform=platform_tag(),
+            size=size,
+            du=on_disk,
+            pid=os.getpid(),
+            built_here=built_here,
+            target=build_target(_keyed_env(self.marker or {})) if built_here else None,
+            distributions=tuple(delta.distributions(self.venv)),
+            files=tuple(delta.offered_files(self.packer.built)),
+        )
 
     def refer(self, sha256s: list[str]) -> int:
         """Stream the files of these sha256s as references (every receiver staged them from
@@ -130,19 +129,19 @@ class VenvSender:
         return len(self.packer.refer)
 
     @ray.method(num_returns=2)
-    def next_chunk(self) -> tuple[dict[str, Any], bytes]:
+    def next_chunk(self) -> tuple[ChunkMeta, bytes]:
         try:
             chunk = self.packer.next_chunk()
         except archive.DriftError as e:
             raise self._drifted(e) from e
-        meta = {
-            "index": chunk.index,
-            "sha256": chunk.sha256,
-            "size": len(chunk.data),
-            "last": chunk.last,
-            "total": self.packer.total,
-            "whole_sha256": self.packer.whole_sha256 if chunk.last else None,
-        }
+        meta = ChunkMeta(
+            index=chunk.index,
+            sha256=chunk.sha256,
+            size=len(chunk.data),
+            last=chunk.last,
+            total=self.packer.total,
+            whole_sha256=self.packer.whole_sha256 if chunk.last else None,
+        )
         return meta, chunk.data
 
 
@@ -159,7 +158,7 @@ class VenvReceiver:
         self.root = venv_root()
         self.lock: BuildLock | None = None
         self.unpacker: unpack.Unpacker | None = None
-        self.source: dict[str, Any] = {}
+        self.source: Offer | None = None  # the offer taken
         self.start = time.monotonic()
         self.gave_up: str | None = None
         self._guard = threading.RLock()
@@ -170,27 +169,30 @@ class VenvReceiver:
         self.abort()
         return ShipError(f"node {_where()}: {step}: {e}")
 
-    def offer(self, source: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-        """`take` (the lock is then held), `reused`, or `refused` with why. `settings`: the
-        request's env_vars and whether it resolves, for the uv settings this node keys."""
+    def offer(self, source: Any, settings: ShipSettings) -> OfferAnswer:
+        """`take` (the lock is then held), `reused`, or `refused` with why. `source`: the
+        sender's `Offer`, checked first (`check_offer`); `settings`: the request's, for the uv
+        settings this node keys."""
+        offer: Offer | None = None
         try:
+            offer = check_offer(source)
             with self._guard:
-                return self._offer(source, settings)
+                return self._offer(offer, settings)
         except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not isinstance(source, dict):
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT) or offer is None:
                 raise self._fail("checking the offer", e) from e
-            venv = self.root / str(source.get("key"))  # checked: the offer got this far
+            venv = self.root / offer.key
             raise self._fail("checking the offer", OSError(no_space(venv, "receiving"))) from e
         except Exception as e:
             raise self._fail("checking the offer", e) from e
 
-    def _refusal(self, source: dict[str, Any], env: dict[str, str], resolves: bool) -> str | None:
+    def _refusal(self, source: Offer, env: dict[str, str], resolves: bool) -> str | None:
         """Why this node's plugin would not use the source's venv; None if it would: where the
         venv's key inputs, with this node's interpreter, uv and uv settings, give its key."""
-        marker = source["marker"]
+        marker = source.marker
         for what, venvs, ours in (
             ("Ray", marker.get("ray"), ray.__version__),
-            ("platform", source["platform"], platform_tag()),
+            ("platform", source.platform, platform_tag()),
         ):
             if venvs != ours:
                 return f"another {what} here ({ours}; the venv's: {venvs})"
@@ -198,39 +200,37 @@ class VenvReceiver:
         if theirs is None:
             return "its marker does not record the inputs of its key"
         mine = theirs.on_this_node(env, resolves)
-        if mine.key != source["key"]:
+        if mine.key != source.key:
             differs = mine.differs_on(theirs)  # of NODE_INPUTS alone: the rest is the venv's
             if not differs:
-                return f"its marker's inputs make key {mine.key}, not {source['key']}"
+                return f"its marker's inputs make key {mine.key}, not {source.key}"
             name = differs[0]
             here, there = getattr(mine, name), getattr(theirs, name)
             return f"another {NODE_INPUTS[name]} here ({here}; the venv's: {there})"
-        if source.get("built_here"):
-            return target_differs(source["target"], build_target(env), source["built_here"])
+        if source.built_here:
+            target = dict(source.target or {})  # checked: a map where built_here is one
+            return target_differs(target, build_target(env), dict(source.built_here))
         return None
 
-    def _offer(self, source: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-        check_offer(source)
-        key = source["key"]
-        env = sync_environment(
-            settings["env_vars"], build_env_vars=settings.get("build_env_vars", ())
-        )
-        why = self._refusal(source, env, settings["resolves"])
+    def _offer(self, source: Offer, settings: ShipSettings) -> OfferAnswer:
+        key = source.key
+        env = sync_environment(settings.env_vars, build_env_vars=settings.build_env_vars)
+        why = self._refusal(source, env, settings.resolves)
         if why is not None:
-            return {"decision": "refused", "why": why}
+            return OfferAnswer("refused", why)
         trust.make_root(self.root)
         if check_ready(self.root, key):
-            return {"decision": "reused"}
+            return OfferAnswer("reused")
         lock = BuildLock(lock_path(self.root, key))
         if not lock.try_acquire():
             why = f"another build of {key} is running here ({lock.holder()})"
-            return {"decision": "refused", "why": why}
+            return OfferAnswer("refused", why)
         self.lock, self.source = lock, source
         if check_ready(self.root, key):  # built while we looked
             self.abort()
-            return {"decision": "reused"}
+            return OfferAnswer("reused")
         remove_leftovers(self.root, key)
-        self.unpacker = unpack.Unpacker(self.root, key, source["host"], sender_venv=source["venv"])
+        self.unpacker = unpack.Unpacker(self.root, key, source.host, sender_venv=source.venv)
         self.unpacker.staged = delta.stage(self.root, self.unpacker.tmp, key, source)
         self.start = time.monotonic()
         limit = build_timeout()
@@ -303,28 +303,29 @@ class VenvReceiver:
         self._chunks.put((index, sha256, data))  # waits while UNPACK_QUEUE chunks wait
         return None, data if forward else b""
 
-    def finish(self, chunks: int, total: int, whole_sha256: str) -> dict[str, Any]:
+    def finish(self, chunks: int, total: int, whole_sha256: str) -> Installed:
         self._chunks.join()  # every chunk queued is added
         self._raise_unpack_failure()
         with self._guard:
-            unpacker = self._receiving("finishing")
+            unpacker, source = self._receiving("finishing"), self.source
             try:
+                assert source is not None  # taken with the unpacker
                 tree = unpacker.finish(chunks, total, whole_sha256)
                 meta = {
-                    **self.source["marker"],
-                    "venv": self.source["venv"],
-                    "shipped_from": self.source["host"],
+                    **source.marker,
+                    "venv": source.venv,
+                    "shipped_from": source.host,
                     "received_at": time.time(),
                     # How this node's venv came to be (the sender's marker says how it was built).
-                    "built": delta.built(self.source["host"], total, unpacker.staged),
+                    "built": delta.built(source.host, total, unpacker.staged),
                 }
-                install_received(self.root, self.source["key"], tree, meta)
+                install_received(self.root, source.key, tree, meta)
             except Exception as e:
                 raise self._fail("installing the received venv", e) from e
             self.unpacker = None
             seconds = time.monotonic() - self.start
             self.abort()  # releases the lock; nothing is left to remove
-            return {"bytes": total, "seconds": seconds}
+            return Installed(total, seconds)
 
     def abort(self) -> None:
         """Remove what this receive made and release the lock. (A receiver that dies cannot:
@@ -336,41 +337,6 @@ class VenvReceiver:
             if self.lock is not None:
                 lock, self.lock = self.lock, None
                 lock.release()
-
-
-# What a receiver reads of an offer (`VenvSender.describe`), and the type of each.
-_OFFER_FIELDS = {"key": str, "venv": str, "host": str, "platform": str, "marker": dict}
-
-
-def check_offer(source: Any) -> None:
-    """The sender's description of its venv, checked before any part of it is used: one of
-    another shape (another version's plugin, a hostile node) is refused naming the part."""
-    if not isinstance(source, dict):
-        raise ShipError(f"the offer is a {type(source).__name__}, not a venv's description")
-    for name, kind in _OFFER_FIELDS.items():
-        if not isinstance(source.get(name), kind):
-            raise ShipError(
-                f"the offer's {name} is {source.get(name)!r}, not a {kind.__name__}: the "
-                "sending node runs another version of the plugin?"
-            )
-    try:
-        archive.check_key(source["key"])
-    except archive.ArchiveError as e:
-        raise ShipError(f"the offer's key: {e}") from e
-    try:
-        delta.check_offered(source)
-    except archive.ArchiveError as e:
-        raise ShipError(f"{e}: the sending node runs another version of the plugin?") from e
-    built, target = source.get("built_here"), source.get("target")
-    if built and not (
-        isinstance(built, dict)
-        and isinstance(target, dict)
-        and all(isinstance(k, str) and isinstance(v, str) for k, v in built.items())
-    ):
-        raise ShipError(
-            f"the offer's built_here {built!r} (with target {target!r}) is no map of "
-            "distributions to the wheel tags built on the sending node, with that node's target"
-        )
 
 
 def _first_copy(sources: list[Any], wait: float) -> Any:

@@ -38,6 +38,7 @@ import hashlib
 import os
 import stat
 import tarfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from ray_uv_plugin.agent import seeding
 from ray_uv_plugin.agent.request import interpreter_tag
 from ray_uv_plugin.ship.archive import MAX_MEMBERS, ArchiveError
 from ray_uv_plugin.ship.archive import SEED_REFERENCE as REFERENCE
+from ray_uv_plugin.ship.messages import Offer, OfferAnswer
 from ray_uv_plugin.store import freezing, manifest
 from ray_uv_plugin.store.build_lock import hold_shared
 from ray_uv_plugin.store.layout import lock_path, site_packages
@@ -66,12 +68,12 @@ def distributions(venv: Path) -> list[str]:
     return sorted(seeding.dist_infos(site)) if site is not None else []
 
 
-def check_offered(source: dict[str, Any]) -> None:
+def check_offered(source: Mapping[str, Any]) -> None:
     """The offer's part for seeding: two lists of strings, no longer than a venv's members (or
     absent: a sender that offers no seeding, and the receiver stages nothing)."""
     for name in ("files", "distributions"):
         value = source.get(name, [])
-        if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        if not (isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)):
             raise ArchiveError(f"the offer's {name} is no list of strings")
         if len(value) > MAX_MEMBERS:
             raise ArchiveError(f"the offer's {name} lists more than {MAX_MEMBERS}")
@@ -90,12 +92,12 @@ class Staged:
     reused_bytes: int = 0
 
 
-def stage(root: Path, tree: Path, key: str, source: dict[str, Any]) -> Staged | None:
+def stage(root: Path, tree: Path, key: str, source: Offer) -> Staged | None:
     """Copy into `tree/.ray-uv-seed` each file the offer `source` wants that the nearest ready
     venv of `root` has (see the module's docstring); None where there is no seed to use."""
-    wanted = set(source.get("files", []))
+    wanted = set(source.files)
     try:
-        found = seeding.nearest(root, key, interpreter_tag(), source.get("distributions", []))
+        found = seeding.nearest(root, key, interpreter_tag(), list(source.distributions))
     except Exception as e:  # a venv dir entry we may not touch, a marker gone: no seed
         if not seeding.untrusted_seed(e):
             raise
@@ -153,22 +155,20 @@ def _copy_checked(source: Path, target: Path, sha256: str, size: int) -> bool:
     return False
 
 
-def take_answer(staged: Staged | None) -> dict[str, Any]:
+def take_answer(staged: Staged | None) -> OfferAnswer:
     """A receiver's answer when it takes the venv: the sha256s it can place from its seed."""
-    return {
-        "decision": "take",
-        "seed": staged.seed if staged else None,
-        "have": sorted(staged.files) if staged else [],
-    }
+    if staged is None:
+        return OfferAnswer("take")
+    return OfferAnswer("take", seed=staged.seed, have=tuple(sorted(staged.files)))
 
 
-def shared_files(answers: list[dict[str, Any]]) -> list[str]:
+def shared_files(answers: list[OfferAnswer]) -> list[str]:
     """The files that every receiver taking the one stream staged (their answers' `have`)."""
     if not answers:
         return []
-    common = set(answers[0].get("have", []))
+    common = set(answers[0].have)
     for answer in answers[1:]:
-        common &= set(answer.get("have", []))
+        common &= set(answer.have)
     return sorted(common)
 
 

@@ -166,8 +166,8 @@ def check(case: Case) -> None:
     except UvEnvError:
         return  # refused before the offer is read
     try:
-        actors.check_offer(offer)  # `_offer`'s first step
-        why = receiver._refusal(offer, env, settings_["resolves"])
+        checked = actors.check_offer(offer)  # `offer`'s first step: the typed offer
+        why = receiver._refusal(checked, env, settings_["resolves"])
     except Exception as e:  # noqa: BLE001 - judged
         refused_clearly(e, (actors.ShipError,), "judging the offer")
         return
@@ -202,7 +202,11 @@ TARGET = Target(
     name="offer",
     cases=seeded("offer", fresh, _mutate),
     check=check,
-    modules=("ray_uv_plugin.ship.actors", "ray_uv_plugin.agent.request"),
+    modules=(
+        "ray_uv_plugin.ship.offer",
+        "ray_uv_plugin.ship.actors",
+        "ray_uv_plugin.agent.request",
+    ),
     properties=(
         "an offer of any shape is taken or refused in words (a str, or a ShipError): never "
         "another exception out of the receiver's judgement",
