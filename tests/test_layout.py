@@ -118,6 +118,28 @@ def test_the_probe_imports_only_the_standard_library_at_module_level() -> None:
     assert not [n for n in names if n.split(".")[0] in ("ray_uv_plugin", "worker_groups", "ray")]
 
 
+MAX_LINES = 400  # one concept per module: past this, a module holds several (issue 33)
+
+
+def too_long(paths: list[Path], limit: int = MAX_LINES) -> dict[Path, int]:
+    """The modules of `paths` over `limit` lines, with their length."""
+    lengths = {path: len(path.read_text().splitlines()) for path in paths}
+    return {path: n for path, n in lengths.items() if n > limit}
+
+
+def test_no_product_module_is_over_400_lines() -> None:
+    """Split a module that grows past this by concept, not by size alone."""
+    wrong = [f"{p.relative_to(ROOT)}: {n} lines" for p, n in too_long(modules(*PRODUCT)).items()]
+    assert not wrong, "split these by concept:\n" + "\n".join(wrong)
+
+
+def test_the_length_check_sees_a_long_module(tmp_path: Path) -> None:
+    long, short = tmp_path / "long.py", tmp_path / "short.py"
+    long.write_text("x = 1\n" * (MAX_LINES + 1))
+    short.write_text("x = 1\n" * MAX_LINES)
+    assert too_long([long, short]) == {long: MAX_LINES + 1}
+
+
 def test_no_product_code_imports_the_benchmarks() -> None:
     wrong = [
         f"{path.relative_to(ROOT)}:{line} imports {name}"
