@@ -55,7 +55,7 @@ class PrepareReporter(Protocol):
         """A node is done (ready or failed)."""
 
     def progress(self, progress: Any) -> None:
-        """A chunk was shipped (`ship.transfer.Progress`)."""
+        """A chunk was shipped (`ship.messages.Progress`)."""
 
 
 class WatchReporter(PrepareReporter, Protocol):
