@@ -34,7 +34,7 @@ from typing import Any
 
 from benchmarks.raylets import BIN, driver_env
 from ray_uv_plugin.agent.uv import find_uv
-from tests.uvproject import write_project
+from tests.support.uvproject import write_project
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT_S = 420  # a job not ended by then hung (a build's bound, 240 s, and margin)

@@ -50,7 +50,7 @@ from ray_uv_plugin.store.build_slots import default_max_builds
 from ray_uv_plugin.store.freezing import remove_tree
 from ray_uv_plugin.store.layout import MARKER, read_marker
 from ray_uv_plugin.store.units import format_bytes
-from tests.uvproject import write_project
+from tests.support.uvproject import write_project
 
 from .build_limits import held
 from .load_node import BIN, GcLoop, Head, Sampler, agent_sample, node_env

@@ -20,8 +20,9 @@ import ray_uv_plugin  # noqa: E402
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 # Token auth as Ray sets it up: a local `ray.init()` turns it on (with `~/.ray/auth_token`,
 # made at the first), `ray.cluster_utils.Cluster` leaves it to RAY_AUTH_MODE, and `ray start`
-# turns it on where a token exists. The `ray start` clusters of tests/test_jobs.py and
-# tests/test_token_auth.py run in token mode, with their shells given what a user gives them.
+# turns it on where a token exists. The `ray start` clusters of tests/agent/test_jobs.py and
+# tests/cluster/test_token_auth.py run in token mode, with their shells given what a user gives
+# them.
 # The plugin compiles bytecode at build time by default (its venvs are read-only): ~6 s per
 # venv with Ray on 2 cores. The tests run as root, who writes `.pyc` files anyway; a test of its
 # own covers the default.

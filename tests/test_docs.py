@@ -314,11 +314,11 @@ def test_kuberay_example_sets_what_plugin_config_prints() -> None:
 @pytest.mark.parametrize(("path", "kind"), [(KUBERAY, "RayCluster"), (KUBERAY_JOB, "RayJob")])
 def test_kuberay_examples_are_valid_objects_of_kuberays_crd(path: Path, kind: str) -> None:
     """Each example validates against its CRD's schema (KubeRay 1.6.0, the oldest with the
-    token auth they use: tests/kuberay_crd.py), with no field the schema lacks; a misspelt field
-    and a mode KubeRay does not know fail the same check."""
+    token auth they use: tests/support/kuberay_crd.py), with no field the schema lacks; a
+    misspelt field and a mode KubeRay does not know fail the same check."""
     import yaml
 
-    from tests.kuberay_crd import KUBERAY_VERSION, validator
+    from tests.support.kuberay_crd import KUBERAY_VERSION, validator
 
     check = validator(kind)
     example = yaml.safe_load(path.read_text())
@@ -560,7 +560,7 @@ def readme_did_it_work_line() -> str:
 def test_readme_did_it_work_line_tells_a_venv_from_the_nodes_python(tmp_path: Path) -> None:
     """Run as the README says, in a project's directory: a venv's python where the plugin is
     registered, the node's own Python where it is not."""
-    from tests.uvproject import write_project
+    from tests.support.uvproject import write_project
 
     project = write_project(tmp_path / "proj", ["six"])
     env = {

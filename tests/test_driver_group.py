@@ -20,7 +20,7 @@ import pytest
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import make_request
 from ray_uv_plugin.agent.spec import parse_spec
-from tests.uvproject import write_project
+from tests.support.uvproject import write_project
 
 ROOT = Path(__file__).resolve().parents[1]
 

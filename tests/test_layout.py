@@ -249,3 +249,29 @@ def test_the_initializers_copy_of_the_venv_variable_agrees() -> None:
         and isinstance(node.value, ast.Constant)
     ]
     assert value == VENV_ENV
+
+
+def test_the_tests_mirror_the_modules() -> None:
+    """tests/<layer>/ holds the tests of ray_uv_plugin/<layer>/, tests/worker_groups/ and
+    tests/benchmarks/ those of the packages of the same name, tests/support/ the helpers they
+    share (no tests), tests/fuzz/ the fuzz targets and their corpus; at the top only the tests
+    of the package's top modules and of the checkout as a whole (its layout, docs, packaging)."""
+    tests = ROOT / "tests"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    mirrored = {*LAYERS, "worker_groups", "benchmarks"}
+    assert folders - mirrored == {"support", "fuzz", "data"}, folders
+    for layer in LAYERS:
+        assert (PACKAGE / layer).is_dir() and (tests / layer / "__init__.py").is_file(), layer
+    assert not list((tests / "support").glob("test_*.py"))
+    top = {p.name for p in tests.glob("test_*.py")}
+    assert top == {
+        "test_layout.py",  # the checkout's layout
+        "test_docs.py",  # the README and docs/
+        "test_packaging.py",  # the wheel
+        "test_fuzz.py",  # the fuzz targets of tests/fuzz/, over every layer
+        "test_wording.py",  # words across the code and docs
+        "test_registration.py",  # ray_uv_plugin/registration.py
+        "test_schema.py",  # ray_uv_plugin/schema.py
+        "test_exports.py",  # ray_uv_plugin/__init__.py
+        "test_driver_group.py",  # the README's driver dependency group, end to end
+    }, top

@@ -12,7 +12,7 @@ signatures and two source lines; no subprocess.
 
 `DRIVER` lists what drivers use of Ray's internals (the package's own drivers, the hook, the
 check that a cluster loads the plugin); where one is missing they fall back or say so where
-they use it. tests/test_ray_compat.py checks both lists on every Ray CI runs: the oldest in
+they use it. tests/agent/test_ray_compat.py checks both lists on every Ray CI runs: the oldest in
 pyproject's range and the newest on the registry.
 """
 
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 # The oldest Ray CI tests (pyproject.toml's floor) and the one uv.lock pins, which the whole
-# suite runs on: the message of a mismatch suggests it. tests/test_ray_compat.py keeps both true.
+# suite runs on: the message of a mismatch suggests it. tests/agent/test_ray_compat.py keeps
+# both true.
 OLDEST_RAY = "2.44.1"
 LOCKED_RAY = "2.60.0"
 

@@ -48,7 +48,7 @@ class KeyInputs:
     (`key`), the marker records them (`as_json`), and nothing else decides "the same venv".
 
     The fields, their order and their JSON are what venvs on the nodes were keyed and marked
-    with: a change makes every venv built before unfindable (tests/test_request.py pins them).
+    with: a change makes every venv built before unfindable (tests/agent/test_request.py pins them).
     """
 
     selection: Mapping[str, Any]  # `ParsedUvProject.selection()`

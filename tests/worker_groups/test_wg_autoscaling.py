@@ -35,7 +35,7 @@ from types import SimpleNamespace
 import pytest
 
 import worker_groups.cluster
-from tests.test_jobs import free_ports, stop_own_cluster
+from tests.agent.test_jobs import free_ports, stop_own_cluster
 from tests.worker_groups.conftest import WORKER_ENV
 from worker_groups import RayVirtualCluster
 from worker_groups.autoscaling import (

@@ -17,7 +17,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from tests.uvproject import write_project
+from tests.support.uvproject import write_project
 from tests.worker_groups.conftest import WORKER_ENV, alive_actors, wait_until
 from worker_groups import (
     ACTOR_ENVIRONMENT_REGISTRY,

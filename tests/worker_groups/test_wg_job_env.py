@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import ray
 
-from tests.uvproject import write_project
+from tests.support.uvproject import write_project
 from tests.worker_groups.conftest import WORKER_ENV
 from worker_groups import (
     ACTOR_ENVIRONMENT_REGISTRY,

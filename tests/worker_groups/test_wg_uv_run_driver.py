@@ -23,7 +23,7 @@ import pytest
 
 from ray_uv_plugin.agent.uv import find_uv
 from ray_uv_plugin.store.layout import MARKER
-from tests.uvproject import CountingUv, write_project
+from tests.support.uvproject import CountingUv, write_project
 from tests.worker_groups.conftest import WORKER_ENV
 
 REPO = Path(__file__).resolve().parents[2]

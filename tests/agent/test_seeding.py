@@ -1,0 +1,160 @@
+"""A changed lock costs what changed (issue 31): a new venv takes the bytecode of the
+distributions that did not change from the nearest ready venv of the node, and is what a fresh
+`uv sync --locked` with bytecode gives. Real uv, real packages; no Ray."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import marshal
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ray_uv_plugin.agent.builder import ensure_venv
+from ray_uv_plugin.agent.project import load_project
+from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.store import freezing, gc, manifest
+from ray_uv_plugin.store.layout import MARKER, read_marker, site_packages
+from tests.support.uvproject import write_project
+
+pytestmark = pytest.mark.timeout(600)
+
+COMPILED = {"UV_COMPILE_BYTECODE": "1"}
+SHARED = ["six==1.16.0", "idna==3.7", "tomli==2.0.1"]
+
+
+@pytest.fixture(scope="module")
+def locks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two locks that differ in one pure-Python package."""
+    tmp = tmp_path_factory.mktemp("seeding")
+    a = write_project(tmp / "a", [*SHARED, "tomli-w==1.0.0"])
+    b = write_project(tmp / "b", [*SHARED, "tomli-w==1.1.0"])
+    return a, b
+
+
+def build(project: Path, root: Path):
+    logger = logging.getLogger("test_seeding")
+    return ensure_venv(parse_spec({}), load_project(project), COMPILED, root=root, logger=logger)
+
+
+def tree(venv: Path) -> dict[str, bytes | str]:
+    """Every path below `venv` (less the plugin's own files): a link's target, a file's bytes,
+    a `.pyc`'s module instead (see `accepted`), with the venv's own path written as `<venv>`."""
+    found: dict[str, bytes | str] = {}
+    for dirpath, dirnames, filenames in os.walk(venv):
+        for name in dirnames + filenames:
+            path = Path(dirpath, name)
+            rel = str(path.relative_to(venv))
+            if rel.startswith(manifest.OWN_PREFIX):
+                continue
+            if path.is_symlink():
+                found[rel] = os.readlink(path)
+            elif path.is_dir():
+                found[rel] = "dir"
+            elif name.endswith(".pyc"):
+                found[rel] = "pyc"
+            elif name == "RECORD":  # a console script's hash is of its venv's own shebang
+                lines = path.read_bytes().splitlines()
+                found[rel] = b"\n".join(
+                    line.rpartition(b",sha256=")[0] if line.startswith(b"../../../bin/") else line
+                    for line in lines
+                )
+            else:
+                found[rel] = path.read_bytes().replace(str(venv).encode(), b"<venv>")
+    return found
+
+
+def accepted(venv: Path) -> list[str]:
+    """The modules whose bytecode Python would not use as it is: no `.pyc`, a header that does
+    not match its source, or a body that is not code."""
+    site = site_packages(venv)
+    assert site is not None
+    bad = []
+    for source in site.rglob("*.py"):
+        pyc = Path(importlib.util.cache_from_source(str(source)))
+        try:
+            data = pyc.read_bytes()
+        except FileNotFoundError:
+            bad.append(f"{source.relative_to(site)}: no .pyc")
+            continue
+        st = source.stat()
+        flags = int.from_bytes(data[4:8], "little")
+        header_ok = (
+            data[:4] == importlib.util.MAGIC_NUMBER
+            and flags == 0
+            and int.from_bytes(data[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
+            and int.from_bytes(data[12:16], "little") == st.st_size & 0xFFFFFFFF
+        )
+        if not header_ok or type(marshal.loads(data[16:])).__name__ != "code":
+            bad.append(f"{source.relative_to(site)}: not accepted")
+    return bad
+
+
+def test_a_seeded_venv_is_what_a_fresh_sync_with_bytecode_gives(locks, tmp_path) -> None:
+    a, b = locks
+    root = tmp_path / "venvs"
+    seed = build(a, root)
+    before = manifest.scan(seed.path)
+    seeded = build(b, root)
+    marker = read_marker(seeded.path)
+    assert marker is not None
+    how = marker["built"]
+    assert how["how"] == "seeded" and how["distributions"] >= len(SHARED) and how["files"] > 0
+    fresh = build(b, tmp_path / "fresh")  # a venv dir with nothing to seed from
+    assert read_marker(fresh.path)["built"] == {"how": "full"}
+    assert seeded.key == fresh.key
+    # The same files, byte for byte (but each venv's own path), the same RECORDs, and bytecode
+    # that Python accepts for every module, the changed distribution's included.
+    seeded_tree, fresh_tree = tree(seeded.path), tree(fresh.path)
+    assert seeded_tree.keys() == fresh_tree.keys()
+    assert {k for k in seeded_tree if seeded_tree[k] != fresh_tree[k]} == set()
+    assert accepted(seeded.path) == [] and accepted(fresh.path) == []
+    assert any("tomli_w" in p and p.endswith(".pyc") for p in seeded_tree)
+    # Frozen and marked the same way.
+    assert marker["immutable"] == read_marker(fresh.path)["immutable"]
+    assert not os.access(seeded.path / "lib", os.W_OK) or os.geteuid() == 0
+    # The seed was only read.
+    assert manifest.scan(seed.path) == before
+    assert manifest.load(seed.path, read_marker(seed.path)["manifest"]) == before
+
+
+def test_a_damaged_seed_never_leaks_and_the_build_says_so(locks, tmp_path, caplog) -> None:
+    a, b = locks
+    root = tmp_path / "venvs"
+    seed = build(a, root)
+    site = site_packages(seed.path)
+    assert site is not None
+    pyc = Path(importlib.util.cache_from_source(str(site / "six.py")))
+    freezing.thaw(seed.path)
+    data = bytearray(pyc.read_bytes())
+    data[-1] ^= 0xFF  # the header still matches: Python would load it
+    os.chmod(pyc, 0o644)
+    pyc.write_bytes(bytes(data))
+    caplog.set_level(logging.INFO, logger="test_seeding")
+    built = build(b, root)
+    assert "full build" in caplog.text and seed.key in caplog.text
+    assert read_marker(built.path)["built"] == {"how": "full"}
+    new = Path(importlib.util.cache_from_source(str(site_packages(built.path) / "six.py")))
+    assert new.read_bytes() != bytes(data)
+    assert accepted(built.path) == []
+
+
+def test_a_seed_is_not_marked_used_so_gc_and_the_budget_may_still_remove_it(
+    locks, tmp_path
+) -> None:
+    """A burst of new keys seeding from an old venv must not keep it from `gc` and the venv
+    dir's budget, which remove the venvs used least recently: the seed's last use (its
+    marker's mtime) is what it was before it was seeded from."""
+    a, b = locks
+    root = tmp_path / "venvs"
+    seed = build(a, root)
+    hour_ago = time.time() - 3600
+    os.utime(seed.path / MARKER, (hour_ago, hour_ago))
+    seeded = build(b, root)
+    assert read_marker(seeded.path)["built"]["seed"] == seed.key
+    assert abs((seed.path / MARKER).stat().st_mtime - hour_ago) < 1
+    report = gc.collect(root, older_than_days=1 / 48)  # idle 30 min: the seed only
+    assert [d.entry.key for d in report.removed] == [seed.key]
