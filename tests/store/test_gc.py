@@ -694,9 +694,9 @@ def test_gc_racing_the_plugin_never_breaks_a_request(project: Path, tmp_path: Pa
     t = threading.Thread(target=requests)
     t.start()
     removed = 0
-    deadline = time.time() + 10
+    start = time.time()  # 10 s of racing, longer on a loaded machine until gc won once
     try:
-        while time.time() < deadline:
+        while time.time() < start + 10 or (removed == 0 and time.time() < start + 120):
             for e in inventory.scan(root).venvs:
                 if e.state == READY:
                     age_venv(e.path, 1)
@@ -958,9 +958,9 @@ def test_a_members_reuse_of_roots_venv_is_a_use_that_gc_sees(
     assert time.time() - ready.last_used < 60
     report = gc.collect(root, older_than_days=1)
     assert report.removed == [] and venv.exists()
-    assert [d.reason for d in report.kept] == [
-        f"used {units.format_age(time.time() - ready.last_used)}"
-    ]
+    # Used seconds ago (gc's clock reads a moment after this test's: the count may differ).
+    assert [d.entry.path for d in report.kept] == [venv]
+    assert all(re.fullmatch(r"used \d+s ago", d.reason) for d in report.kept), report.kept
 
 
 def test_a_member_keeps_a_venv_that_a_process_of_root_runs_in(
