@@ -9,7 +9,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import ray_uv_plugin
+from benchmarks.raylets import free_ports
 from ray_uv_plugin.store.budget import VENV_DIR_MAX_BYTES_ENV
 from ray_uv_plugin.store.build_slots import MAX_BUILDS_ENV, default_max_builds
 
@@ -42,16 +42,6 @@ def node_env(venvs: Path, budget: int | None) -> dict[str, str]:
     if budget is not None:
         env[VENV_DIR_MAX_BYTES_ENV] = str(budget)
     return env
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 class Head:
