@@ -12,7 +12,7 @@ delayed; the loop disk filled). Then it lets every fault go, starts again the no
 down, asks once more for every key of the round (an actor on each node), and checks the
 invariants (`chaos_invariants`).
 
-    flock /work/notes/heavy.lock uv run python -m benchmarks.chaos --seed 1 --faults 200 \\
+    uv run python -m benchmarks.chaos --seed 1 --faults 200 \\
         --out benchmarks/results/chaos-1.jsonl
 
 Writes one JSON line per fault (the planned fault, what it hit and when, the round's
