@@ -10,6 +10,7 @@ import errno
 import os
 import platform
 import queue
+import socket
 import sysconfig
 import threading
 import time
@@ -49,7 +50,10 @@ def platform_tag() -> str:
 
 
 def _where() -> str:
-    """This node as the driver names it: `10.0.0.8 (77aa00ff)`."""
+    """This node as the driver names it: `10.0.0.8 (77aa00ff)`; outside Ray (a receiver's
+    checks called directly) its host name, never a Ray started for the sake of a message."""
+    if not ray.is_initialized():
+        return socket.gethostname()
     context = ray.get_runtime_context()
     return f"{ray.util.get_node_ip_address()} ({context.get_node_id()[:8]})"
 

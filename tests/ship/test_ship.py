@@ -448,7 +448,9 @@ DRIVER = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_a_driver_killed_mid_way_leaves_nothing_used(two_nodes, tmp_path: Path) -> None:
+def test_a_driver_killed_mid_way_leaves_nothing_used(
+    two_nodes, tmp_path: Path, whole_venvs
+) -> None:
     cluster, _, b = two_nodes
     project = new_project(tmp_path)
     driver = subprocess.Popen(
@@ -556,7 +558,9 @@ def test_a_worker_group_ships_its_env_before_its_workers_start(
 
 
 @pytest.mark.slow
-def test_the_building_node_dying_mid_way_fails_cleanly(two_nodes, tmp_path: Path) -> None:
+def test_the_building_node_dying_mid_way_fails_cleanly(
+    two_nodes, tmp_path: Path, whole_venvs
+) -> None:
     """Node D has the venv and ships it to B; D's raylet dies after chunk 2. B's receive fails
     naming D and the step, B keeps nothing of it, and B's next prepare ships from A."""
     from ray_uv_plugin.cluster.prepare import probe_nodes
