@@ -284,7 +284,7 @@ def test_an_identical_request_is_built_again_after_both_windows(ray_with_short_m
     message = fails(env)
     failed_at = time.monotonic()
     assert uv.syncs() == 1  # Ray's retries were answered from memory
-    assert f"Ray's agent keeps this failed runtime_env for {WINDOW}s" in message
+    assert f"Ray answers an identical runtime_env with this error for {WINDOW}s" in message
     fails(env)  # Ray's agent answers it from its own cache
     assert uv.syncs() == 1
     fails({**env, "env_vars": {"RETRY": "1"}})  # as the message says: a new request
