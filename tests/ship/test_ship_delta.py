@@ -123,6 +123,18 @@ def full_ship_tree(venv: Path, root: Path) -> tuple[Packer, dict[str, tuple]]:
     return packer, tree(root / venv.name)
 
 
+def flip_byte(path: Path, offset: int) -> None:
+    """Damage a read-only file of a ready venv in place: one byte inverted, its mode kept."""
+    mode = stat.S_IMODE(os.lstat(path).st_mode)
+    os.chmod(path, mode | stat.S_IWUSR)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.chmod(path, mode)
+
+
 def test_a_seeded_ship_sends_the_difference_and_gives_the_full_ships_venv(
     pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -170,14 +182,7 @@ def test_a_damaged_seed_never_leaks(pair: tuple[Path, Path], tmp_path: Path) -> 
     receiver = tmp_path / "receiver"
     ship_stream(a, receiver)
     damaged = receiver / a.name / largest_shared_file(a, b)
-    mode = stat.S_IMODE(os.lstat(damaged).st_mode)
-    os.chmod(damaged, mode | stat.S_IWUSR)
-    with open(damaged, "r+b") as f:
-        f.seek(1000)
-        byte = f.read(1)
-        f.seek(1000)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    os.chmod(damaged, mode)
+    flip_byte(damaged, 1000)
     seeded, staged = ship_stream(b, receiver, seeded=True)
     got = tree(receiver / b.name)
     assert ready(receiver / b.name)
@@ -286,14 +291,7 @@ def test_a_damaged_seed_on_a_node_never_leaks(two_nodes, tmp_path: Path) -> None
         (p for p in seed.rglob("*.so") if p.is_file() and not p.is_symlink()),
         key=lambda p: p.stat().st_size,
     )
-    mode = stat.S_IMODE(os.lstat(largest).st_mode)
-    os.chmod(largest, mode | stat.S_IWUSR)
-    with open(largest, "r+b") as f:
-        f.seek(4096)
-        byte = f.read(1)
-        f.seek(4096)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    os.chmod(largest, mode)
+    flip_byte(largest, 4096)
     _, seeded = prepared(project_b)
     venv = node_b.venvs / seeded.key
     assert ready(node_b.venvs / seeded.key)
