@@ -10,7 +10,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.raylets import free_ports
 from ray_uv_plugin.agent.uv import find_uv
 from ray_uv_plugin.store.layout import MARKER
 from ray_uv_plugin.store.units import format_bytes
@@ -91,18 +91,6 @@ actors = [Plain.remote() for _ in range(3)]
 print("ACTORS", json.dumps(ray.get([a.where.remote() for a in actors])))
 print("JOB_UV_PROJECT", json.dumps(ray.get_runtime_context().runtime_env.get("uv_project")))
 """
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 @dataclass
