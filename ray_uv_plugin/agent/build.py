@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from ray_uv_plugin.agent import seeding
+from ray_uv_plugin.agent import bytecode, seeding
 from ray_uv_plugin.agent.build_record import write_manifest, write_marker_of
 from ray_uv_plugin.agent.cache_split import cache_split_note
 from ray_uv_plugin.agent.project import ProjectError, check_ray_pin, check_request
@@ -23,7 +23,7 @@ from ray_uv_plugin.agent.request import VenvRequest, interpreter_tag, withheld_f
 from ray_uv_plugin.agent.uv import UvResult, UvSyncError, UvTimeout, find_uv, run_uv, sync_failure
 from ray_uv_plugin.store import budget, freezing
 from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV
-from ray_uv_plugin.store.layout import installed_ray_version, remove_leftovers
+from ray_uv_plugin.store.layout import installed_ray_version, remove_leftovers, site_packages
 
 
 def no_space(venv: Path, doing: str = "building") -> str:
@@ -99,7 +99,7 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
         return result
 
     try:
-        result, taken = _sync_seeded(venv, env, sync, logger)
+        result, taken = _sync_seeded(venv, env, sync, logger, deadline)
         installed = installed_ray_version(venv)
         if installed != ray.__version__:
             raise UvSyncError(
@@ -108,7 +108,7 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
                 f"=={ray.__version__} a dependency of the environment you ask for and run "
                 "`uv lock`."
             )
-        listed = write_manifest(venv, logger, taken.known if taken else None)
+        listed = write_manifest(venv, logger, taken)
         try:  # the venv is whole but for its marker: what it adds to the venv dir is known
             budget.make_room(venv, lambda line: logger.info("uv_project %s: %s", venv.name, line))
         except budget.OverBudget as e:
@@ -138,10 +138,12 @@ def _sync_seeded(
     env: Mapping[str, str],
     sync: Callable[[Mapping[str, str]], UvResult],
     logger: logging.Logger,
+    deadline: float,
 ) -> tuple[UvResult, seeding.Taken | None]:
     """`uv sync` into `venv`, seeded from the nearest ready venv where one may give bytecode
-    (`agent.seeding`); returns uv's result (both runs' seconds) and what the seed gave (None:
-    a full build). A seed that cannot be used gives a full build, and the log says why."""
+    (`agent.seeding`); returns uv's result (with the seconds of any second run) and what the
+    seed gave (None: a full build). A seed that cannot be used gives a full build, and the log
+    says why."""
     compiles = env.get("UV_COMPILE_BYTECODE", "").lower() in ("1", "true", "yes", "on")
     interpreter = interpreter_tag()
     if not compiles or not seeding.has_candidates(venv.parent, venv.name, interpreter):
@@ -169,6 +171,22 @@ def _sync_seeded(
         logger.warning("uv_project %s: %s; a full build instead.", venv.name, e)
         freezing.remove_tree(venv)
         taken = None
+    if taken is not None:  # compile what the seed did not give: the changed distributions
+        start = time.perf_counter()
+        site = site_packages(venv)
+        assert site is not None  # the seed's bytecode went into it
+        try:
+            count = bytecode.compile_missing(site, env, max(deadline - time.monotonic(), 1.0))
+        except bytecode.CompileError as e:
+            logger.warning("uv_project %s: %s; uv compiles instead.", venv.name, e)
+        else:
+            logger.info(
+                "uv_project %s: compiled the %d modules the seed did not give in %.2fs",
+                venv.name,
+                count,
+                time.perf_counter() - start,
+            )
+            return first, taken
     second = sync(env)  # uv's bytecode step: what the seed did not give (or all of it)
     return replace(second, seconds=first.seconds + second.seconds), taken
 

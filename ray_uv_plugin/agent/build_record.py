@@ -10,10 +10,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ray_uv_plugin.agent import seeding
 from ray_uv_plugin.agent.project import project_name
 from ray_uv_plugin.agent.request import VenvRequest
 from ray_uv_plugin.agent.uv import UvSyncError
-from ray_uv_plugin.store import manifest
+from ray_uv_plugin.store import hashed, manifest
 from ray_uv_plugin.store.layout import MARKER_FORMAT, site_packages, write_marker
 
 
@@ -25,9 +26,7 @@ def _site_packages(venv: Path) -> str:
 
 
 def write_manifest(
-    venv: Path,
-    logger: logging.Logger,
-    known: Mapping[str, tuple[int, manifest.Entry]] | None = None,
+    venv: Path, logger: logging.Logger, taken: seeding.Taken | None = None
 ) -> dict[str, Any]:
     """The venv's manifest (`store.manifest`), before it is frozen; returns what the marker
     records of it: its sha256, and the files that differ from their distribution's RECORD.
@@ -35,7 +34,15 @@ def write_manifest(
     wheel's RECORD is wrong (some are): the venv is used here, with a warning, and never sent
     to another node (`ship.archive.Packer`), which builds its own."""
     start = time.perf_counter()
-    files = manifest.scan(venv, known)  # a seed's bytecode was read as it was linked
+    index = hashed.Hashed(hashed.fs_clock(venv))
+    unread = 0  # bytes known without reading them
+    if taken is None:
+        files = manifest.scan(venv, record=index)
+    else:  # the seed's bytecode was checked as it was linked; uv linked its other files too
+        unread = sum(entry.size for _, entry in taken.known.values())
+        unread -= taken.hashed.reused if taken.hashed else 0
+        files = manifest.scan(venv, taken.known, taken.hashed, index)
+        unread += taken.hashed.reused if taken.hashed else 0
     listed: dict[str, Any] = {}
     mismatches = manifest.records(venv, files)
     if mismatches:
@@ -49,12 +56,15 @@ def write_manifest(
         )
         listed[manifest.NOT_AS_RECORDED] = {"count": len(mismatches), "first": mismatches[:5]}
     listed["manifest"] = manifest.write(venv, files)
+    listed["hashed"] = hashed.write(venv, index)
     size = sum(entry.size for entry in files.values())
     logger.info(
-        "uv_project %s: manifest of %d entries (%.0f MB) in %.2fs",
+        "uv_project %s: manifest of %d entries (%.0f MB, %.0f MB of them read, the rest "
+        "known unchanged since the seed hashed them) in %.2fs",
         venv.name,
         len(files),
         size / 1e6,
+        (size - unread) / 1e6,
         time.perf_counter() - start,
     )
     return listed

@@ -13,14 +13,17 @@ the old key on this node. So a build (`builder`) runs:
    there (name, version and `RECORD`, byte for byte but for console scripts, which name their
    venv), for each module whose source has the size
    and mtime the `.pyc`'s header checks; each is hardlinked (a `.pyc` is never written in
-   place), then read and checked against the seed's manifest: the linked inode itself, so a
-   seed changed before or during the link is caught, and the build falls back to a full one;
-3. uv's own bytecode step (`uv sync` again, with bytecode): it compiles what is left, the
-   changed distributions, and leaves the `.pyc` files it finds current alone.
+   place), then checked against the seed's manifest: the linked inode itself, so a seed
+   changed before or during the link is caught, and the build falls back to a full one. The
+   inode is read and hashed unless the seed's index (`store.hashed`) proves it unchanged since
+   the seed's build hashed it;
+3. `bytecode.compile_missing`: the modules left without bytecode, the changed distributions',
+   compiled as uv's bytecode step compiles them (uv's own step, a second `uv sync`, where that
+   fails).
 
 The result is what a fresh `uv sync --locked` with bytecode gives: the same files and RECORDs
-(step 1 is that sync), and bytecode Python accepts for every module (each one uv's, compiled by
-the same interpreter from the same source). The seed is only read: it may be in use, frozen,
+(step 1 is that sync), and bytecode Python accepts for every module (each one compiled by
+`compileall.compile_file` on the same interpreter from the same source, as uv's are). The seed is only read: it may be in use, frozen,
 or removed by `gc` meanwhile (a file gone is compiled in step 3).
 """
 
@@ -33,7 +36,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ray_uv_plugin.store import manifest, trust
+from ray_uv_plugin.store import hashed, manifest, trust
 from ray_uv_plugin.store.layout import DIST_INFO, MARKER, check_ready, read_marker, site_packages
 
 CANDIDATES = 8  # the most recently built venvs of this interpreter that are weighed as seeds
@@ -53,6 +56,7 @@ class Seed:
     site: Path  # its site-packages
     common: tuple[str, ...]  # the dist-info dir names it shares with the new venv, RECORD alike
     files: manifest.Files  # its manifest, checked against its marker
+    hashed: hashed.Hashed | None = None  # its files' inodes as hashed (`store.hashed`)
 
     @property
     def distributions(self) -> int:
@@ -69,6 +73,8 @@ class Taken:
     bytes: int
     # What was read of them: path in the venv -> (inode, manifest entry), for its manifest.
     known: dict[str, tuple[int, manifest.Entry]] = field(default_factory=dict, repr=False)
+    # The seed's index of hashed inodes: uv linked the same ones from its cache into both.
+    hashed: hashed.Hashed | None = field(default=None, repr=False)
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -170,7 +176,7 @@ def choose(root: Path, venv: Path, interpreter: str) -> Seed | None:
         files = manifest.load(path, meta.get("manifest"))
     except manifest.ManifestError as e:
         raise SeedError(f"the nearest venv {name} {e}") from None
-    return Seed(name, path, seed_site, common, files)
+    return Seed(name, path, seed_site, common, files, hashed.load(path, meta.get("hashed")))
 
 
 def _sources(dist_info: Path) -> Iterator[str]:
@@ -232,16 +238,19 @@ def take_bytecode(seed: Seed, venv: Path) -> Taken:
             os.link(seed.site / rel, target, follow_symlinks=False)
         except (FileNotFoundError, FileExistsError):
             continue  # removed meanwhile (gc): compiled by uv instead
-        st, sha = manifest.hash_file(str(target))
+        st = os.lstat(target)
+        if seed.hashed is None or seed.hashed.sha256(st) != entry.content:
+            st, sha = manifest.hash_file(str(target))  # not provably unchanged: read it
+        else:
+            sha = entry.content
         if st.st_size != entry.size or sha != entry.content:
             os.unlink(target)
             raise SeedError(
-                f"the nearest venv {seed.key} has {rel} with other content than when it was "
-                "built"
+                f"the nearest venv {seed.key} has {rel} with other content than when it was built"
             )
         known[f"{base}/{rel}"] = (st.st_ino, entry)
     size = sum(entry.size for _, entry in known.values())
-    return Taken(seed.key, len(seed.common), len(known), size, known)
+    return Taken(seed.key, len(seed.common), len(known), size, known, seed.hashed)
 
 
 def untrusted_seed(error: BaseException) -> bool:

@@ -36,7 +36,8 @@ def install_received(root: Path, key: str, tree: Path, meta: Mapping[str, Any]) 
     os.rename(tree, venv)
     try:
         immutable = freezing.freeze(venv)
-        marker = {k: v for k, v in meta.items() if k != "venv"}
+        # The sender's index of hashed inodes names its own disk's: none here.
+        marker = {k: v for k, v in meta.items() if k not in ("venv", "hashed")}
         write_marker(venv, {**marker, "key": key, "immutable": immutable, "manifest": own})
     except BaseException:
         freezing.remove_tree(venv)

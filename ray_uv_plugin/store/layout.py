@@ -10,6 +10,9 @@ Layout under the venv dir (`RAY_UV_PLUGIN_VENV_DIR`, absolute, private to this u
     <key>/.ray-uv-ready    JSON metadata naming <key>, written last: only a venv with it is used
     <key>/.ray-uv-ready.manifest  every file the build made, with its sha256 (`manifest`); the
                            marker names its sha256. Read only when the venv is shipped
+                           or seeds another
+    <key>/.ray-uv-ready.hashed  each file's inode, size and mtime when it was hashed
+                           (`hashed`): a seeded build takes an unchanged inode's hash from it
     <key>.lock             the build lock (`build_lock`), held while uv runs; it holds the pid
                            of its last holder and is the record that the plugin made <key>
     <key>.ship-XXXX        a venv being received from another node (`ship`), never used as it

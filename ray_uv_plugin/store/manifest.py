@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ray_uv_plugin.store import trust
+from ray_uv_plugin.store.hashed import Hashed
 from ray_uv_plugin.store.layout import site_packages
 
 MANIFEST = ".ray-uv-ready.manifest"
@@ -101,11 +102,19 @@ def _walk_error(error: OSError) -> None:
     raise error
 
 
-def scan(venv: Path, known: Mapping[str, tuple[int, Entry]] | None = None) -> Files:
+def scan(
+    venv: Path,
+    known: Mapping[str, tuple[int, Entry]] | None = None,
+    reuse: Hashed | None = None,
+    record: Hashed | None = None,
+) -> Files:
     """Every entry below `venv` (never following a link), each file read and hashed: a build's
     one pass over its venv. A special file (a FIFO, a device) is an error: a venv has none.
     `known`: files whose hash the caller took itself (path -> (inode, entry)), not read again
-    while they are that inode with that size (a seeded build's linked bytecode)."""
+    while they are that inode with that size (a seeded build's linked bytecode). `reuse`: an
+    index of inodes hashed before and unchanged since (`store.hashed`: a seed's, whose files
+    uv linked from the same cache), not read again either. `record`: an index to fill with
+    every file's hash, its clock taken before the scan began."""
     known = known or {}
     files: Files = {}
     for dirpath, dirnames, filenames in os.walk(venv, onerror=_walk_error):
@@ -123,10 +132,12 @@ def scan(venv: Path, known: Mapping[str, tuple[int, Entry]] | None = None) -> Fi
             elif stat.S_ISREG(st.st_mode):
                 inode, entry = known.get(key, (None, None))
                 if entry is not None and inode == st.st_ino and entry.size == st.st_size:
-                    files[key] = file_entry(st.st_mode, st.st_size, entry.content)
-                    continue
-                st, sha = hash_file(path)
+                    sha = entry.content
+                elif reuse is None or (sha := reuse.sha256(st)) is None:
+                    st, sha = hash_file(path)
                 files[key] = file_entry(st.st_mode, st.st_size, sha)
+                if record is not None:
+                    record.add(st, sha)
             else:
                 raise ManifestError(f"{path}: a venv holds only files, dirs and links")
     return files
@@ -146,15 +157,7 @@ def digest(files: Files) -> str:
 def write(venv: Path, files: Files) -> str:
     """Write (or replace) `<venv>/.ray-uv-ready.manifest`; returns its sha256 for the marker."""
     data = _canonical(files)
-    tmp = venv / f"{MANIFEST}.tmp"
-    if os.path.lexists(tmp):
-        os.unlink(tmp)  # of a build or receive that died here
-    fd = trust.open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, venv / MANIFEST)
+    trust.write_new_file(venv / MANIFEST, data)
     return hashlib.sha256(data).hexdigest()
 
 
@@ -181,13 +184,7 @@ def load(venv: Path, sha256: object) -> Files:
         )
     path = venv / MANIFEST
     try:
-        fd = trust.open_no_follow(path)
-        try:
-            trust.check_fd(path, fd, "the venv's manifest")
-            with open(os.dup(fd), "rb") as f:
-                data = f.read(MAX_BYTES + 1)
-        finally:
-            os.close(fd)
+        data = trust.read_own_file(path, MAX_BYTES, "the venv's manifest")
     except FileNotFoundError:
         raise ManifestError(f"has lost its manifest {path}") from None
     except OSError as e:  # untrusted included: someone else's file where ours belongs

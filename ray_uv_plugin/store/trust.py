@@ -329,6 +329,32 @@ def check_fd(path: Path, fd: int, what: str) -> os.stat_result:
     return st
 
 
+def read_own_file(path: Path, max_bytes: int, what: str) -> bytes:
+    """The bytes of a file of ours (not a link, ours and not writable by others: `check_fd`),
+    at most `max_bytes` + 1 of them, so that a caller can tell one that is too large."""
+    fd = open_no_follow(path)
+    try:
+        check_fd(path, fd, what)
+        with open(os.dup(fd), "rb") as f:
+            return f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+
+
+def write_new_file(path: Path, data: bytes) -> None:
+    """Write `path` whole or not at all: a temporary file beside it (one a write that died
+    left is removed first), synced, then renamed over it."""
+    tmp = path.with_name(f"{path.name}.tmp")
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    fd = open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def new_dir_mode() -> int:
     return 0o2750 if trusted_gid() is not None else 0o700
 

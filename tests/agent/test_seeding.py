@@ -8,6 +8,7 @@ import importlib.util
 import logging
 import marshal
 import os
+import re
 import time
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import pytest
 from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.store import freezing, gc, manifest
+from ray_uv_plugin.agent import bytecode
+from ray_uv_plugin.store import freezing, gc, hashed, manifest
 from ray_uv_plugin.store.layout import MARKER, read_marker, site_packages
 from tests.support.uvproject import write_project
 
@@ -93,16 +95,25 @@ def accepted(venv: Path) -> list[str]:
     return bad
 
 
-def test_a_seeded_venv_is_what_a_fresh_sync_with_bytecode_gives(locks, tmp_path) -> None:
+def test_a_seeded_venv_is_what_a_fresh_sync_with_bytecode_gives(locks, tmp_path, caplog) -> None:
     a, b = locks
     root = tmp_path / "venvs"
     seed = build(a, root)
     before = manifest.scan(seed.path)
+    caplog.set_level(logging.INFO, logger="test_seeding")
     seeded = build(b, root)
     marker = read_marker(seeded.path)
     assert marker is not None
     how = marker["built"]
     assert how["how"] == "seeded" and how["distributions"] >= len(SHARED) and how["files"] > 0
+    # One `uv sync` (without bytecode), then only the changed distribution compiled; the
+    # unchanged files' hashes taken from the seed's index, not read again.
+    assert caplog.text.count("uv: Resolved") == 1, caplog.text
+    compiled = re.search(r"compiled the (\d+) modules the seed did not give", caplog.text)
+    assert compiled and 0 < int(compiled[1]) < 20, caplog.text
+    read = re.search(r"manifest of \d+ entries \((\d+) MB, (\d+) MB of them read", caplog.text)
+    assert read, caplog.text
+    assert hashed.load(seeded.path, marker["hashed"]) is not None
     fresh = build(b, tmp_path / "fresh")  # a venv dir with nothing to seed from
     assert read_marker(fresh.path)["built"] == {"how": "full"}
     assert seeded.key == fresh.key
@@ -158,3 +169,34 @@ def test_a_seed_is_not_marked_used_so_gc_and_the_budget_may_still_remove_it(
     assert abs((seed.path / MARKER).stat().st_mtime - hour_ago) < 1
     report = gc.collect(root, older_than_days=1 / 48)  # idle 30 min: the seed only
     assert [d.entry.key for d in report.removed] == [seed.key]
+
+
+def test_a_seed_whose_index_cannot_be_used_is_read_instead(locks, tmp_path, caplog) -> None:
+    """A seed built before the index existed (or whose index is lost) still seeds: its
+    bytecode is read and checked against its manifest, as before."""
+    a, b = locks
+    root = tmp_path / "venvs"
+    seed = build(a, root)
+    freezing.thaw(seed.path)
+    (seed.path / hashed.HASHED).unlink()
+    caplog.set_level(logging.INFO, logger="test_seeding")
+    seeded = build(b, root)
+    assert read_marker(seeded.path)["built"]["how"] == "seeded"
+    assert accepted(seeded.path) == []
+    assert "full build" not in caplog.text
+
+
+def test_when_the_compile_workers_fail_uv_compiles(locks, tmp_path, monkeypatch, caplog) -> None:
+    a, b = locks
+    root = tmp_path / "venvs"
+    build(a, root)
+
+    def fail(*args, **kwargs):
+        raise bytecode.CompileError("a compile worker exited with 1: planted")
+
+    monkeypatch.setattr(bytecode, "compile_missing", fail)
+    caplog.set_level(logging.INFO, logger="test_seeding")
+    seeded = build(b, root)
+    assert "planted; uv compiles instead" in caplog.text
+    assert read_marker(seeded.path)["built"]["how"] == "seeded"
+    assert accepted(seeded.path) == []

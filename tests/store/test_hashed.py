@@ -1,0 +1,118 @@
+"""A hash is taken again without reading the file only while its inode is provably unchanged
+(`store.hashed`): the same inode, size and mtime, that mtime older than the filesystem's clock
+when hashing began. Real files; no Ray, no uv."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ray_uv_plugin.store import hashed, manifest
+
+
+def _old(path: Path, data: bytes) -> Path:
+    """A file written a while ago, as uv's cache's are."""
+    path.write_bytes(data)
+    then = time.time() - 60
+    os.utime(path, (then, then))
+    return path
+
+
+def _index_of(venv: Path) -> tuple[manifest.Files, hashed.Hashed]:
+    index = hashed.Hashed(hashed.fs_clock(venv))
+    return manifest.scan(venv, record=index), index
+
+
+def test_an_unchanged_inode_is_known_and_any_write_since_is_not(tmp_path) -> None:
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    module = _old(venv / "m.py", b"x = 1\n")
+    files, index = _index_of(venv)
+    assert index.sha256(os.lstat(module)) == files["m.py"].content
+    assert index.reused == module.stat().st_size
+    # The same bytes written again, same size, within the same second: the mtime moves on.
+    module.write_bytes(b"x = 2\n")
+    assert index.sha256(os.lstat(module)) is None
+
+
+def test_a_file_written_after_hashing_began_is_not_recorded(tmp_path) -> None:
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    index = hashed.Hashed(hashed.fs_clock(venv))
+    fresh = venv / "fresh.py"
+    fresh.write_bytes(b"x = 1\n")
+    manifest.scan(venv, record=index)
+    assert index.inodes == {}
+    assert index.sha256(os.lstat(fresh)) is None
+
+
+def test_another_inode_with_the_same_size_and_mtime_is_not_known(tmp_path) -> None:
+    """A file replaced (renamed over) by one of the same size, its mtime set back: another
+    inode, read again."""
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    module = _old(venv / "m.py", b"x = 1\n")
+    _, index = _index_of(venv)
+    st = module.stat()
+    other = tmp_path / "other.py"
+    other.write_bytes(b"y = 2\n")
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(other, module)
+    assert os.lstat(module).st_mtime_ns == st.st_mtime_ns
+    assert index.sha256(os.lstat(module)) is None
+
+
+def test_a_scan_takes_known_hashes_and_reads_the_rest(tmp_path) -> None:
+    """A hardlink to a hashed inode is not read: the index's hash is what the manifest lists
+    (shown here with a hash planted in the index); a changed one is read."""
+    seed, venv = tmp_path / "seed", tmp_path / "venv"
+    seed.mkdir()
+    venv.mkdir()
+    same = _old(seed / "same.py", b"a = 1\n")
+    changed = _old(seed / "changed.py", b"b = 1\n")
+    _, index = _index_of(seed)
+    planted = "0" * 64
+    size, mtime, _ = index.inodes[same.stat().st_ino]
+    index.inodes[same.stat().st_ino] = (size, mtime, planted)
+    os.link(same, venv / "same.py")
+    os.link(changed, venv / "changed.py")
+    changed.write_bytes(b"b = 2\n")
+    files = manifest.scan(venv, reuse=index)
+    assert files["same.py"].content == planted
+    assert files["changed.py"].content == hashlib.sha256(b"b = 2\n").hexdigest()
+
+
+def test_an_index_is_used_only_if_it_is_the_one_the_marker_names(tmp_path) -> None:
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    _old(venv / "m.py", b"x = 1\n")
+    _, index = _index_of(venv)
+    sha = hashed.write(venv, index)
+    loaded = hashed.load(venv, sha)
+    assert loaded is not None and loaded.inodes == index.inodes
+    assert loaded.clock_ns == index.clock_ns and loaded.dev == index.dev
+    assert hashed.load(venv, None) is None  # a venv of an earlier version
+    assert hashed.load(venv, "f" * 64) is None  # not the one named
+    path = venv / hashed.HASHED
+    doc = json.loads(path.read_bytes())
+    doc["clock_ns"] += 10**12  # a later clock would pass files written since
+    path.write_bytes(json.dumps(doc).encode())
+    assert hashed.load(venv, sha) is None
+    path.unlink()
+    assert hashed.load(venv, sha) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a file of another user")
+def test_an_index_of_another_user_is_not_used(tmp_path) -> None:
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    _old(venv / "m.py", b"x = 1\n")
+    _, index = _index_of(venv)
+    sha = hashed.write(venv, index)
+    os.chown(venv / hashed.HASHED, 65534, 65534)
+    assert hashed.load(venv, sha) is None
