@@ -23,8 +23,9 @@ the old key on this node. So a build (`builder`) runs:
 
 The result is what a fresh `uv sync --locked` with bytecode gives: the same files and RECORDs
 (step 1 is that sync), and bytecode Python accepts for every module (each one compiled by
-`compileall.compile_file` on the same interpreter from the same source, as uv's are). The seed is only read: it may be in use, frozen,
-or removed by `gc` meanwhile (a file gone is compiled in step 3).
+`compileall.compile_file` on the same interpreter from the same source, as uv's are). The seed
+is only read: it may be in use, frozen, or removed by `gc` meanwhile (a file gone is compiled in
+step 3).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(900)
 
 # A build backend in the library's own tree (no download): its wheel's `mylib.FLAVOR` is the
 # build's `MYLIB_FLAVOR`, as a CUDA or CPU flavour chosen by an env var would be.
-BACKEND = '''\
+BACKEND = """\
 import base64, hashlib, os, zipfile
 
 NAME, VERSION = "mylib", "0.1.0"
@@ -59,12 +59,12 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 
 def build_sdist(sdist_directory, config_settings=None):
     raise NotImplementedError
-'''
+"""
 
 # Runs in every Python started with this dir on PYTHONPATH: in a venv of `VENVS` it plants a
 # `.pth` (a line of code every later Python of that venv runs), as a careless or hostile job's
 # `sitecustomize` could; elsewhere it only records where it ran.
-SITECUSTOMIZE = '''\
+SITECUSTOMIZE = """\
 import os, sys, sysconfig
 with open({log!r}, "a") as log:
     log.write(sys.prefix + "\\n")
@@ -74,7 +74,7 @@ if sys.prefix.startswith({venvs!r}):
             f.write("import os; os.environ['PLANTED'] = '1'\\n")
     except OSError:
         pass
-'''
+"""
 
 
 @pytest.fixture(scope="module")

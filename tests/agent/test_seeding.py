@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from ray_uv_plugin.agent import bytecode
 from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.agent import bytecode
 from ray_uv_plugin.store import freezing, gc, hashed, manifest
 from ray_uv_plugin.store.layout import MARKER, read_marker, site_packages
 from tests.support.uvproject import write_project
