@@ -66,7 +66,8 @@ def seconds(text: str) -> float:
 
 def plugin_share(sample: Sample) -> dict[str, Any]:
     """What the setup log says the plugin did for this job: the build's seconds (from the
-    agent's request to the venv ready), the seeding line, and how the venv was built."""
+    agent's request to the venv ready), the seeding, compiling and manifest lines, and how the
+    venv was built."""
     share: dict[str, Any] = {}
     for line in sample.setup_log:
         if found := re.search(rf"uv_project (\w+): (built|reused) in {_DURATION} ->", line):
@@ -77,6 +78,8 @@ def plugin_share(sample: Sample) -> dict[str, Any]:
                 share["reused"] = share.get("reused", 0) + 1
         elif "seeded from" in line:
             share["seeded"] = line.split("uv_project ", 1)[1]
+        elif "modules the seed did not give" in line or "manifest of" in line:
+            share.setdefault("steps", []).append(line.split("uv_project ", 1)[1])
     if sample.executables and sample.way == "ours-change":
         marker = read_marker(Path(sample.executables[0]).parent.parent) or {}
         share["built"] = marker.get("built")

@@ -188,20 +188,27 @@ def _sources(dist_info: Path) -> Iterator[str]:
             yield path
 
 
-def _pycs(seed: Seed, source: str) -> list[str]:
-    """The seed's bytecode files of one module, relative to site-packages."""
+def _pycs(seed_site: str, source: str, listed: dict[str, dict[str, list[str]]]) -> list[str]:
+    """The seed's bytecode files of one module, relative to site-packages; `listed` keeps each
+    `__pycache__` dir's `.pyc` names of this interpreter by module, listed once."""
     folder, _, filename = source.rpartition("/")
-    stem = filename[:-3]
     cache = f"{folder}/__pycache__" if folder else "__pycache__"
-    prefix = f"{stem}.{sys.implementation.cache_tag}."
-    try:
-        names = os.listdir(seed.site / cache)
-    except OSError:
-        return []
-    return [f"{cache}/{n}" for n in names if n.startswith(prefix) and n.endswith(".pyc")]
+    by_module = listed.get(cache)
+    if by_module is None:
+        by_module = listed[cache] = {}
+        tag = f".{sys.implementation.cache_tag}."
+        try:
+            names = os.listdir(os.path.join(seed_site, cache))
+        except OSError:
+            names = []
+        for name in names:
+            module, found, _ = name.partition(tag)
+            if found and name.endswith(".pyc"):
+                by_module.setdefault(module, []).append(f"{cache}/{name}")
+    return by_module.get(filename[:-3], [])
 
 
-def _same_source(a: Path, b: Path) -> bool:
+def _same_source(a: str, b: str) -> bool:
     """Whether two sources have what a `.pyc` header checks alike: size and mtime (seconds)."""
     try:
         sa, sb = os.lstat(a), os.lstat(b)
@@ -215,18 +222,20 @@ def _same_source(a: Path, b: Path) -> bool:
 def take_bytecode(seed: Seed, venv: Path) -> Taken:
     """Link the seed's `.pyc` files of the distributions it shares into `venv` (see the module's
     docstring); raises SeedError for a seed file that is not what its manifest says."""
-    site = site_packages(venv)
-    assert site is not None  # `choose` found it
-    base = site.relative_to(venv)
-    seed_base = seed.site.relative_to(seed.path)
+    found = site_packages(venv)
+    assert found is not None  # `choose` found it
+    base = str(found.relative_to(venv))
+    seed_base = str(seed.site.relative_to(seed.path))
+    site, seed_site = str(found), str(seed.site)  # strings: ~44,000 files for 425 packages
     wanted: list[str] = []
+    listed: dict[str, list[str]] = {}
     for dist in seed.common:
-        for source in _sources(site / dist):
-            if _same_source(site / source, seed.site / source):
-                wanted += _pycs(seed, source)
+        for source in _sources(found / dist):
+            if _same_source(f"{site}/{source}", f"{seed_site}/{source}"):
+                wanted += _pycs(seed_site, source, listed)
     for folder in sorted({rel.rpartition("/")[0] for rel in wanted}):
         try:
-            os.mkdir(site / folder, 0o755)  # a `__pycache__`: its package's dir is uv's
+            os.mkdir(f"{site}/{folder}", 0o755)  # a `__pycache__`: its package's dir is uv's
         except FileExistsError:
             pass
     known: dict[str, tuple[int, manifest.Entry]] = {}
@@ -234,14 +243,14 @@ def take_bytecode(seed: Seed, venv: Path) -> Taken:
         entry = seed.files.get(f"{seed_base}/{rel}")
         if entry is None or entry.kind != "file":
             raise SeedError(f"the nearest venv {seed.key} has {rel}, which its manifest lacks")
-        target = site / rel
+        target = f"{site}/{rel}"
         try:
-            os.link(seed.site / rel, target, follow_symlinks=False)
+            os.link(f"{seed_site}/{rel}", target, follow_symlinks=False)
         except (FileNotFoundError, FileExistsError):
-            continue  # removed meanwhile (gc): compiled by uv instead
+            continue  # removed meanwhile (gc): compiled in step 3 instead
         st = os.lstat(target)
         if seed.hashed is None or seed.hashed.sha256(st) != entry.content:
-            st, sha = manifest.hash_file(str(target))  # not provably unchanged: read it
+            st, sha = manifest.hash_file(target)  # not provably unchanged: read it
         else:
             sha = entry.content
         if st.st_size != entry.size or sha != entry.content:
