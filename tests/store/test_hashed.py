@@ -87,12 +87,17 @@ def test_a_scan_takes_known_hashes_and_reads_the_rest(tmp_path) -> None:
     assert files["changed.py"].content == hashlib.sha256(b"b = 2\n").hexdigest()
 
 
-def test_an_index_is_used_only_if_it_is_the_one_the_marker_names(tmp_path) -> None:
+def _written(tmp_path: Path) -> tuple[Path, hashed.Hashed, str]:
+    """A venv of one old file, its index written: (venv, index, the sha256 a marker names)."""
     venv = tmp_path / "venv"
     venv.mkdir()
     _old(venv / "m.py", b"x = 1\n")
     _, index = _index_of(venv)
-    sha = hashed.write(venv, index)
+    return venv, index, hashed.write(venv, index)
+
+
+def test_an_index_is_used_only_if_it_is_the_one_the_marker_names(tmp_path) -> None:
+    venv, index, sha = _written(tmp_path)
     loaded = hashed.load(venv, sha)
     assert loaded is not None and loaded.inodes == index.inodes
     assert loaded.clock_ns == index.clock_ns and loaded.dev == index.dev
@@ -109,10 +114,7 @@ def test_an_index_is_used_only_if_it_is_the_one_the_marker_names(tmp_path) -> No
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a file of another user")
 def test_an_index_of_another_user_is_not_used(tmp_path) -> None:
-    venv = tmp_path / "venv"
-    venv.mkdir()
-    _old(venv / "m.py", b"x = 1\n")
-    _, index = _index_of(venv)
-    sha = hashed.write(venv, index)
+    venv, _, sha = _written(tmp_path)
+    assert hashed.load(venv, sha) is not None
     os.chown(venv / hashed.HASHED, 65534, 65534)
     assert hashed.load(venv, sha) is None
