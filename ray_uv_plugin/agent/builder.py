@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ray_uv_plugin.agent import failed_builds
 from ray_uv_plugin.agent.build import build_venv
@@ -38,6 +39,7 @@ class Outcome:
     built: bool
     seconds: float
     rebuilt_because: str | None = None  # a ready venv that was not whole any more
+    marker: Mapping[str, Any] | None = None  # a reused venv's marker, as read
 
     @property
     def python(self) -> Path:
@@ -48,8 +50,9 @@ def lookup(request: VenvRequest, root: Path) -> Outcome | None:
     """The ready venv for this request, if there is one: the path every warm request takes."""
     start = time.perf_counter()
     root = trust.check_root(root)  # resolved: what we check is what workers run
-    if check_ready(root, request.key):
-        return Outcome(request.key, root / request.key, False, time.perf_counter() - start)
+    if ready := check_ready(root, request.key):
+        took = time.perf_counter() - start
+        return Outcome(request.key, root / request.key, False, took, marker=ready.marker)
     return None
 
 
@@ -81,7 +84,8 @@ async def ensure_venv_async(
     lock = BuildLock(lock_path(root, key))
     await lock.acquire_async(lock_timeout, request.what)
     try:
-        why = check_ready(root, key).why_not  # another process may have built it meanwhile
+        ready = check_ready(root, key)  # another process may have built it meanwhile
+        why = ready.why_not
         # Ray's agent retries a failed setup: not 3 builds
         sync_inputs = failed_builds.sync_inputs(request)
         failed = None if why is None else failed_builds.recent(root / key, sync_inputs)
@@ -90,7 +94,7 @@ async def ensure_venv_async(
         raise
     if why is None:
         lock.release()
-        return Outcome(key, root / key, False, time.perf_counter() - start)
+        return Outcome(key, root / key, False, time.perf_counter() - start, marker=ready.marker)
     if failed is not None:
         lock.release()
         raise UvSyncError(failed)

@@ -29,6 +29,7 @@ from ray_uv_plugin.agent.spec import (
 )
 from ray_uv_plugin.agent.uv import format_duration
 from ray_uv_plugin.store.layout import VENV_ENV, venv_root
+from ray_uv_plugin.store.units import built_label
 
 if TYPE_CHECKING:
     from ray._private.runtime_env.context import RuntimeEnvContext
@@ -153,8 +154,15 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         outcome = await ensure_venv_async(request, root, logger)
         verb = "built" if outcome.built else "reused"
         took = time.perf_counter() - start
+        # A reused venv says how it came to be: built here, seeded, or shipped from a node.
+        made = f" (made: {built_label(outcome.marker)})" if outcome.marker else ""
         logger.info(
-            "uv_project %s: %s in %s -> %s", outcome.key, verb, format_duration(took), outcome.path
+            "uv_project %s: %s in %s -> %s%s",
+            outcome.key,
+            verb,
+            format_duration(took),
+            outcome.path,
+            made,
         )
         # Ray libraries the node's Ray has and this env's lacks: a warning in this setup log;
         # a Ray Client server whose env lacks ray[client]: an error, at once.

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ray_uv_plugin.ops.cli_common import CliError, UsageError
-from ray_uv_plugin.store.units import format_age, format_bytes
+from ray_uv_plugin.store.units import built_label, format_age, format_bytes
 
 if TYPE_CHECKING:
     from ray_uv_plugin.store.gc import Decision, GcReport
@@ -50,32 +50,6 @@ def project_label(project: str) -> str:
         return project
     package = RAY_PACKAGE.sub(r"\1", found.group(1))
     return f"(Ray working_dir {package}){found.group(2) or ''}"
-
-
-def built_label(meta: Any) -> str:
-    """The BUILT column: how the venv came to be, from its marker's `built` (`full`,
-    `seeded from <key> (N dists)`, `shipped (<bytes> from <host>)`, with `; N files, <bytes>,
-    from seed <key>` where the receiver took those from its seed), `-` where it says nothing
-    (a venv of an earlier version)."""
-    built = meta.get("built") if isinstance(meta, dict) else None
-    if not isinstance(built, dict):
-        return "-"
-    how = built.get("how")
-    if how == "seeded":
-        return f"seeded from {built.get('seed')} ({built.get('distributions')} dists)"
-    if how == "shipped":
-        size = built.get("bytes")
-        sent = format_bytes(size) if isinstance(size, int) else "?"
-        seed = built.get("seed")
-        if seed is None:
-            return f"shipped ({sent} from {built.get('from')})"
-        reused = built.get("reused_bytes")
-        taken = format_bytes(reused) if isinstance(reused, int) else "?"
-        return (
-            f"shipped ({sent} from {built.get('from')}; {built.get('reused_files')} files, "
-            f"{taken}, from seed {seed})"
-        )
-    return str(how or "-")
 
 
 def _utc(timestamp: float) -> str:

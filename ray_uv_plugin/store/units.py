@@ -1,6 +1,9 @@
-"""Sizes and ages for people, the way uv prints them: `412.0MiB`, `5m ago`."""
+"""For people: sizes and ages the way uv prints them (`412.0MiB`, `5m ago`), and how a venv
+came to be."""
 
 from __future__ import annotations
+
+from typing import Any
 
 
 def format_bytes(n: float) -> str:
@@ -19,3 +22,29 @@ def format_age(seconds_ago: float) -> str:
         if s < limit:
             return f"{int(s // div)}{unit} ago"
     return f"{int(s // 86400)}d ago"
+
+
+def built_label(meta: Any) -> str:
+    """The BUILT column: how the venv came to be, from its marker's `built` (`full`,
+    `seeded from <key> (N dists)`, `shipped (<bytes> from <host>)`, with `; N files, <bytes>,
+    from seed <key>` where the receiver took those from its seed), `-` where it says nothing
+    (a venv of an earlier version)."""
+    built = meta.get("built") if isinstance(meta, dict) else None
+    if not isinstance(built, dict):
+        return "-"
+    how = built.get("how")
+    if how == "seeded":
+        return f"seeded from {built.get('seed')} ({built.get('distributions')} dists)"
+    if how == "shipped":
+        size = built.get("bytes")
+        sent = format_bytes(size) if isinstance(size, int) else "?"
+        seed = built.get("seed")
+        if seed is None:
+            return f"shipped ({sent} from {built.get('from')})"
+        reused = built.get("reused_bytes")
+        taken = format_bytes(reused) if isinstance(reused, int) else "?"
+        return (
+            f"shipped ({sent} from {built.get('from')}; {built.get('reused_files')} files, "
+            f"{taken}, from seed {seed})"
+        )
+    return str(how or "-")

@@ -60,6 +60,7 @@ def test_a_second_ray_session_reuses_the_venv_without_uv(tmp_path, node_env):
     first, second = setup_log(logs[0]), setup_log(logs[1])
     assert ": built in " in first and "uv: Installed" in first  # uv's output is in the log
     assert ": reused in " in second and ": built in " not in second
+    assert f"{Path(seen[0]).parts[-3]} (made: full)" in second  # how the reused venv was made
 
 
 def _on_each_node(cluster_nodes: list[str], project: Path) -> list[tuple[str, str]]:

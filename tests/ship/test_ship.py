@@ -314,6 +314,10 @@ def test_prepare_builds_once_and_ships_to_the_other_node(two_nodes, tmp_path: Pa
     assert not list(b.venvs.glob("*.ship-*"))
     # A worker on B runs in the shipped venv, which works at B's path.
     assert run_on(shipped.node_id, project)["venv"] == str(venv)
+    # ... and B's setup log says the venv it reused was shipped, and from where.
+    logs = Path(ray._private.worker.global_worker.node.get_logs_dir_path())
+    setup = "".join(p.read_text() for p in logs.glob("runtime_env_setup-*.log"))
+    assert f"{shipped.key} (made: shipped (" in setup, setup[-2000:]
     works_where_it_is(venv)
     again = prepare_nodes({"project": str(project)}, live_nodes(), 600)
     assert [r.outcome for r in again] == ["reused", "reused"], again

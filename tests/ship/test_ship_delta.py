@@ -19,7 +19,6 @@ from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.cluster.prepare import prepare_nodes
-from ray_uv_plugin.ops.cli_venvs import built_label
 from ray_uv_plugin.ship import delta
 from ray_uv_plugin.ship.archive import ArchiveError, Packer
 from ray_uv_plugin.ship.install import install_received
@@ -28,6 +27,7 @@ from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store import freezing, manifest
 from ray_uv_plugin.store.build_lock import BuildLock
 from ray_uv_plugin.store.layout import lock_path, read_marker
+from ray_uv_plugin.store.units import built_label
 from tests.ship.test_ship import live_nodes, run_on, two_nodes  # noqa: F401 - the cluster fixture
 from tests.support.uvproject import write_project
 
