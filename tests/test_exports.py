@@ -25,6 +25,7 @@ NOT_EXPORTED = {
     "UvRunParseError": "the driver hook keeps Ray's own `uv run` instead, saying why",
     "UvTimeout": "becomes a UvSyncError",
     "SeedError": "a full build instead, with a warning",
+    "CompileError": "uv's own bytecode step instead, with a warning",
     "OverBudget": "becomes a UvSyncError",
     "RayInternalsChanged": "a setup's, so a UvProjectSetupError's text",
     "MissingLibraryError": "a setup's, so a UvProjectSetupError's text",

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,8 @@ class Outcome:
     built: bool
     seconds: float
     rebuilt_because: str | None = None  # a ready venv that was not whole any more
-    marker: Mapping[str, Any] | None = None  # a reused venv's marker, as read
+    # A reused venv's marker, as read: for its setup log line, not part of what it is.
+    marker: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def python(self) -> Path:
