@@ -755,6 +755,9 @@ def test_a_venv_changed_after_its_build_is_sent_nowhere_and_rebuilt(
     assert changed != original and len(changed) == len(original)
     six.write_bytes(changed)
     syncs_a, syncs_b = a.uv.syncs(), b.uv.syncs()
+    # prepare calls a venv "built" if its build ended within its probe's time + 1 s: let A's
+    # build be older than that, so that A's outcome says what prepare did there (reused it).
+    time.sleep(max(0.0, read_marker(venv)["built_at"] + 2.0 - time.time()))
     results = prepare_nodes({"project": str(project)}, live_nodes(), 600, chunk_bytes=4 * MiB)
     on_b = by_dir(results, b)
     assert [r.outcome for r in results] == ["reused", "built"], results
