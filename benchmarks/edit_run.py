@@ -35,6 +35,7 @@ import ray
 
 import ray_uv_plugin
 from benchmarks.envs import SETS_DIR, clean_env, remove_tree
+from benchmarks.sample import setup_logs
 from ray_uv_plugin.agent.uv import find_uv
 from ray_uv_plugin.store.layout import VENV_DIR_ENV, read_marker
 
@@ -86,10 +87,9 @@ _STEPS = ("seeded from", "compiled the", "manifest of", "built in")
 
 def build_steps() -> list[str]:
     """The plugin's lines of this Ray session's setup logs that say where a build's time went."""
-    session = ray._private.worker._global_node.get_session_dir_path()
     found = []
-    for path in sorted(Path(session, "logs").glob("runtime_env_setup-*.log")):
-        for line in path.read_text(errors="replace").splitlines():
+    for text in setup_logs():
+        for line in text.splitlines():
             _, _, message = line.partition("uv_project ")
             if any(step in message for step in _STEPS):
                 found.append(message)

@@ -72,19 +72,27 @@ def _placements(n: int, spread: bool) -> list[dict[str, Any]]:
     ]
 
 
-def _setup_log_lines() -> list[dict[str, Any]]:
-    """The plugin's `uv_project <key>: reused|built in X` lines from this session's setup logs."""
+def setup_logs() -> list[str]:
+    """The texts of this Ray session's runtime_env setup logs, one per job; none outside one."""
     try:
         session = ray._private.worker._global_node.get_session_dir_path()
     except Exception:
         return []
-    found = []
-    for path in glob.glob(os.path.join(session, "logs", "runtime_env_setup-*.log")):
+    texts = []
+    for path in sorted(glob.glob(os.path.join(session, "logs", "runtime_env_setup-*.log"))):
         with open(path, errors="replace") as f:
-            for match in _SETUP_LINE.finditer(f.read()):
-                key, verb, value, unit = match.groups()
-                seconds = float(value) / (1000 if unit == "ms" else 1)
-                found.append({"key": key, "verb": verb, "seconds": seconds})
+            texts.append(f.read())
+    return texts
+
+
+def _setup_log_lines() -> list[dict[str, Any]]:
+    """The plugin's `uv_project <key>: reused|built in X` lines from this session's setup logs."""
+    found = []
+    for text in setup_logs():
+        for match in _SETUP_LINE.finditer(text):
+            key, verb, value, unit = match.groups()
+            seconds = float(value) / (1000 if unit == "ms" else 1)
+            found.append({"key": key, "verb": verb, "seconds": seconds})
     return found
 
 

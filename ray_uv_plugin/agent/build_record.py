@@ -39,10 +39,10 @@ def write_manifest(
     if taken is None:
         files = manifest.scan(venv, record=index)
     else:  # the seed's bytecode was checked as it was linked; uv linked its other files too
-        unread = sum(entry.size for _, entry in taken.known.values())
-        unread -= taken.hashed.reused if taken.hashed else 0
+        before = taken.hashed.reused if taken.hashed else 0
         files = manifest.scan(venv, taken.known, taken.hashed, index)
-        unread += taken.hashed.reused if taken.hashed else 0
+        from_index = taken.hashed.reused - before if taken.hashed else 0
+        unread = sum(entry.size for _, entry in taken.known.values()) + from_index
     listed: dict[str, Any] = {}
     mismatches = manifest.records(venv, files)
     if mismatches:

@@ -228,7 +228,7 @@ def take_bytecode(seed: Seed, venv: Path) -> Taken:
     seed_base = str(seed.site.relative_to(seed.path))
     site, seed_site = str(found), str(seed.site)  # strings: ~44,000 files for 425 packages
     wanted: list[str] = []
-    listed: dict[str, list[str]] = {}
+    listed: dict[str, dict[str, list[str]]] = {}
     for dist in seed.common:
         for source in _sources(found / dist):
             if _same_source(f"{site}/{source}", f"{seed_site}/{source}"):
