@@ -90,9 +90,15 @@ class UvProjectPlugin(RuntimeEnvPlugin):
 
     @staticmethod
     def validate(runtime_env_dict: dict) -> None:
-        spec = parse_spec(runtime_env_dict[FIELD])
-        if yields_to(spec, runtime_env_dict) is None:
-            check_siblings(runtime_env_dict)
+        # Ray's agent formats what `validate` raises for the driver as it does for `create`,
+        # traceback first: the same `setup_error` puts the cause on the line after `[Node <ip>]`.
+        try:
+            spec = parse_spec(runtime_env_dict[FIELD])
+            if yields_to(spec, runtime_env_dict) is None:
+                check_siblings(runtime_env_dict)
+        except Exception as e:
+            default_logger.error("uv_project: the runtime_env is refused", exc_info=e)
+            raise setup_error(e, Where(None, None, None, None)) from None
 
     async def create(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shlex
@@ -156,6 +157,13 @@ def _env_names(value: Any) -> tuple[str, ...]:
     return tuple(sorted(set(value)))
 
 
+def _with_guess(name: Any) -> str:
+    """An unknown field as the user wrote it, with the field it is closest to: a typo
+    (`extra`, `group`, `lock`) is the usual cause."""
+    close = difflib.get_close_matches(str(name), FIELD_NAMES, n=1, cutoff=0.6)
+    return f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
+
+
 def parse_spec(value: Any) -> ParsedUvProject:
     """Check a user's `uv_project` value and turn it into a `ParsedUvProject`."""
     if isinstance(value, ParsedUvProject):
@@ -165,10 +173,10 @@ def parse_spec(value: Any) -> ParsedUvProject:
             f"uv_project must be a dict such as {{'extras': ['vllm']}} (or {{}} for the "
             f"project's default environment), got {type(value).__name__} {value!r}."
         )
-    unknown = sorted(set(value) - set(FIELD_NAMES))
+    unknown = sorted(set(value) - set(FIELD_NAMES), key=str)
     if unknown:
         raise UvProjectSpecError(
-            f"uv_project has unknown field(s) {', '.join(map(repr, unknown))}; "
+            f"uv_project has unknown field(s) {', '.join(map(_with_guess, unknown))}; "
             f"the fields are {', '.join(FIELD_NAMES)}."
         )
     kwargs: dict[str, Any] = {}

@@ -210,6 +210,14 @@ def test_every_bad_input_fails_the_actor_clearly_and_builds_nothing(env):
             {"uv_project": {"project": good}, "env_vars": {"UV_LINK_MODE": "symlink"}},
             "UV_LINK_MODE='symlink' is not allowed",
         ),
+        "refused build variable": (
+            {"uv_project": {"project": good, "build_env_vars": ["PYTHONPATH"]}},
+            "uv_project.build_env_vars names PYTHONPATH",
+        ),
+        "typo": (
+            {"uv_project": {"project": good, "extra": ["fig"]}},
+            "unknown field(s) 'extra' (did you mean 'extras'?)",
+        ),
     }
     # The handles are kept: older Rays (2.44) lose an actor whose handle is dropped at once.
     actors = {name: Probe.options(runtime_env=env).remote() for name, (env, _) in cases.items()}
@@ -219,7 +227,11 @@ def test_every_bad_input_fails_the_actor_clearly_and_builds_nothing(env):
     for name, (_, words) in cases.items():
         with pytest.raises(RuntimeEnvSetupError) as info:
             ray.get(refs[name], timeout=120)
-        assert words in str(info.value), f"{name}: {info.value}"
+        # The cause where the user looks: in the first 3 lines, with no traceback before it
+        # (`validate`'s errors were on line 19-24, after Ray's agent's frames).
+        first_lines = "\n".join(str(info.value).splitlines()[:3])
+        assert words in first_lines, f"{name}: {info.value}"
+        assert "Traceback" not in str(info.value), f"{name}: {info.value}"
     # Refused before Ray's pip/uv/conda set-ups spend time (a pip one used to take 50 s).
     assert time.monotonic() - start < 45
     assert ready_venvs(env["venvs"]) == before

@@ -62,7 +62,8 @@ def test_same_meaning_same_key_inputs():
     [
         ("vllm", UvProjectTypeError, "must be a dict"),
         (["vllm"], UvProjectTypeError, "must be a dict"),
-        ({"extra": ["vllm"]}, UvProjectSpecError, "unknown field(s) 'extra'"),
+        ({"extra": ["a"]}, UvProjectSpecError, "field(s) 'extra' (did you mean 'extras'?);"),
+        ({"group": [], "zzz": 1}, UvProjectSpecError, "'group' (did you mean 'groups'?), 'zzz';"),
         ({"extras": "vllm"}, UvProjectTypeError, "extras must be a list of strings"),
         ({"groups": [1]}, UvProjectTypeError, "non-empty strings"),
         ({"extras": [""]}, UvProjectTypeError, "non-empty strings"),
