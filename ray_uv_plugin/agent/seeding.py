@@ -37,7 +37,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ray_uv_plugin.store import hashed, manifest, trust
+from ray_uv_plugin.store import hashed, manifest
 from ray_uv_plugin.store.layout import DIST_INFO, MARKER, check_ready, read_marker, site_packages
 
 CANDIDATES = 8  # the most recently built venvs of this interpreter that are weighed as seeds
@@ -125,6 +125,18 @@ def _candidates(root: Path, key: str, interpreter: str) -> Iterator[tuple[str, P
         yield name, venv, meta
 
 
+def seed_site(venv: Path, meta: dict) -> Path | None:
+    """The site-packages dir a ready venv's marker names, where it is inside the venv: a path
+    relative to it, without `..`, that resolves below it; else None (a marker no build of
+    ours wrote). Only what is inside a seed is ever read from it."""
+    rel = meta.get("site_packages")
+    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or ".." in rel.split("/"):
+        return None
+    site = venv / rel
+    real, top = os.path.realpath(site), os.path.realpath(venv)
+    return site if real.startswith(top + os.sep) else None
+
+
 def nearest(
     root: Path, key: str, interpreter: str, distributions: Collection[str]
 ) -> tuple[str, Path, dict] | None:
@@ -135,10 +147,10 @@ def nearest(
     new = set(distributions)
     best: tuple[int, str, Path, dict] | None = None
     for name, path, meta in _candidates(root, key, interpreter):
-        rel = meta.get("site_packages")
-        if not isinstance(rel, str):
+        site = seed_site(path, meta)
+        if site is None:
             continue
-        shared = len(new & dist_infos(path / rel).keys())
+        shared = len(new & dist_infos(site).keys())
         if shared >= MIN_COMMON and (best is None or shared > best[0]):
             best = (shared, name, path, meta)
     if best is None:
@@ -163,12 +175,14 @@ def choose(root: Path, venv: Path, interpreter: str) -> Seed | None:
     if found is None:
         return None
     name, path, meta = found
-    seed_site = path / meta["site_packages"]
+    theirs = seed_site(path, meta)
+    if theirs is None:  # changed since `nearest` read it
+        return None
     common = tuple(
         sorted(
             dist
-            for dist in new.keys() & dist_infos(seed_site).keys()
-            if (record := _record(new[dist])) is not None and record == _record(seed_site / dist)
+            for dist in new.keys() & dist_infos(theirs).keys()
+            if (record := _record(new[dist])) is not None and record == _record(theirs / dist)
         )
     )
     if len(common) < MIN_COMMON:
@@ -177,7 +191,7 @@ def choose(root: Path, venv: Path, interpreter: str) -> Seed | None:
         files = manifest.load(path, meta.get("manifest"))
     except manifest.ManifestError as e:
         raise SeedError(f"the nearest venv {name} {e}") from None
-    return Seed(name, path, seed_site, common, files, hashed.load(path, meta.get("hashed")))
+    return Seed(name, path, theirs, common, files, hashed.load(path, meta.get("hashed")))
 
 
 def _sources(dist_info: Path) -> Iterator[str]:
@@ -264,8 +278,10 @@ def take_bytecode(seed: Seed, venv: Path) -> Taken:
 
 
 def untrusted_seed(error: BaseException) -> bool:
-    """Whether `error` (from `choose` or `take_bytecode`) is one a full build recovers from."""
-    return isinstance(error, (SeedError, OSError, trust.UntrustedPathError, UnicodeDecodeError))
+    """Whether `error` (from `choose` or `take_bytecode`) is one a full build recovers from:
+    any error of a seed's files or marker, an untrusted path's (an OSError) among them: a full
+    build never reads them."""
+    return isinstance(error, (ValueError, OSError, LookupError, TypeError))
 
 
 def has_candidates(root: Path, key: str, interpreter: str) -> bool:

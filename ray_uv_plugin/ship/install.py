@@ -10,7 +10,17 @@ from typing import Any
 from ray_uv_plugin.ship import relocation
 from ray_uv_plugin.ship.archive import ArchiveError
 from ray_uv_plugin.store import freezing, manifest
-from ray_uv_plugin.store.layout import write_marker
+from ray_uv_plugin.store.layout import MARKER_FORMAT, site_packages, write_marker
+
+# What a receiver keeps of the sender's marker (`meta`): what it checked before it took the venv
+# (`ray`, and `inputs`, which make the key here) and what says how the venv was built, for
+# `ray-uv list`; with what `ship.actors` says of the receive. Everything else it computes from
+# what it received: a sender's `site_packages` or index of hashed inodes names the sender's
+# disk, not this one, and what seeding here reads must be this node's say.
+KEPT = (
+    "name", "project", "extras", "groups", "ray", "python", "inputs", "built_at",
+    "build_seconds", "shipped_from", "received_at", "built",
+)  # fmt: skip
 
 
 def install_received(root: Path, key: str, tree: Path, meta: Mapping[str, Any]) -> None:
@@ -18,12 +28,15 @@ def install_received(root: Path, key: str, tree: Path, meta: Mapping[str, Any]) 
     caller holds the key's build lock. Only what its build made is installed: the manifest of
     what was unpacked (`unpack` leaves it in `tree`) must be the one the sender's marker (`meta`)
     names. Relocated, renamed into place, frozen, then marked, as builds are, with a manifest of
-    its own: relocation changed its scripts."""
+    its own (relocation changed its scripts) and a marker of its own (`KEPT`)."""
     old = relocation.check_sender_venv(str(meta["venv"]), key)  # the sender's say: checked
     try:
         files = manifest.load(tree, meta.get("manifest"))
     except manifest.ManifestError as e:
         raise ArchiveError(f"what arrived is not what the venv's build made: it {e}") from e
+    site = site_packages(tree)
+    if site is None:
+        raise ArchiveError("what arrived has no site-packages dir (lib/python*/site-packages)")
     venv = root / key
     if os.path.lexists(venv):  # not ready, or the caller would not have unpacked it
         freezing.remove_tree(venv)
@@ -36,9 +49,17 @@ def install_received(root: Path, key: str, tree: Path, meta: Mapping[str, Any]) 
     os.rename(tree, venv)
     try:
         immutable = freezing.freeze(venv)
-        # The sender's index of hashed inodes names its own disk's: none here.
-        marker = {k: v for k, v in meta.items() if k not in ("venv", "hashed")}
-        write_marker(venv, {**marker, "key": key, "immutable": immutable, "manifest": own})
+        write_marker(
+            venv,
+            {
+                **{name: meta[name] for name in KEPT if name in meta},
+                "format": MARKER_FORMAT,
+                "key": key,
+                "site_packages": str(site.relative_to(tree)),
+                "immutable": immutable,
+                "manifest": own,
+            },
+        )
     except BaseException:
         freezing.remove_tree(venv)
         raise

@@ -9,17 +9,18 @@ import logging
 import marshal
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.agent import bytecode
+from ray_uv_plugin.agent import bytecode, seeding
 from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.store import freezing, gc, hashed, manifest
-from ray_uv_plugin.store.layout import MARKER, read_marker, site_packages
+from ray_uv_plugin.store.layout import MARKER, read_marker, site_packages, write_marker
 from tests.support.uvproject import write_project
 
 pytestmark = pytest.mark.timeout(600)
@@ -200,3 +201,44 @@ def test_when_the_compile_workers_fail_uv_compiles(locks, tmp_path, monkeypatch,
     assert "planted; uv compiles instead" in caplog.text
     assert read_marker(seeded.path)["built"]["how"] == "seeded"
     assert accepted(seeded.path) == []
+
+
+@pytest.mark.parametrize("where", ["absolute", "beside"])
+def test_a_seed_whose_marker_names_a_site_packages_outside_it_is_passed_over(
+    locks, tmp_path, caplog, where: str
+) -> None:
+    """A marker's `site_packages` (a receiver copied the sender's before: issue 38) must name a
+    dir inside the venv. An absolute one failed every later seeded build with a ValueError; a
+    `../<other key>/...` one read another venv's files as the seed's. Either: not a seed."""
+    a, b = locks
+    root = tmp_path / "venvs"
+    seed = build(a, root)
+    meta = read_marker(seed.path)
+    own = seed.path / meta["site_packages"]
+    elsewhere = tmp_path / "elsewhere" / "venv"
+    shutil.copytree(own, elsewhere / meta["site_packages"], symlinks=True)
+    named = (  # the same files as the seed's, outside it
+        str(elsewhere / meta["site_packages"])
+        if where == "absolute"
+        else f"../../elsewhere/venv/{meta['site_packages']}"
+    )
+    assert seeding.seed_site(seed.path, {**meta, "site_packages": named}) is None
+    os.chmod(seed.path, 0o755)  # the marker's dir, read-only once marked
+    (seed.path / MARKER).unlink()
+    write_marker(seed.path, {**meta, "site_packages": named})
+    caplog.set_level(logging.INFO, logger="test_seeding")
+    built = build(b, root)
+    assert read_marker(built.path)["built"] == {"how": "full"}
+    assert "seeded from" not in caplog.text
+    assert accepted(built.path) == []
+
+
+def test_a_seed_site_must_resolve_inside_its_venv(tmp_path) -> None:
+    venv = tmp_path / "venv"
+    (venv / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    (tmp_path / "other" / "site-packages").mkdir(parents=True)
+    (venv / "lib" / "python3.12").symlink_to(tmp_path / "other")
+    inside = seeding.seed_site(venv, {"site_packages": "lib/python3.11/site-packages"})
+    assert inside == venv / "lib" / "python3.11" / "site-packages"
+    for bad in ("lib/python3.12/site-packages", "lib/../../other/site-packages", "", None, 3):
+        assert seeding.seed_site(venv, {"site_packages": bad}) is None, bad

@@ -26,7 +26,7 @@ from ray_uv_plugin.ship.archive import ArchiveError, Packer
 from ray_uv_plugin.ship.install import install_received
 from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store import manifest
-from ray_uv_plugin.store.layout import read_marker, write_marker
+from ray_uv_plugin.store.layout import MARKER_FORMAT, read_marker, write_marker
 
 KEY = "0123456789abcdef"
 OTHER_KEY = "fedcba9876543210"
@@ -210,6 +210,35 @@ def test_a_bad_sender_venv_path_is_refused(tmp_path: Path, venv: str) -> None:
     with pytest.raises(ArchiveError, match="the sender's venv path"):
         install_received(root, KEY, received, {"venv": venv})
     assert not os.path.lexists(root / KEY)
+
+
+SITE = "lib/python3.11/site-packages"
+
+
+@pytest.mark.parametrize("theirs", ["/usr/lib/python3/dist-packages", f"../{OTHER_KEY}/{SITE}"])
+def test_a_receiver_writes_its_own_site_packages_whatever_the_sender_s_marker_says(
+    tmp_path: Path, theirs: str
+) -> None:
+    """A receiver's marker is its own: what seeding on its node reads (`site_packages`) is the
+    dir it received, never a path of the sender's choosing (before: copied as sent)."""
+    root = tmp_path / "venvs"
+    members = [*SKELETON, d("lib/python3.11"), d(SITE), f(f"{SITE}/six.py", b"x = 1\n")]
+    received = feed(root, tar_bytes(members))
+    sent = {
+        "format": "theirs",
+        "key": OTHER_KEY,
+        "venv": f"/old/venvs/{KEY}",
+        "manifest": hashlib.sha256((received / manifest.MANIFEST).read_bytes()).hexdigest(),
+        "site_packages": theirs,
+        "hashed": "0" * 64,
+        "not_whole": "the sender's say",
+        "name": "proj",
+    }
+    install_received(root, KEY, received, sent)
+    marker = read_marker(root / KEY)
+    assert marker["site_packages"] == SITE and marker["key"] == KEY and marker["name"] == "proj"
+    assert "hashed" not in marker and "not_whole" not in marker and "venv" not in marker
+    assert marker["format"] == MARKER_FORMAT
 
 
 def test_a_venv_dir_whose_path_uv_would_quote_receives_nothing(tmp_path: Path) -> None:
