@@ -110,9 +110,13 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
             )
         listed = write_manifest(venv, logger, taken)
         try:  # the venv is whole but for its marker: what it adds to the venv dir is known
-            budget.make_room(venv, lambda line: logger.info("uv_project %s: %s", venv.name, line))
+            budget.make_room(
+                venv, lambda line: logger.info("uv_project %s: %s", venv.name, line), deadline
+            )
         except budget.OverBudget as e:
             raise UvSyncError(str(e)) from None
+        except budget.BudgetBusy as e:  # the next try may find the lock free
+            raise UvSyncError(str(e), transient=True) from None
         immutable = freezing.freeze(venv)
         if os.geteuid() == 0 and not immutable:
             logger.warning("uv_project %s: %s.", venv.name, freezing.unfrozen_note())

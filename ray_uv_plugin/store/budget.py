@@ -18,7 +18,9 @@ before the venv is published, by removing the least recently used venvs that not
   and its worker not be started yet), or that a process gc cannot see may use. The last use
   is the marker's mtime, which the warm path already touches on every reuse (one `utime`), so
   the budget costs a reuse nothing. Builds make room one at a time (a flock on the venv dir's
-  `.budget.lock`), so two that finish together do not both remove for one excess.
+  `.budget.lock`), so two that finish together do not both remove for one excess. The wait for
+  it counts against the build's timeout: a holder that was stopped (SIGSTOP) keeps the lock,
+  and the builds behind it fail at their timeout with `BudgetBusy`, naming its pid.
 - **Unset by default**: the right size depends on the disk and what else it holds, which the
   plugin cannot know, and venvs an operator built ahead (`ray-uv prepare`) should not go
   unasked. A build with a budget pays a walk of the venv dir (`du`) and a `/proc` scan.
@@ -27,14 +29,14 @@ before the venv is published, by removing the least recently used venvs that not
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ray_uv_plugin.store import disk, gc, trust
+from ray_uv_plugin.store import disk, gc
+from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, BuildLock, _backoff
 from ray_uv_plugin.store.layout import BUDGET_LOCK, VenvDirError
 from ray_uv_plugin.store.units import format_bytes
 
@@ -73,28 +75,45 @@ def venv_dir_budget() -> int | None:
     return size
 
 
+class BudgetBusy(TimeoutError):
+    """Another process held the budget lock until the build's deadline: says which."""
+
+
 @contextlib.contextmanager
-def _one_at_a_time(root: Path) -> Iterator[None]:
-    path = root / BUDGET_LOCK
-    mode = 0o660 if trust.trusted_gid() is not None else 0o600
-    fd = trust.open_no_follow(path, os.O_RDWR | os.O_CREAT, mode)
+def _one_at_a_time(root: Path, venv: str, deadline: float) -> Iterator[None]:
+    """Hold the venv dir's `.budget.lock`, waiting for it until `deadline` (`time.monotonic`)
+    at most: a holder that stopped (SIGSTOP) or hung keeps it, and a build that waited on it
+    without a bound would run past its timeout. Held only while a build makes room: seconds."""
+    lock = BuildLock(root / BUDGET_LOCK)
+    start = time.monotonic()
+    for delay in _backoff():
+        if lock.try_acquire():
+            break
+        if time.monotonic() >= deadline:
+            raise BudgetBusy(
+                f"uv_project: waited {time.monotonic() - start:.0f}s, the rest of the build's "
+                f"time ({BUILD_TIMEOUT_ENV}), for the venv dir's budget lock {lock.path}, which "
+                f"{lock.holder()} holds while it makes room: it is stopped or hung. Continue "
+                "(`kill -CONT`) or end that process, and retry. The new venv "
+                f"{venv} was not kept."
+            )
+        time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
     try:
-        trust.check_fd(path, fd, "the budget lock")
-        fcntl.flock(fd, fcntl.LOCK_EX)  # held only while a build makes room: seconds
         yield
     finally:
-        os.close(fd)
+        lock.release()
 
 
-def make_room(venv: Path, say: Callable[[str], None]) -> None:
+def make_room(venv: Path, say: Callable[[str], None], deadline: float) -> None:
     """Make the venv dir, with `venv` (built, not marked yet) in it, fit the budget; `say`
-    names each venv removed. Raises `OverBudget` if it cannot: the caller, who holds `venv`'s
-    build lock, removes it."""
+    names each venv removed. Raises `OverBudget` if it cannot, `BudgetBusy` if another build
+    holds the budget's lock until `deadline` (the build's, `time.monotonic`): the caller, who
+    holds `venv`'s build lock, removes it."""
     limit = venv_dir_budget()
     if limit is None:
         return
     root = venv.parent
-    with _one_at_a_time(root):
+    with _one_at_a_time(root, venv.name, deadline):
         start = time.perf_counter()  # this build's own check and removals, not its wait
         for _round in range(ROUNDS):
             report = gc.collect(root, max_size_bytes=limit, ready=_READY)

@@ -8,6 +8,9 @@ import json
 import logging
 import os
 import subprocess
+import sys
+import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -251,3 +254,57 @@ def test_a_venv_dir_over_its_budget_by_its_lock_files_alone_makes_room(
     c = build(new, root, logger)
     assert c == b and not a.exists() and held(root) <= venvs_alone
     assert len(lines.having("removed venv")) == 1
+
+
+HOLD_BUDGET_LOCK = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    from ray_uv_plugin.store.build_lock import BuildLock
+    assert BuildLock(Path(sys.argv[1])).try_acquire()
+    print("held", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    """
+)
+
+
+def stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "T"
+
+
+def test_a_stopped_holder_of_the_budget_lock_fails_the_build_at_its_timeout(
+    base_project, tmp_path, counting_uv, monkeypatch
+):
+    """Another build stopped (SIGSTOP) while it makes room holds `.budget.lock`. The wait for
+    it counts against the build's timeout (before: a blocking flock, past any deadline), and
+    the error names the holder; nothing of the new venv is kept."""
+    root = tmp_path / "venvs"
+    root.mkdir(mode=0o700)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_BUDGET_LOCK, str(root / BUDGET_LOCK)],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    # Bounds the test on a plugin that waits without end: the holder dies after 60 s.
+    ending = threading.Timer(60, kill, [holder])
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        while not stopped(holder.pid):
+            time.sleep(0.05)
+        monkeypatch.setenv(VENV_DIR_MAX_BYTES_ENV, "100G")
+        (project,) = project_variants(base_project, tmp_path, 1)
+        ending.start()
+        start = time.monotonic()
+        with pytest.raises(UvSyncError) as info:
+            ensure_venv(parse_spec({}), load_project(project), root=root, timeout=8)
+        assert time.monotonic() - start < 30
+    finally:
+        ending.cancel()
+        kill(holder)
+    message = str(info.value)
+    assert f"for the venv dir's budget lock {root / BUDGET_LOCK}, which pid {holder.pid}" in message
+    assert "stopped or hung" in message and "kill -CONT" in message
+    key = make_request(parse_spec({}), load_project(project), {}).key
+    assert message.endswith(f"The new venv {key} was not kept.")
+    assert not (root / key).exists() and counting_uv.syncs() == 1
