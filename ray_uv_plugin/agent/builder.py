@@ -98,7 +98,7 @@ async def ensure_venv_async(
         return Outcome(key, root / key, False, time.perf_counter() - start, marker=ready.marker)
     if failed is not None:
         lock.release()
-        raise UvSyncError(failed)
+        raise failed
     if why != "absent":
         logger.info("uv_project %s: rebuilding: %s", key, why)
     try:  # a build, and only a build, takes one of the venv dir's slots (`build_slots`)

@@ -17,6 +17,10 @@ only the same sync would fail the same way. A job that changes a setting outside
 Ray's agent keeps a failed runtime_env for longer (`ray_failure_cache_seconds`, 600 s by
 default): an identical runtime_env does not even reach the plugin until then, which the message
 of a remembered failure says, with how to try again at once.
+
+Ray's own retries of a request show its driver the last try's error: the plugin gives them the
+first try's error as it was (`RememberedFailure.first`), since for the user it is one try. Only
+another request, which uv did not run for, is told why (`RememberedFailure`'s note).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ray_uv_plugin.agent.request import VenvRequest
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.agent.uv import UvSyncError, find_uv
 from ray_uv_plugin.store.layout import seconds_setting
 
 REMEMBER_SECONDS = 60.0  # the default of `MEMO_ENV`
@@ -41,6 +45,15 @@ RAY_CACHE_ENV = "BAD_RUNTIME_ENV_CACHE_TTL_SECONDS"  # Ray's own setting, read b
 # (venv, sync_inputs) -> (when, the error's message)
 _failed: dict[tuple[Path, str], tuple[float, str]] = {}
 _guard = threading.Lock()  # builds fail in threads of their own
+
+
+class RememberedFailure(UvSyncError):
+    """A sync that failed a moment ago with the same settings, not run again: `first` is that
+    sync's error, and the message adds why uv did not run for this request."""
+
+    def __init__(self, first: str, note: str) -> None:
+        super().__init__(f"{first}\n{note}")
+        self.first = first
 
 
 def remember_seconds() -> float:
@@ -112,7 +125,7 @@ def remember(venv: Path, inputs: str, message: str) -> None:
         _failed[(venv, inputs)] = (now, message)
 
 
-def recent(venv: Path, inputs: str) -> str | None:
+def recent(venv: Path, inputs: str) -> RememberedFailure | None:
     """The error of the last sync of `venv` with `inputs` if it failed less than
     `remember_seconds()` ago, with what to do to try again now; else None."""
     window = remember_seconds()
@@ -121,27 +134,17 @@ def recent(venv: Path, inputs: str) -> str | None:
     ago = time.monotonic() - when
     if ago >= window:
         return None
-    return f"{message}\n{_not_run_again(venv, ago, window, ray_failure_cache_seconds())}"
+    return RememberedFailure(
+        message, _not_run_again(venv, ago, window, ray_failure_cache_seconds())
+    )
 
 
 def _not_run_again(venv: Path, ago: float, window: float, ray_seconds: int | None) -> str:
     ray_keeps = f"{ray_seconds}s" if ray_seconds is not None else "a while"
     return (
-        f"(This is Ray retrying the same request (its agent tries a failed setup "
-        f"{_ray_tries()}), or another with the same build settings: the error above is the "
-        f"first try's, {ago:.0f}s ago, and uv was not run again (a failed sync of {venv.name} is "
-        f"remembered for {window:.0f}s). Ray answers an identical runtime_env with this error "
+        f"(uv was not run again for this request: a request with the same build settings "
+        f"failed {ago:.0f}s ago with the error above, and a failed sync of {venv.name} is "
+        f"remembered for {window:.0f}s. Ray answers an identical runtime_env with this error "
         f"for {ray_keeps} ({RAY_CACHE_ENV}): to try again at once, change the runtime_env's "
         'env_vars (e.g. add "RETRY": "1"), or lower it in the environment of `ray start`.)'
     )
-
-
-def _ray_tries() -> str:
-    """How often, and how far apart, Ray's agent tries a failed setup, as it reads it."""
-    try:
-        from ray._private.runtime_env.agent import runtime_env_consts as consts
-
-        times, interval_ms = consts.RUNTIME_ENV_RETRY_TIMES, consts.RUNTIME_ENV_RETRY_INTERVAL_MS
-    except (ImportError, AttributeError):
-        return "more than once"
-    return f"{times} times, {interval_ms / 1000:g}s apart"

@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
@@ -16,6 +17,7 @@ from ray._private.runtime_env.plugin import RuntimeEnvPlugin
 
 from ray_uv_plugin.agent import ray_compat
 from ray_uv_plugin.agent.builder import Outcome, ensure_venv_async
+from ray_uv_plugin.agent.failed_builds import RememberedFailure
 from ray_uv_plugin.agent.project import load_project, resolve_project_dir
 from ray_uv_plugin.agent.ray_libraries import check_libraries
 from ray_uv_plugin.agent.request import make_request
@@ -27,7 +29,7 @@ from ray_uv_plugin.agent.spec import (
     parse_spec,
     yields_to,
 )
-from ray_uv_plugin.agent.uv import format_duration
+from ray_uv_plugin.agent.uv import UvSyncError, format_duration
 from ray_uv_plugin.store.layout import VENV_ENV, venv_root
 from ray_uv_plugin.store.units import built_label
 
@@ -43,6 +45,8 @@ EMPTIED = ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")
 # Ray's working_dir plugin sets this process-wide around the other plugins' `create`: with
 # several setups at once it may name another request's dir, so it is only a last resort.
 WORKING_DIR_ENV = "RAY_RUNTIME_ENV_CREATE_WORKING_DIR"
+# Failed requests remembered, to tell Ray's retries of one (1 s apart) from a new request.
+FAILED_REQUESTS_KEPT = 256
 
 
 def _runtime_env_dir() -> str | None:
@@ -82,6 +86,9 @@ class UvProjectPlugin(RuntimeEnvPlugin):
 
     def __init__(self) -> None:
         self._venvs: dict[int, Outcome] = {}  # id(context) -> venv, from create to modify_context
+        # The last failed setups' runtime_envs (held, so that no other object takes their id)
+        # and the error each showed.
+        self._failed: deque[tuple[dict, str]] = deque(maxlen=FAILED_REQUESTS_KEPT)
         # Never raised here: Ray's agent would fail to start, and the node with it. Each
         # setup fails instead, with the message, and the agent's log has it once.
         self._ray_changed = ray_compat.check(type(self).ray_internals)
@@ -113,7 +120,12 @@ class UvProjectPlugin(RuntimeEnvPlugin):
             # Ray gives the driver this error's text: the cause first, paths as the user wrote
             # them (`setup_error`). The traceback goes to the setup log that it names.
             logger.error("uv_project: the setup failed", exc_info=e)
-            raise setup_error(e, self._where(runtime_env, logger)) from None
+            # Ray's agent tries a failed request again on the same `runtime_env` object and shows
+            # the driver the last try's error: for the user it is one try, so its first's.
+            first = next((said for r, said in self._failed if r is runtime_env), None)
+            shown = UvSyncError(first) if first and isinstance(e, RememberedFailure) else e
+            self._failed.append((runtime_env, str(shown)))
+            raise setup_error(shown, self._where(runtime_env, logger)) from None
 
     @staticmethod
     def _where(runtime_env: dict, logger: logging.Logger) -> Where:

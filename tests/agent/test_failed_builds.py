@@ -210,15 +210,16 @@ def test_the_message_says_how_long_ray_keeps_the_failure_and_how_to_retry_now(
     monkeypatch.setenv(MEMO_ENV, "45")
     venv = tmp_path / "venvs" / "0123456789abcdef"
     failed_builds.remember(venv, "inputs", "uv_project: it failed")
-    message = failed_builds.recent(venv, "inputs")
-    assert message is not None and message.startswith("uv_project: it failed\n")
-    # Plainly a retry of Ray's, with the first try's cause above it.
+    failure = failed_builds.recent(venv, "inputs")
+    assert failure is not None and failure.first == "uv_project: it failed"
+    message = str(failure)
+    assert message.startswith("uv_project: it failed\n")
+    # Plainly another request's failure, with its cause above it.
     assert (
-        "(This is Ray retrying the same request (its agent tries a failed setup 3 times, "
-        "1s apart)" in message
+        "(uv was not run again for this request: a request with the same build settings "
+        "failed 0s ago with the error above" in message
     )
-    assert "the error above is the first try's, 0s ago, and uv was not run again" in message
-    assert f"(a failed sync of {venv.name} is remembered for 45s)" in message
+    assert f"a failed sync of {venv.name} is remembered for 45s." in message
     assert (
         "Ray answers an identical runtime_env with this error for 123s "
         "(BAD_RUNTIME_ENV_CACHE_TTL_SECONDS)" in message
@@ -304,9 +305,10 @@ def test_the_memo_holds_one_failure_per_venv_and_inputs_for_its_window(
     monkeypatch.setenv(MEMO_ENV, "60")
     venv = tmp_path / "0123456789abcdef"
     failed_builds.remember(venv, "inputs-a", "uv_project: it failed")
-    said = failed_builds.recent(venv, "inputs-a")
-    assert said is not None and said.startswith("uv_project: it failed\n")
-    assert "first try's, 0s ago" in said and "is remembered for 60s)" in said
+    failure = failed_builds.recent(venv, "inputs-a")
+    said = str(failure)
+    assert failure is not None and said.startswith("uv_project: it failed\n")
+    assert "failed 0s ago" in said and "is remembered for 60s." in said
     assert "with this error for 600s" in said
     assert failed_builds.recent(venv, "inputs-b") is None  # other settings: built again
     assert failed_builds.recent(tmp_path / "fedcba9876543210", "inputs-a") is None
