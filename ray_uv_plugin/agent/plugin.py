@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import sys
@@ -30,6 +32,7 @@ from ray_uv_plugin.agent.spec import (
     yields_to,
 )
 from ray_uv_plugin.agent.uv import UvSyncError, format_duration
+from ray_uv_plugin.store.holds import Hold
 from ray_uv_plugin.store.layout import VENV_ENV, venv_root
 from ray_uv_plugin.store.units import built_label
 
@@ -47,6 +50,11 @@ EMPTIED = ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")
 WORKING_DIR_ENV = "RAY_RUNTIME_ENV_CREATE_WORKING_DIR"
 # Failed requests remembered, to tell Ray's retries of one (1 s apart) from a new request.
 FAILED_REQUESTS_KEPT = 256
+# What `create` tells Ray's agent a URI of ours takes: more than its URI cache may keep
+# (RAY_RUNTIME_ENV_UV_PROJECT_CACHE_SIZE_GB, 10 GiB by default), so that the agent "deletes" a
+# URI as soon as no job or worker refers to it (`delete_uri`): the venv's hold goes then, and
+# the venv itself stays for later jobs.
+RELEASED_AT_ONCE = 1 << 62
 
 
 def _runtime_env_dir() -> str | None:
@@ -57,6 +65,19 @@ def _runtime_env_dir() -> str | None:
         if arg == "--runtime-env-dir" and i + 1 < len(sys.argv):
             return sys.argv[i + 1]
     return None
+
+
+def runtime_env_uri(runtime_env: dict) -> str:
+    """The URI by which Ray's agent counts the jobs and workers that refer to a runtime_env of
+    ours: a digest of the whole runtime_env, so that two with one URI get one venv. It leaves
+    out the `uv run` interpreter that `create` takes out, so that a retry's count matches."""
+    kept = {
+        name: value
+        for name, value in runtime_env.items()
+        if not (name == "py_executable" and is_uv_run_interpreter(str(value or "")))
+    }
+    text = json.dumps(kept, sort_keys=True, default=repr)
+    return f"{FIELD}://{hashlib.sha256(text.encode()).hexdigest()[:32]}"
 
 
 def request_working_dir(runtime_env: dict) -> str | None:
@@ -89,6 +110,11 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         # The last failed setups' runtime_envs (held, so that no other object takes their id)
         # and the error each showed.
         self._failed: deque[tuple[dict, str]] = deque(maxlen=FAILED_REQUESTS_KEPT)
+        # URI -> its venv (None: it yielded) and the venv's hold, from `create` until Ray's
+        # agent no longer refers to the URI (`delete_uri`). While it does, the agent skips
+        # `create` for the URI and calls `modify_context` alone.
+        self._by_uri: dict[str, Outcome | None] = {}
+        self._holds: dict[str, Hold] = {}
         # Never raised here: Ray's agent would fail to start, and the node with it. Each
         # setup fails instead, with the message, and the agent's log has it once.
         self._ray_changed = ray_compat.check(type(self).ray_internals)
@@ -107,6 +133,16 @@ class UvProjectPlugin(RuntimeEnvPlugin):
             default_logger.error("uv_project: the runtime_env is refused", exc_info=e)
             raise setup_error(e, Where(None, None, None, None)) from None
 
+    def get_uris(self, runtime_env: dict) -> list[str]:
+        """One URI per runtime_env of ours. Ray's agent asks for it of every runtime_env, on
+        every reference a job or worker takes or drops: it never raises."""
+        try:
+            if runtime_env.get(FIELD) is None:
+                return []
+            return [runtime_env_uri(runtime_env)]
+        except Exception:  # noqa: BLE001 - a runtime_env that `validate` then refuses
+            return []
+
     async def create(
         self,
         uri: str | None,
@@ -115,7 +151,9 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         logger: logging.Logger = default_logger,
     ) -> float:
         try:
-            return await self._create(runtime_env, context, logger)
+            outcome = await self._create(runtime_env, context, logger)
+            if uri is not None:
+                self._hold(uri, outcome)
         except Exception as e:
             # Ray gives the driver this error's text: the cause first, paths as the user wrote
             # them (`setup_error`). The traceback goes to the setup log that it names.
@@ -126,6 +164,9 @@ class UvProjectPlugin(RuntimeEnvPlugin):
             shown = UvSyncError(first) if first and isinstance(e, RememberedFailure) else e
             self._failed.append((runtime_env, str(shown)))
             raise setup_error(shown, self._where(runtime_env, logger)) from None
+        if outcome is not None:
+            self._venvs[id(context)] = outcome
+        return 0 if uri is None else RELEASED_AT_ONCE
 
     @staticmethod
     def _where(runtime_env: dict, logger: logging.Logger) -> Where:
@@ -145,7 +186,7 @@ class UvProjectPlugin(RuntimeEnvPlugin):
 
     async def _create(
         self, runtime_env: dict, context: RuntimeEnvContext, logger: logging.Logger
-    ) -> float:
+    ) -> Outcome | None:
         if self._ray_changed is not None:
             raise ray_compat.RayInternalsChanged(self._ray_changed)
         start = time.perf_counter()
@@ -157,7 +198,7 @@ class UvProjectPlugin(RuntimeEnvPlugin):
             logger.info(
                 "uv_project: the job's default env yields to this runtime_env's %r", own_choice
             )
-            return 0
+            return None
         if is_uv_run_interpreter(runtime_env.get("py_executable") or ""):
             # Ray's `uv run` hook's interpreter: ours replaces it. Ray sets up plugins one by one
             # on this object, so its py_executable plugin then has nothing to set.
@@ -185,8 +226,28 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         # Ray libraries the node's Ray has and this env's lacks: a warning in this setup log;
         # a Ray Client server whose env lacks ray[client]: an error, at once.
         check_libraries(outcome.key, outcome.path, logger)
-        self._venvs[id(context)] = outcome
-        return 0
+        return outcome
+
+    def _hold(self, uri: str, outcome: Outcome | None) -> None:
+        """Hold the venv handed to Ray for `uri` until Ray no longer refers to it: `gc` and
+        the budget keep a held venv (`store.holds`)."""
+        new = None if outcome is None else Hold(outcome.path.parent, outcome.key)
+        old = self._holds.pop(uri, None)
+        if new is not None:
+            self._holds[uri] = new
+        self._by_uri[uri] = outcome
+        if old is not None:
+            old.release()
+
+    def delete_uri(self, uri: str, logger: logging.Logger = default_logger) -> float:
+        """Ray's agent: no job or worker refers to `uri` any more. Its venv stays for later
+        jobs; its hold goes, so that `gc` and the budget may remove it once unused."""
+        self._by_uri.pop(uri, None)
+        hold = self._holds.pop(uri, None)
+        if hold is not None:
+            hold.release()
+            logger.info("uv_project %s: released by Ray (%s)", hold.key, uri)
+        return RELEASED_AT_ONCE
 
     def modify_context(
         self,
@@ -196,6 +257,8 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         logger: logging.Logger = default_logger,
     ) -> None:
         outcome = self._venvs.pop(id(context), None)
+        if outcome is None and uris:  # a URI Ray still holds: `create` was not called again
+            outcome = self._by_uri.get(uris[0])
         if outcome is None:  # a job default that yielded (see `create`)
             return
         venv = outcome.path

@@ -131,6 +131,8 @@ def _plugin_base(cls: Any) -> str | None:
         ("validate", _takes("runtime_env_dict")),
         ("create", _takes("self", "uri", "runtime_env", "context", "logger", coroutine=True)),
         ("modify_context", _takes("self", "uris", "runtime_env", "context", "logger")),
+        ("get_uris", _takes("self", "runtime_env")),
+        ("delete_uri", _takes("self", "uri", "logger")),
     ):
         if not hasattr(cls, method):
             return f"has no {method}()"
@@ -159,8 +161,26 @@ AGENT: tuple[RayInternal, ...] = (
     RayInternal(
         f"{_RUNTIME_ENV}.plugin.RuntimeEnvPlugin",
         "the plugin base class: validate(runtime_env_dict), async create(uri, runtime_env, "
-        "context, logger), modify_context(uris, runtime_env, context, logger)",
+        "context, logger), modify_context(uris, runtime_env, context, logger), "
+        "get_uris(runtime_env), delete_uri(uri, logger)",
         _plugin_base,
+    ),
+    RayInternal(
+        f"{_RUNTIME_ENV}.plugin.RuntimeEnvPluginManager.create_uri_cache_for_plugin",
+        "each plugin's URI cache, which deletes a URI through the plugin's delete_uri (where "
+        "a venv's hold for a live job goes)",
+        _source_says("URICache(plugin.delete_uri"),
+    ),
+    RayInternal(
+        f"{_RUNTIME_ENV}.uri_cache.URICache._evict_if_needed",
+        "a URI cache deletes the URIs that no job or worker refers to while over its size "
+        "(the plugin's URIs say they take more, so they go, and their holds, at once)",
+        _source_says("self.get_total_size_bytes() > self.max_total_size_bytes"),
+    ),
+    RayInternal(
+        f"{_RUNTIME_ENV}.agent.runtime_env_agent.RuntimeEnvAgent.unused_uris_processor",
+        "the agent marks a URI unused in its plugin's cache once no job or worker refers to it",
+        _source_says("uri_cache.mark_unused(uri)"),
     ),
     RayInternal(
         f"{_RUNTIME_ENV}.plugin.create_for_plugin_if_needed",

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ray_uv_plugin.store import inventory, trust
+from ray_uv_plugin.store import holds, inventory, trust
 from ray_uv_plugin.store.disk import DiskUsage, ReadyTrees, measure
 from ray_uv_plugin.store.inventory import BROKEN, BUILDING, INCOMPLETE, UNTRUSTED, Other, VenvEntry
 from ray_uv_plugin.store.layout import lock_path
@@ -268,6 +268,7 @@ def collect(
     else:
         report.garbage, failed = remove_garbage(root, inv.garbage)
         report.leftovers += failed
+        holds.remove_dead(root)  # records of agents that died: they hold nothing
     gone = [p for d in report.removed for p in (d.entry.path, locks[d.entry.path])]
     kept = [p for d in report.kept for p in (d.entry.path, locks[d.entry.path])]
     stays = kept + near + [o.path for o in report.leftovers]

@@ -20,6 +20,8 @@ Layout under the venv dir (`RAY_UV_PLUGIN_VENV_DIR`, absolute, private to this u
     .build-<time>-<pid>-<random>  a build's ticket for one of the venv dir's build slots
                            (`build_slots`): held while the build waits and runs, then removed
     .budget.lock           held while a build makes room within the venv dir's budget (`budget`)
+    .held-<key>-<pid>-<random>  a record that Ray's agent <pid> holds <key> for a live job
+                           (`holds`): flocked while it does, then removed; `gc` keeps <key>
 
 A ready venv is checked on every use (a few `stat`s): trusted, marker whole and naming its key,
 interpreter and site-packages present; if not, it is rebuilt.
@@ -50,6 +52,7 @@ NOT_WHOLE = "not_whole"  # in a marker: why the venv is not what its build made 
 SHIP_INFIX = ".ship-"  # `<key>.ship-XXXX`: a venv being received, never used as it is
 BUILD_TICKET_PREFIX = ".build-"  # `.build-<time>-<pid>-<random>`: a build's ticket
 BUDGET_LOCK = ".budget.lock"  # held while a build makes room within the budget
+HELD_PREFIX = ".held-"  # `.held-<key>-<pid>-<random>`: Ray's agent holds <key> for a job
 DIST_INFO = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)\.dist-info$")
 
 

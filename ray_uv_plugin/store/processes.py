@@ -1,6 +1,7 @@
 """Which venvs the live processes of this host run in, read from `/proc`, and which processes
 this user cannot look into (`Processes.blind_spot`): `gc` keeps what may be in use instead of
-guessing, `list` shows each venv's users.
+guessing, `list` shows each venv's users. A venv that Ray's agent holds for a live job (`holds`)
+counts as used by the agent.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ray_uv_plugin.store import trust
+from ray_uv_plugin.store import holds, trust
 from ray_uv_plugin.store.layout import VENV_ENV
 
 VENV_SETTING = f"{VENV_ENV}=".encode()  # in a worker's /proc/<pid>/environ
@@ -37,8 +38,12 @@ class Processes:
 
     def users_under(self, root: Path) -> dict[str, set[int]]:
         """`users`, plus the processes that name an entry of `root` by another path (from a
-        container that mounts the venv dir elsewhere), keyed by the entry's real path."""
+        container that mounts the venv dir elsewhere), plus the agents that hold one for a live
+        job (`holds`: its workers may all be gone, and Ray starts the next in it), keyed by the
+        entry's real path."""
         users = {venv: set(pids) for venv, pids in self.users.items()}
+        for venv, pids in holds.holders(root).items():
+            users.setdefault(venv, set()).update(pids)
         try:
             names = os.listdir(root) if self.inodes else []
         except OSError:
