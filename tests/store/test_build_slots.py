@@ -218,6 +218,7 @@ def test_the_wait_for_a_slot_counts_against_the_build_timeout(
     monkeypatch.setenv(MAX_BUILDS_ENV, "1")
     root = tmp_path / "venvs"
     holder = hold_slot(root)
+    holder.send_signal(signal.SIGSTOP)  # keeps its slot (docs/operations.md): the wait is bounded
     (project,) = project_variants(base_project, tmp_path, 1)
     try:
         start = time.monotonic()
