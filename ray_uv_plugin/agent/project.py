@@ -30,6 +30,7 @@ class ProjectFiles:
     path: Path
     pyproject: bytes
     lock: bytes
+    uploaded: bool = False  # `path` is a working_dir that Ray uploaded (see `load_project`)
 
     @cached_property
     def lock_digest(self) -> str:
@@ -184,17 +185,24 @@ def load_project(path: Path, uploaded: bool = False) -> ProjectFiles:
     if not lock.is_file() and uploaded:
         raise ProjectError(
             f"uv_project: the working_dir Ray uploaded to this node ({path}) has no uv.lock: "
-            "its upload left the lock out. Ray's upload skips files matched by .gitignore, "
-            ".rayignore and runtime_env 'excludes': take uv.lock out of them (`git check-ignore "
-            "-v uv.lock` says which rule), or set RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1 for the "
-            "driver; and run `uv lock` if the project has none."
+            f"its upload left the lock out. {_upload_skips('uv.lock')}, or set "
+            "RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1 for the driver; and run `uv lock` if the "
+            "project has none."
         )
     if not lock.is_file():
         raise ProjectError(
             f"uv_project: {path} has no uv.lock; run `uv lock` in {path} and give the nodes "
             "the lock with the project (the environment is built from it)."
         )
-    return ProjectFiles(path, pyproject.read_bytes(), lock.read_bytes())
+    return ProjectFiles(path, pyproject.read_bytes(), lock.read_bytes(), uploaded)
+
+
+def _upload_skips(name: str) -> str:
+    """Why an uploaded working_dir lacks `name` (a path relative to it), and what to do."""
+    return (
+        "Ray's upload skips files matched by .gitignore, .rayignore and runtime_env 'excludes': "
+        f"take {name} out of them (`git check-ignore -v {name}` says which rule)"
+    )
 
 
 def project_name(files: ProjectFiles) -> str:
@@ -328,10 +336,20 @@ def copied_sources(
                 f"on this node ({e})."
             ) from e
         if not exists:
-            raise ProjectError(
+            message = (
                 f"uv_project: uv.lock of {files.path} installs {source!r}, which does not "
-                f"exist on this node ({target}): put it inside the working_dir or on a "
-                "path every node sees."
+                f"exist on this node ({target})"
+            )
+            if files.uploaded and target.is_relative_to(files.path.resolve()):
+                inside = os.path.relpath(target, files.path.resolve())
+                raise ProjectError(
+                    f"{message}: the working_dir's upload left it out. "
+                    f"{_upload_skips(inside)} (the .gitignore of `uv init` ignores wheels/, "
+                    "dist/ and build/), or keep the file in a folder that none of them match, "
+                    "such as vendor/."
+                )
+            raise ProjectError(
+                f"{message}: put it inside the working_dir or on a path every node sees."
             )
         digests.append((source, _tree_digest(target)))
     return tuple(digests)

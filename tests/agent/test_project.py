@@ -215,6 +215,29 @@ def test_a_local_source_that_is_no_path_is_named(tmp_path: Path) -> None:
         copied_sources(lock_files(tmp_path, lock))
 
 
+def test_a_missing_source_inside_an_uploaded_working_dir_names_the_upload_rules(tmp_path: Path):
+    """The README's wheel in `wheels/`, which the .gitignore of `uv init` ignores: the message
+    said "put it inside the working_dir", where it was. Now it names the rules, as for uv.lock."""
+    lock = (
+        'version = 1\n[[package]]\nname = "a"\nsource = { path = "wheels/a-1-py3-none-any.whl" }\n'
+    )
+    uploaded = ProjectFiles(tmp_path, b"", lock.encode(), uploaded=True)
+    with pytest.raises(ProjectError) as left_out:
+        copied_sources(uploaded)
+    said = str(left_out.value)
+    assert "which does not exist on this node" in said
+    assert "the working_dir's upload left it out" in said
+    assert "(`git check-ignore -v wheels/a-1-py3-none-any.whl` says which rule)" in said
+    assert "the .gitignore of `uv init` ignores wheels/" in said
+    # A project the nodes share (no upload), or a source outside the upload: as before.
+    for files in (lock_files(tmp_path, lock), lock_files(tmp_path, lock.replace("wheels/", "../"))):
+        with pytest.raises(ProjectError, match="put it inside the working_dir or on a path every"):
+            copied_sources(files)
+    outside = ProjectFiles(tmp_path, b"", lock.replace("wheels/", "../").encode(), uploaded=True)
+    with pytest.raises(ProjectError, match="put it inside the working_dir or on a path every"):
+        copied_sources(outside)
+
+
 @pytest.mark.parametrize(
     "source", ['"path" = "libs/a"', "'directory' = 'libs/a'", '"editable" = "libs/a"']
 )
