@@ -7,7 +7,9 @@ What is in the key, and why (docs/key.md says the same):
 - the interpreter (implementation, version, build, platform, and its path, which the venv
   links to) and the uv version;
 - the env vars that steer what uv installs (`uv_env.keyed_settings`), among them the job's
-  variables it names in `build_env_vars`; the job's other variables never reach uv;
+  variables it names in `build_env_vars`, and, where the lock builds anything from source, the
+  indexes, proxies and CAs that build fetches with (`source_builds`); the job's other variables
+  never reach uv, and its choice of uv cache is refused (`uv_cache`);
 - the project's path, only where the venv points into it (editable sources, install_project).
 
 `KeyInputs` holds them: the key is its digest, the marker records it, and a node offered a
@@ -28,9 +30,17 @@ from typing import Any
 
 from ray_uv_plugin.agent import project as project_files
 from ray_uv_plugin.agent.project import ConfigFile, LockedSources, ProjectFiles
+from ray_uv_plugin.agent.source_builds import builds_from_source
 from ray_uv_plugin.agent.spec import ParsedUvProject
 from ray_uv_plugin.agent.uv import uv_version
-from ray_uv_plugin.agent.uv_env import job_variables, keyed_settings, sync_environment
+from ray_uv_plugin.agent.uv_cache import project_cache_refusal
+from ray_uv_plugin.agent.uv_env import (
+    RESOLVE_VARS,
+    SOURCE_FETCH_VARS,
+    job_variables,
+    keyed_settings,
+    sync_environment,
+)
 from ray_uv_plugin.store.layout import KEY_LENGTH
 
 Pairs = tuple[tuple[str, str], ...]
@@ -101,12 +111,18 @@ class KeyInputs:
 
     def on_this_node(self, uv_env: Mapping[str, str], resolves: bool) -> KeyInputs:
         """These inputs with this node's interpreter, uv and the uv settings of `uv_env`: what
-        this node's plugin keys the same project and selection with."""
+        this node's plugin keys the same project and selection with. Whether the lock builds
+        from source, the recorded settings say: a fetch setting that `resolves` does not key."""
+        builds = any(
+            name in SOURCE_FETCH_VARS and not (resolves and name in RESOLVE_VARS)
+            for name, _ in self.env
+        )
+        named = self.selection.get("build_env_vars", ())
         return replace(
             self,
             interpreter=interpreter_tag(),
             uv=uv_version(),
-            env=keyed_settings(uv_env, resolves, self.selection.get("build_env_vars", ())),
+            env=keyed_settings(uv_env, resolves, named, builds),
         )
 
 
@@ -148,7 +164,15 @@ def make_request(
         uv_env["UV_CONFIG_FILE"] = str(files.path / config_file)
     sources = project_files.local_sources(files)
     configs = project_files.config_files(files)
+    job_config = uv_env.get("UV_CONFIG_FILE") if "UV_CONFIG_FILE" in env_vars else None
+    refused = project_cache_refusal(files, configs, job_config)
+    if refused:
+        raise project_files.ProjectError(refused)
     refers = spec.install_project or sources.refers_to_paths
+    # Parsed only where a fetch setting is set: with none, there is nothing more to key.
+    builds = any(name in uv_env for name in SOURCE_FETCH_VARS) and builds_from_source(
+        files, configs, uv_env, spec.install_project
+    )
     inputs = KeyInputs(
         selection=spec.selection(),
         pyproject=hashlib.sha256(files.pyproject).hexdigest(),
@@ -157,7 +181,7 @@ def make_request(
         copied_sources=project_files.copied_sources(files, sources),
         interpreter=interpreter_tag(),
         uv=uv_version(),
-        env=keyed_settings(uv_env, spec.resolves, spec.build_env_vars),
+        env=keyed_settings(uv_env, spec.resolves, spec.build_env_vars, builds),
         project_path=str(files.path.resolve()) if refers else None,
     )
     return VenvRequest(spec, files, uv_env, inputs, configs, sources, dict(env_vars))

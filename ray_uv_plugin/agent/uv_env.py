@@ -9,11 +9,15 @@ reaches the build only where the key records it or where it cannot change what i
   `DROPPED`, the config dirs); the interpreter's own hooks (`PYTHONPATH`, `PYTHONHOME`...) never
   reach uv, whose bytecode step starts the new venv's Python (`INTERPRETER_VARS`);
 - refused: a value that would make a venv that breaks later (`UV_LINK_MODE=symlink`), a `UV_*`
-  name uv does not have (a likely typo that would key a venv per value), and an interpreter hook
-  named in `build_env_vars`;
+  name uv does not have (a likely typo that would key a venv per value), an interpreter hook
+  named in `build_env_vars`, and a job's choice of uv cache (`NODE_CACHE_VARS`: the cache is
+  the node's, since uv checks a file's hash when it downloads it, not when it installs it from
+  its cache);
 - not keyed: it can change where and how packages are fetched, never which files a locked
-  install puts into the venv (`NOT_KEYED`: indexes, network, cache, credentials, output; the
-  proxy and TLS variables of `NETWORK_VARS`);
+  install of wheels puts into the venv (`NOT_KEYED`: indexes, network, cache, credentials,
+  output; the proxy and TLS variables of `NETWORK_VARS`). Where the lock builds anything from
+  source, what decides what that build fetches (`SOURCE_FETCH_VARS`: indexes, proxies, CAs) is
+  keyed (`agent.source_builds`);
 - keyed: every other `UV_*` variable uv has, the build variables of packages built from source
   (`BUILD_VARS`, `BUILD_VAR_PREFIXES`), and whatever the job names in `uv_project.build_env_vars`
   (e.g. `PATH` to pick another compiler, `MYLIB_FLAVOR` for a build hook): name and value are
@@ -41,6 +45,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ray_uv_plugin.agent.uv_cache import NODE_CACHE_DIRS, NODE_CACHE_VARS, cache_refusal
 from ray_uv_plugin.agent.uv_variables import UV_VARIABLES
 
 # Set by the plugin for every build (UV_PROJECT_ENVIRONMENT is added per venv).
@@ -149,6 +154,14 @@ NETWORK_VARS = frozenset(
     for base in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
     for name in (base, base.lower())
 ) | frozenset({"SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE"})
+# What decides what a build from source fetches beyond uv.lock's URLs and hashes (its build
+# requirements' indexes, the proxy and CAs of its downloads and a build hook's): keyed where the
+# lock builds anything from source (`agent.source_builds`), a URL's credentials left out.
+SOURCE_FETCH_VARS = (
+    RESOLVE_VARS
+    | NETWORK_VARS
+    | frozenset({"UV_INSECURE_HOST", "UV_NATIVE_TLS", "UV_SYSTEM_CERTS"})
+)
 # Variables that build backends of packages built from source read (compilers, flags, CUDA,
 # versions): keyed where set, by the node or the job. Any other one a build reads is named in
 # `uv_project.build_env_vars`.
@@ -182,6 +195,7 @@ EXPANDED_NODE_VARS = frozenset(
     {"PATH", "HOME", "USER", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "TMPDIR"}
 )
 _REFERENCE = re.compile(r"\$(\w+|\{(\w+)\})")
+_CREDENTIALS = re.compile(r"://[^/@\s]*@")  # `user:password@` of a URL
 
 
 class UvEnvError(ValueError):
@@ -204,6 +218,10 @@ def reaches_uv(name: str) -> bool:
 def check_build_env_vars(names: Iterable[str]) -> None:
     """Refuse names that no build may take from a job, whatever the key says."""
     for name in names:
+        if name in NODE_CACHE_VARS or name in NODE_CACHE_DIRS:
+            raise UvEnvError(
+                cache_refusal(name, "uv_project.build_env_vars names", "build_env_vars")
+            )
         if name in INTERPRETER_VARS or name in LOADER_VARS:
             raise UvEnvError(
                 f"uv_project.build_env_vars names {name}, which decides what code every Python "
@@ -257,6 +275,8 @@ def job_variables(
         if name not in named and not reaches_uv(name):
             withheld.append(name)
             continue
+        if name in NODE_CACHE_VARS:
+            raise UvEnvError(cache_refusal(name, "uv_project: env_vars sets", "env_vars"))
         if (
             name.startswith("UV_")
             and name not in named
@@ -306,8 +326,10 @@ def sync_environment(
     return env
 
 
-def _keyed(name: str, named: frozenset[str]) -> bool:
+def _keyed(name: str, named: frozenset[str], resolves: bool, builds: bool) -> bool:
     if name in named or is_build_var(name):
+        return True
+    if (resolves and name in RESOLVE_VARS) or (builds and name in SOURCE_FETCH_VARS):
         return True
     if not name.startswith("UV_") or name in NOT_KEYED or name in CONTROLLED:
         return False
@@ -315,16 +337,23 @@ def _keyed(name: str, named: frozenset[str]) -> bool:
 
 
 def keyed_settings(
-    env: Mapping[str, str], resolves: bool = False, build_env_vars: Iterable[str] = ()
+    env: Mapping[str, str],
+    resolves: bool = False,
+    build_env_vars: Iterable[str] = (),
+    builds_from_source: bool = False,
 ) -> tuple[tuple[str, str], ...]:
     """The variables of `env` that shape the venv, with their values (a config file named by
-    `UV_CONFIG_FILE` by its content); `build_env_vars` are the names a job asked to key."""
+    `UV_CONFIG_FILE` by its content); `build_env_vars` are the names a job asked to key.
+    `resolves` (`locked: false`) keys the index settings, `builds_from_source` (the lock builds
+    something from source) those of `SOURCE_FETCH_VARS`, a URL's credentials left out."""
     named = frozenset(build_env_vars)
     items = []
-    for name in sorted(n for n in env if _keyed(n, named) or (resolves and n in RESOLVE_VARS)):
+    for name in sorted(n for n in env if _keyed(n, named, resolves, builds_from_source)):
         value = env[name]
         if name == "UV_CONFIG_FILE":
             value = f"{value} sha256:{_config_digest(value)}"
+        elif name in SOURCE_FETCH_VARS and name not in named:
+            value = _CREDENTIALS.sub("://***@", value)
         items.append((name, value))
     return tuple(items)
 

@@ -362,7 +362,8 @@ def test_cache_split_note_compares_file_systems(tmpfs: Path, tmp_path: Path) -> 
     """On another file system than the venv dir, the uv cache is named with the fix; on the
     same one, or where uv copies anyway, nothing is said."""
     venv_dir = tmp_path / "venvs"
-    elsewhere = sync_environment({"UV_CACHE_DIR": str(tmpfs / "uv-cache")})
+    # The node's cache (a job's is refused): as `ray start`'s environment sets it.
+    elsewhere = sync_environment({}, {**os.environ, "UV_CACHE_DIR": str(tmpfs / "uv-cache")})
     note = cache_split_note(elsewhere, venv_dir, tmp_path)
     assert note is not None
     assert note.startswith(
@@ -370,9 +371,9 @@ def test_cache_split_note_compares_file_systems(tmpfs: Path, tmp_path: Path) -> 
         "systems, so uv copies every file into the venv instead of hardlinking it"
     )
     assert f"set UV_CACHE_DIR to a directory on the venv dir's file system (e.g. {tmp_path}" in note
-    same = sync_environment({"UV_CACHE_DIR": str(tmp_path / "uv-cache")})
+    same = sync_environment({}, {**os.environ, "UV_CACHE_DIR": str(tmp_path / "uv-cache")})
     assert cache_split_note(same, venv_dir, tmp_path) is None
-    copies = sync_environment({"UV_CACHE_DIR": str(tmpfs), "UV_LINK_MODE": "copy"})
+    copies = sync_environment({"UV_LINK_MODE": "copy"}, {**os.environ, "UV_CACHE_DIR": str(tmpfs)})
     assert cache_split_note(copies, venv_dir, tmp_path) is None
 
 

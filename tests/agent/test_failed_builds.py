@@ -40,19 +40,17 @@ def project(tmp_path_factory) -> Path:
 
 
 def test_a_failure_is_remembered_only_for_the_same_settings(project, tmp_path, monkeypatch):
-    """A job whose UV_CACHE_DIR cannot be used fails; a job a moment later with a good one (a
+    """A job whose UV_HTTP_TIMEOUT uv cannot read fails; a job a moment later with a good one (a
     setting outside the venv's key) builds instead of getting that failure from memory."""
     counting = CountingUv(tmp_path / "uv")
     monkeypatch.setenv(UV_ENV_VAR, str(counting.path))
-    not_a_dir = tmp_path / "cache-is-a-file"
-    not_a_dir.write_text("")
     root = tmp_path / "venvs"
-    bad = {"UV_CACHE_DIR": str(not_a_dir)}
+    bad = {"UV_HTTP_TIMEOUT": "soon"}
     for _ in range(2):  # the same sync again: from memory
-        with pytest.raises(UvSyncError, match="Failed to initialize cache"):
+        with pytest.raises(UvSyncError, match="Failed to parse environment variable"):
             ensure_venv(parse_spec({}), load_project(project), bad, root=root)
     assert counting.syncs() == 1
-    good = {"UV_CACHE_DIR": str(tmp_path / "cache")}
+    good = {"UV_HTTP_TIMEOUT": "300"}
     outcome = ensure_venv(parse_spec({}), load_project(project), good, root=root)
     assert outcome.built and counting.syncs() == 2
 

@@ -211,3 +211,23 @@ def test_an_unknown_uv_variable_is_refused_as_a_typo(local_ray) -> None:
         seen({"uv_project": {"project": project}, "env_vars": {"UV_JUNK": "1"}})
     after = set(os.listdir(venvs)) if venvs.exists() else set()
     assert not {name for name in after - before if not name.endswith(".lock")}
+
+
+def test_a_jobs_uv_cache_is_refused_and_says_how_to_set_the_nodes(local_ray) -> None:
+    """uv checks a wheel's hash when it downloads it, not when it installs it from its cache: a
+    job's UV_CACHE_DIR (a cache it wrote, a dir in its working_dir) or its project's
+    `cache-dir` would decide what a venv that other jobs reuse holds (issue 38.2). Refused
+    before uv runs, saying how to set the node's; nothing is built."""
+    tmp, venvs = local_ray
+    project = write_project(tmp / "own-cache", ["six"])
+    before = set(os.listdir(venvs)) if venvs.exists() else set()
+    own = {"UV_CACHE_DIR": str(tmp / "job-cache")}
+    with pytest.raises(RuntimeEnvSetupError, match=r"env_vars sets UV_CACHE_DIR, which picks"):
+        seen({"uv_project": {"project": str(project)}, "env_vars": own})
+    (project / "uv.toml").write_text('cache-dir = ".uv-cache"\n')
+    with pytest.raises(RuntimeEnvSetupError, match=r"uv.toml sets cache-dir, which picks") as e:
+        seen({"uv_project": {"project": str(project)}})
+    assert "UV_CACHE_DIR in the environment of `ray start` on every node" in str(e.value)
+    after = set(os.listdir(venvs)) if venvs.exists() else set()
+    assert not {name for name in after - before if not name.endswith(".lock")}
+    assert not (tmp / "job-cache").exists() and not (project / ".uv-cache").exists()

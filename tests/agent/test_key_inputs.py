@@ -156,7 +156,7 @@ def test_system_uv_config_of_the_node_does_not_reach_the_build(tmp_path):
     assert f"KEY {plain}" in build.stdout
 
 
-def test_index_urls_cannot_change_a_locked_install(tmp_path):
+def test_index_urls_cannot_change_a_locked_install(tmp_path, monkeypatch):
     """Why index settings stay out of the key. Tried by hand with uv 0.13 first:
 
     - `uv sync --frozen` with an empty UV_CACHE_DIR and UV_INDEX_URL at a port where nothing
@@ -170,6 +170,7 @@ def test_index_urls_cannot_change_a_locked_install(tmp_path):
       to missing remote index"). An added find-links or extra index keeps the lock valid, and
       the install is then the lock's, not the newer fake.
     So an index setting gives the lock's files or an error, never another venv under the key.
+    (A lock that builds from source keys them: tests/agent/test_source_builds.py.)
     """
     proj = write_project(tmp_path / "proj", ["six", "tomli-w"])
     files = load_project(proj)
@@ -177,8 +178,8 @@ def test_index_urls_cannot_change_a_locked_install(tmp_path):
     assert {"ray", "six", "tomli-w"} <= set(locked)
     links = tmp_path / "links"
     fake_wheel(links)
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "empty-cache"))  # the node's: empty
     env = {
-        "UV_CACHE_DIR": str(tmp_path / "empty-cache"),
         "UV_INDEX_URL": NOBODY_LISTENS,
         "UV_FIND_LINKS": str(links),
         **NO_RETRIES,

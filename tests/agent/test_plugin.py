@@ -152,7 +152,7 @@ def _bad_projects(tmp: Path) -> dict[str, Path]:
 def test_every_bad_input_fails_the_actor_clearly_and_builds_nothing(env):
     p = _bad_projects(env["tmp"])
     good = str(env["project"])
-    unreachable = unreachable_index(env["tmp"] / "empty-uv-cache")
+    unreachable = unreachable_index()
     cases = {
         "not a dict": ({"uv_project": ["fig"]}, "must be a dict"),
         "unknown field": ({"uv_project": {"extra": ["fig"]}}, "unknown field(s) 'extra'"),

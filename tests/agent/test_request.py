@@ -55,10 +55,11 @@ KEYED_VARS = {
     "UV_NO_EDITABLE": "1",  # editable sources become copies
     "MAX_JOBS": "3",  # a build variable of packages built from source
 }
-# They change where and how packages are fetched, never what a locked install holds.
+# They change where and how packages are fetched, never what a locked install of wheels holds
+# (the uv cache is the node's alone: tests/agent/test_uv_cache.py).
 NOT_KEYED_VARS = {
     "UV_INDEX_URL": "https://example.invalid/simple",
-    "UV_CACHE_DIR": "/tmp/some-private-uv-cache",
+    "HTTPS_PROXY": "http://proxy.invalid:3128",
     "UV_HTTP_TIMEOUT": "5",
     "UV_INDEX_MYIDX_PASSWORD": "s3cret-password",
     "UV_LINK_MODE": "copy",
@@ -102,8 +103,9 @@ def test_vars_that_steer_the_install_are_keyed(six_project, clean_env, where, na
 @pytest.mark.parametrize("where", ["env_vars", "node"])
 @pytest.mark.parametrize("name", sorted(NOT_KEYED_VARS))
 def test_fetch_settings_are_not_keyed(six_project, clean_env, where, name):
-    """Indexes, cache, timeouts, credentials and link mode give the same files from a lock: the
-    same venv (tests/agent/test_key_inputs.py shows the index case with real builds)."""
+    """Indexes, proxies, timeouts, credentials and link mode give the same files from a lock of
+    wheels: the same venv (tests/agent/test_key_inputs.py shows the index case with real
+    builds; tests/agent/test_source_builds.py a lock that builds from source)."""
     files = load_project(six_project)
     plain = venv_key(parse_spec({}), files)
     value = NOT_KEYED_VARS[name]

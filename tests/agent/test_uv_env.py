@@ -37,12 +37,12 @@ def test_defaults_give_way_to_the_node_and_the_job_over_it() -> None:
 def test_a_jobs_value_expands_the_nodes_paths_and_no_other_variable() -> None:
     node = {"HOME": "/home/ray", "PATH": "/usr/bin", "AWS_SECRET_ACCESS_KEY": "s3cr3t"}
     job = {
-        "UV_CACHE_DIR": "${HOME}/uv-cache",
+        "UV_FIND_LINKS": "${HOME}/wheels",
         "UV_INDEX_URL": "https://user:$AWS_SECRET_ACCESS_KEY@mirror/simple",
         "UV_INDEX_PRIVATE_PASSWORD": "pa$$word$HOME",
     }
     env = sync_environment(job, node)
-    assert env["UV_CACHE_DIR"] == "/home/ray/uv-cache"
+    assert env["UV_FIND_LINKS"] == "/home/ray/wheels"
     # A secret of the node's (the agent's) environment is never carried into uv's settings, its
     # key or its log: the reference stays as the job wrote it.
     assert env["UV_INDEX_URL"] == "https://user:$AWS_SECRET_ACCESS_KEY@mirror/simple"
@@ -136,6 +136,54 @@ def test_hardlink_is_the_default_and_symlink_is_refused() -> None:
     assert sync_environment({}, {})["UV_LINK_MODE"] == "hardlink"
     with pytest.raises(UvEnvError, match="UV_LINK_MODE='symlink' is not allowed"):
         sync_environment({}, {"UV_LINK_MODE": "symlink"})
+
+
+# --- The uv cache is the node's; a source build keys what it fetches with (issue 38) ----------
+
+
+@pytest.mark.parametrize("name", ["UV_CACHE_DIR", "UV_NO_CACHE"])
+def test_a_jobs_uv_cache_is_refused_and_says_how_to_set_the_nodes(name: str) -> None:
+    """uv checks a wheel's hash when it downloads it, not when it installs it from its cache: a
+    job's cache would decide what a venv that other jobs reuse holds, under their key."""
+    with pytest.raises(UvEnvError, match=f"env_vars sets {name}, which picks uv's cache") as e:
+        sync_environment({name: "1" if name == "UV_NO_CACHE" else "cache"}, {})
+    assert "UV_CACHE_DIR in the environment of `ray start` on every node" in str(e.value)
+    # The node's is the operator's: it reaches uv, and is no part of the key.
+    env = sync_environment({}, {"UV_CACHE_DIR": "/srv/uv-cache", "UV_NO_CACHE": "1"})
+    assert env["UV_CACHE_DIR"] == "/srv/uv-cache" and env["UV_NO_CACHE"] == "1"
+    assert keyed_settings(env) == (("UV_COMPILE_BYTECODE", "1"),)
+
+
+@pytest.mark.parametrize("name", ["UV_CACHE_DIR", "UV_NO_CACHE", "HOME", "XDG_CACHE_HOME"])
+def test_build_env_vars_may_not_move_uvs_cache(name: str) -> None:
+    """`HOME` and `XDG_CACHE_HOME` move uv's default cache (`$XDG_CACHE_HOME/uv`,
+    `~/.cache/uv`): a job passes them to uv only through build_env_vars, refused there."""
+    with pytest.raises(UvEnvError, match=f"build_env_vars names {name}, which picks uv's cache"):
+        sync_environment({name: "/job/cache"}, {}, build_env_vars=[name])
+
+
+def test_a_source_build_keys_its_fetch_settings_without_credentials() -> None:
+    """A build from source fetches its build requirements from the indexes and through the
+    proxy it is given: keyed where the lock builds from source, from the node or the job, a
+    URL's password never in the key (the marker and `ray-uv list --json` show it)."""
+    job = {
+        "HTTPS_PROXY": "http://user:s3cret@proxy:3128",
+        "SSL_CERT_FILE": "/job/ca.pem",
+        "UV_INSECURE_HOST": "mirror",
+        "UV_INDEX_URL": "https://token@mirror/simple",
+        "UV_HTTP_TIMEOUT": "30",  # how long, never what: not keyed
+    }
+    env = sync_environment(job, {"NO_PROXY": "localhost"})
+    assert keyed_settings(env) == (("UV_COMPILE_BYTECODE", "1"),)  # wheels only
+    assert dict(keyed_settings(env, builds_from_source=True)) == {
+        "HTTPS_PROXY": "http://***@proxy:3128",
+        "NO_PROXY": "localhost",
+        "SSL_CERT_FILE": "/job/ca.pem",
+        "UV_COMPILE_BYTECODE": "1",
+        "UV_INDEX_URL": "https://***@mirror/simple",
+        "UV_INSECURE_HOST": "mirror",
+    }
+    assert "s3cret" not in repr(keyed_settings(env, resolves=True, builds_from_source=True))
 
 
 def test_what_is_keyed() -> None:

@@ -169,7 +169,7 @@ def test_a_failed_build_is_answered_from_memory_for_a_while(tmp_path, monkeypatc
 def test_a_build_that_failed_on_the_network_is_tried_again(projects, tmp_path, monkeypatch):
     counting = CountingUv(tmp_path / "uv")
     monkeypatch.setenv(UV_ENV_VAR, str(counting.path))
-    offline = unreachable_index(tmp_path / "cold-cache")
+    offline = unreachable_index()
     for _ in range(2):
         with pytest.raises(UvSyncError, match="the package index could not be reached"):
             ensure_venv(parse_spec({}), load_project(projects[1]), offline, root=tmp_path / "v")

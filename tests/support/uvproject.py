@@ -133,11 +133,12 @@ def tamper_hashes(project: Path, package: str) -> None:
     lock.write_text("[[package]]".join(blocks))
 
 
-def unreachable_index(cold_cache: Path) -> dict[str, str]:
-    """Env vars for a uv with a cold cache and an index behind a proxy that refuses connections:
-    a sync fails at once on the network."""
+def unreachable_index() -> dict[str, str]:
+    """A job's env vars for an index behind a proxy that refuses connections: `uv sync --locked`
+    checks the lock against that index and fails at once on the network, whatever the node's uv
+    cache holds (a job may not choose its own cache: `agent.uv_cache`)."""
     return {
-        "UV_CACHE_DIR": str(cold_cache),
+        "UV_INDEX_URL": "http://127.0.0.1:9/simple",
         "HTTPS_PROXY": "http://127.0.0.1:9",
         "HTTP_PROXY": "http://127.0.0.1:9",
         "UV_HTTP_RETRIES": "0",
