@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -41,6 +42,7 @@ def test_a_held_venv_is_in_use_by_its_agent_until_released(tmp_path: Path) -> No
     hold = holds.Hold(root, KEY)
     (record,) = records(root)
     assert holds.RECORD.match(record) and record.startswith(f".held-{KEY}-{os.getpid()}-")
+    assert stat.S_IMODE(os.lstat(root / record).st_mode) == 0o600  # whatever the umask
     assert holds.holders(root) == {os.path.realpath(venv): {os.getpid()}}
     inv = inventory.scan(root)
     assert inv.others == [] and inv.garbage == []  # the record is ours, and no venv
