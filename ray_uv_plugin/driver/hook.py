@@ -47,8 +47,12 @@ def check_hook_dir(path: Path = HOOK_PATH) -> None:
     """Refuse to hand out `path` for PYTHONPATH where anyone but this user or root could change
     what is imported from it (`trust.untrusted_import_dir`): there it comes ahead of the standard
     library in every Python of the shell, so a `json.py` planted there runs as whoever imports
-    `json`. Raises `trust.UntrustedPathError` saying what to do."""
-    found = trust.untrusted_import_dir(path)
+    `json`. The same for what the hook imports: in a Python without the plugin it loads the
+    package `path` belongs to (its parent: `__init__.py` and every module below), so that
+    package and everything in it is checked too, `path` among them. Raises
+    `trust.UntrustedPathError` saying what to do."""
+    package = path.parent
+    found = trust.untrusted_import_dir(package)
     if found is None:
         return
     where, st, why = found
@@ -58,15 +62,16 @@ def check_hook_dir(path: Path = HOOK_PATH) -> None:
     )
     subject = "" if where == path else f"{where}: "
     writable = why in (trust.OTHERS_WRITE, trust.GROUP_WRITE)  # else: another install helps
-    if writable and (where == path or path in where.parents):
-        fix = f"`chmod -R go-w {shlex.quote(str(path))}` if those are your files, or {fix}"
+    if writable and (where == package or package in where.parents):
+        fix = f"`chmod -R go-w {shlex.quote(str(package))}` if those are your files, or {fix}"
     elif writable:
         quoted = shlex.quote(str(where))
         fix = f"`chmod go-w {quoted}` (or `chmod +t {quoted}`, sticky as /tmp), or {fix}"
     raise trust.UntrustedPathError(
         f"refusing the driver hook's directory {path} for PYTHONPATH: {subject}{why} "
         f"({trust.describe(st)}); every Python started from this shell would import from it "
-        f"ahead of the standard library, so whoever can change it runs code as you: {fix}."
+        f"ahead of the standard library, and the hook there runs the package {package}, so "
+        f"whoever can change either runs code as you: {fix}."
     )
 
 

@@ -72,17 +72,27 @@ def test_a_hook_dir_another_user_owns_is_refused_and_their_json_py_never_runs(
     assert not marker.exists()
 
 
+ALL = "`chmod -R go-w {package}`"  # the package the hook loads, its hook dir inside
+
+
 @pytest.mark.parametrize(
     ("where", "mode", "why", "fix"),
     [
-        ("hook_path", 0o775, "its group can write it", "`chmod -R go-w {hook}`"),
-        ("hook_path", 0o1777, "others can write it", "`chmod -R go-w {hook}`"),  # sticky or not
-        ("hook_path/ray_uv_plugin_hook.py", 0o666, "others can write it", "`chmod -R go-w {hook}`"),
-        (".", 0o775, "its group can write it", "`chmod go-w {path}` (or `chmod +t {path}`"),
+        ("hook_path", 0o775, "its group can write it", ALL),
+        ("hook_path", 0o1777, "others can write it", ALL),  # sticky or not
+        ("hook_path/ray_uv_plugin_hook.py", 0o666, "others can write it", ALL),
+        # What the hook loads from the package (issue 38): every module, and the dirs of them.
+        (".", 0o1777, "others can write it", ALL),
+        ("__init__.py", 0o664, "its group can write it", ALL),
+        ("driver/hook.py", 0o666, "others can write it", ALL),
+        ("store", 0o775, "its group can write it", ALL),
         ("..", 0o777, "others can write it", "`chmod go-w {path}` (or `chmod +t {path}`"),
     ],
-    ids=["hook-dir-group", "hook-dir-sticky", "hook-file", "package-dir", "site-dir"],
-)
+    ids=[
+        "hook-dir-group", "hook-dir-sticky", "hook-file", "package-dir", "package-init",
+        "package-module", "package-subdir", "site-dir",
+    ],
+)  # fmt: skip
 def test_a_hook_dir_others_can_change_is_refused_with_the_fix(
     tmp_path: Path, where: str, mode: int, why: str, fix: str
 ) -> None:
@@ -92,7 +102,8 @@ def test_a_hook_dir_others_can_change_is_refused_with_the_fix(
     out = shell(tmp_path / "site", "$RAY_UV plugin-config --shell")
     assert out.returncode == 1 and out.stdout == "", out.stdout
     assert f"refusing the driver hook's directory {hook_dir} for PYTHONPATH" in out.stderr
-    assert why in out.stderr and fix.format(hook=hook_dir, path=path) in out.stderr, out.stderr
+    assert why in out.stderr, out.stderr
+    assert fix.format(package=hook_dir.parent, path=path) in out.stderr, out.stderr
     path.chmod(0o755 if path.is_dir() else 0o644)
     again = shell(tmp_path / "site", "$RAY_UV plugin-config --shell")
     assert again.returncode == 0 and f"export PYTHONPATH={hook_dir}" in again.stdout, again.stderr
