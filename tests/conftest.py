@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +46,17 @@ def _plugin_registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def plugin_dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A dir holding the plugin's wheel, built from the checkout once per test session by the
+    uv of the lock (the README's `uv build --wheel --out-dir dist`)."""
+    out = tmp_path_factory.mktemp("dist")
+    uv = Path(sys.executable).parent / "uv"
+    build = [str(uv), "build", "--wheel", "--quiet", "--out-dir", str(out), str(ROOT)]
+    subprocess.run(build, check=True, capture_output=True, timeout=300)
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -18,18 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    uv = shutil.which("uv")
-    if uv is None:
-        pytest.skip("uv is not on PATH")
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [uv, "build", "--wheel", "--out-dir", str(out), str(ROOT)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (built,) = out.glob("ray_uv_plugin-*.whl")
+def wheel(plugin_dist: Path) -> Path:
+    (built,) = plugin_dist.glob("ray_uv_plugin-*.whl")
     return built
 
 

@@ -344,9 +344,9 @@ def copied_sources(
                 inside = os.path.relpath(target, files.path.resolve())
                 raise ProjectError(
                     f"{message}: the working_dir's upload left it out. "
-                    f"{_upload_skips(inside)} (the .gitignore of `uv init` ignores wheels/, "
-                    "dist/ and build/), or keep the file in a folder that none of them match, "
-                    "such as vendor/."
+                    f"{_upload_skips(inside)}, or keep the file in a folder that none of them "
+                    "match (the .gitignore of `uv init` ignores wheels/, dist/ and build/; "
+                    "vendor/ is kept)."
                 )
             raise ProjectError(
                 f"{message}: put it inside the working_dir or on a path every node sees."
