@@ -22,7 +22,8 @@ reaches the build only where the key records it or where it cannot change what i
   (`BUILD_VARS`, `BUILD_VAR_PREFIXES`), and whatever the job names in `uv_project.build_env_vars`
   (e.g. `PATH` to pick another compiler, `MYLIB_FLAVOR` for a build hook): name and value are
   part of the venv's key, so a job that sets `CMAKE_ARGS` gets a venv of its own instead of
-  changing the one every other job uses.
+  changing the one every other job uses. A named variable's value is keyed by its sha256 unless
+  it is known to be no secret (`_plain`).
 
 Every other variable of a job (`PYTHONPATH`, `LD_PRELOAD`, `PATH`, a secret...) is for its
 workers: Ray sets it for them, and uv never sees it (`JobEnv.withheld` names them for the setup
@@ -345,7 +346,8 @@ def keyed_settings(
     """The variables of `env` that shape the venv, with their values (a config file named by
     `UV_CONFIG_FILE` by its content); `build_env_vars` are the names a job asked to key.
     `resolves` (`locked: false`) keys the index settings, `builds_from_source` (the lock builds
-    something from source) those of `SOURCE_FETCH_VARS`, a URL's credentials left out."""
+    something from source) those of `SOURCE_FETCH_VARS`, a URL's credentials left out. A named
+    variable that is not `_plain` is keyed by its value's sha256 (`sha256:<hex>`)."""
     named = frozenset(build_env_vars)
     items = []
     for name in sorted(n for n in env if _keyed(n, named, resolves, builds_from_source)):
@@ -354,8 +356,19 @@ def keyed_settings(
             value = f"{value} sha256:{_config_digest(value)}"
         elif name in SOURCE_FETCH_VARS and name not in named:
             value = _CREDENTIALS.sub("://***@", value)
+        elif name in named and not _plain(name):
+            value = f"sha256:{hashlib.sha256(value.encode()).hexdigest()}"
         items.append((name, value))
     return tuple(items)
+
+
+def _plain(name: str) -> bool:
+    """Whether a variable named in `build_env_vars` is keyed by its value as it is: one that is
+    keyed without being named (a build variable, a `UV_*` setting) or one of the node's path
+    variables (`EXPANDED_NODE_VARS`). Any other is keyed by its value's sha256: it may be a
+    secret (a job that names a node's variable without setting it keys the node's value), and
+    the key's inputs are in every marker, `ray-uv list --json` and shipped venv."""
+    return name in EXPANDED_NODE_VARS or _keyed(name, frozenset(), False, False)
 
 
 def _config_digest(path: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from pathlib import Path
@@ -88,8 +89,27 @@ def test_build_env_vars_pass_a_jobs_variable_to_uv_and_key_it() -> None:
     env = sync_environment(job, {"PATH": "/usr/bin"}, build_env_vars=["MYLIB_FLAVOR", "PATH"])
     assert env["MYLIB_FLAVOR"] == "cuda" and env["PATH"] == "/opt/cuda/bin:/usr/bin"
     keyed = dict(keyed_settings(env, build_env_vars=["MYLIB_FLAVOR", "PATH"]))
-    assert keyed["MYLIB_FLAVOR"] == "cuda" and keyed["PATH"] == "/opt/cuda/bin:/usr/bin"
+    assert keyed["MYLIB_FLAVOR"] == f"sha256:{hashlib.sha256(b'cuda').hexdigest()}"
+    assert keyed["PATH"] == "/opt/cuda/bin:/usr/bin"  # a path variable: keyed as it is
     assert "MYLIB_FLAVOR" not in dict(keyed_settings(env))  # not named: not keyed
+
+
+def test_a_named_variable_is_keyed_by_its_digest_so_no_secret_reaches_a_marker() -> None:
+    """A job that names a node's variable in build_env_vars without setting it keyed the node's
+    value in plain text, and every marker, `ray-uv list --json` and shipped venv carried it."""
+    node = {"PATH": "/usr/bin", "CORP_TOKEN": "s3cret-node", "HTTPS_PROXY": "http://u:pw@proxy"}
+    named = ["CORP_TOKEN", "HTTPS_PROXY", "PATH", "CMAKE_ARGS", "UV_RESOLUTION"]
+    job = {"CMAKE_ARGS": "-DX=1", "UV_RESOLUTION": "lowest"}
+    keyed = dict(keyed_settings(sync_environment(job, node, build_env_vars=named), False, named))
+    assert {name: keyed[name] for name in named} == {
+        "CORP_TOKEN": f"sha256:{hashlib.sha256(b's3cret-node').hexdigest()}",
+        "HTTPS_PROXY": f"sha256:{hashlib.sha256(b'http://u:pw@proxy').hexdigest()}",
+        "PATH": "/usr/bin",
+        "CMAKE_ARGS": "-DX=1",  # keyed as it is wherever set: named or not
+        "UV_RESOLUTION": "lowest",
+    }
+    other = sync_environment(job, {**node, "CORP_TOKEN": "other"}, build_env_vars=named)
+    assert dict(keyed_settings(other, False, named))["CORP_TOKEN"] != keyed["CORP_TOKEN"]
 
 
 @pytest.mark.parametrize(
