@@ -43,7 +43,9 @@ def driver_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     a task per node): a group's venv is the one the same selection gives a plain actor. A
     worker that needs one gets it through the group's ``env_vars`` (keyed). Nor the
     credentials Ray reads (``RAY_AUTH_TOKEN``...: see ``credentials``): a runtime_env shows in
-    plain text in `ray list actors --detail` and in every node's runtime_env_agent.log."""
+    plain text in `ray list actors --detail` and in every node's runtime_env_agent.log. The
+    proxy and CA variables are copied, for the workers: where the lock builds anything from
+    source they are keyed (``agent.uv_env.SOURCE_FETCH_VARS``)."""
     environ = os.environ if environ is None else environ
     return {
         k: v

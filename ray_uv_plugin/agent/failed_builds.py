@@ -10,8 +10,8 @@ get through.
 
 Per process (the node's agent), per venv path (`<venv dir>/<key>`) and per everything else that
 reached uv (`sync_inputs`: its whole environment, the uv binary, the project dir, the flags):
-only the same sync would fail the same way. A job that changes a setting outside the key (its
-`UV_CACHE_DIR`, a proxy, an index's credentials) gets a build of its own. After
+only the same sync would fail the same way. A job that changes a setting outside the key (a
+timeout, a proxy, an index's credentials) gets a build of its own. After
 `remember_seconds()` the next request builds again, e.g. once the disk has been freed.
 
 Ray's agent keeps a failed runtime_env for longer (`ray_failure_cache_seconds`, 600 s by

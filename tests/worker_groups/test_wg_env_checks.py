@@ -91,6 +91,29 @@ def test_driver_variables_that_workers_get() -> None:
     }
 
 
+def test_the_drivers_proxy_keys_a_groups_venv_where_the_lock_builds_from_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers get the driver's proxy and CA variables (they may need them), and so does each
+    node's build: with a path source in the lock they are keyed (issue 38.3), so a group whose
+    driver has another proxy than the node gets a venv of its own, not the node's."""
+    from ray_uv_plugin.agent.project import load_project
+    from ray_uv_plugin.agent.request import make_request
+    from ray_uv_plugin.agent.spec import parse_spec
+    from ray_uv_plugin.agent.uv_env import SOURCE_FETCH_VARS
+    from tests.agent.test_request import write_with_mylib
+
+    project = load_project(write_with_mylib(tmp_path, editable=False))
+    for name in SOURCE_FETCH_VARS:  # the node's (this machine's CAs): none
+        monkeypatch.delenv(name, raising=False)
+    driver = {"HTTPS_PROXY": "http://driver-proxy:3128", "SSL_CERT_FILE": "/driver/ca.pem"}
+    copied = driver_env_vars(driver)
+    assert copied == driver
+    group = make_request(parse_spec({}), project, copied)
+    assert group.key != make_request(parse_spec({}), project, {}).key
+    assert ("HTTPS_PROXY", "http://driver-proxy:3128") in group.inputs.env
+
+
 def test_no_credential_ray_reads_reaches_a_worker() -> None:
     """What KubeRay puts in every Ray container of a token cluster, and the rest Ray reads."""
     credentials = {
