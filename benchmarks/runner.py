@@ -128,6 +128,11 @@ def run_sample(case: Case, inputs: Inputs, settings: Settings, repeat: int) -> S
             shutil.rmtree(venv, ignore_errors=True)
         return Sample(**base, ok=True, seconds=seconds, first_call_s=[seconds])
     prepared = prepare(case.scenario, inputs)
+    if prepared.node_env and settings.address is not None:
+        for path in prepared.cleanup:
+            shutil.rmtree(path, ignore_errors=True)
+        error = f"{case.scenario.id} sets the node's environment: only a local Ray takes it"
+        return Sample(**base, ok=False, seconds=None, error=error)
     sync_log = settings.workdir / "sync.log"
     sync_log.unlink(missing_ok=True)
     config = {
@@ -140,7 +145,8 @@ def run_sample(case: Case, inputs: Inputs, settings: Settings, repeat: int) -> S
         "timeout": settings.timeout,
     }
     try:
-        result = _run_child(config, sample_env(settings, sync_log), settings)
+        env = {**sample_env(settings, sync_log), **prepared.node_env}
+        result = _run_child(config, env, settings)
     finally:
         for path in [*prepared.cleanup, settings.workdir / "ray"]:
             shutil.rmtree(path, ignore_errors=True)

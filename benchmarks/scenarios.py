@@ -117,6 +117,9 @@ class Prepared:
     cleanup: list[Path] = field(default_factory=list)
     # Ray uploads a local working_dir only when given to ray.init, as its `uv run` hook does.
     job_runtime_env: dict[str, Any] = field(default_factory=dict)
+    # The local Ray's environment for this sample: the uv cache is the node's (a job's is
+    # refused: `agent.uv_cache`), so an empty one goes here.
+    node_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -157,14 +160,14 @@ def prepare(scenario: Scenario, inputs: Inputs) -> Prepared:
             # A copy whose pyproject differs by a comment: same lock, a key never built before.
             copy = project.salted_copy(inputs.scratch)
             env: dict[str, Any] = {"uv_project": {**uv_project, "project": str(copy.path)}}
-            cleanup = [copy.path]
+            cleanup, node_env = [copy.path], {}
             if scenario.id == "cold-all":
                 cache = Path(tempfile.mkdtemp(prefix="uv-cache-", dir=inputs.scratch))
-                env_vars["UV_CACHE_DIR"] = str(cache)
+                node_env["UV_CACHE_DIR"] = str(cache)
                 cleanup.append(cache)
             if env_vars:
                 env["env_vars"] = env_vars
-            return Prepared(env, cleanup)
+            return Prepared(env, cleanup, node_env=node_env)
         case "ray-uv":
             return Prepared({"uv": {"packages": packages}})
         case "ray-uv-cache":

@@ -135,6 +135,11 @@ def test_build_setting_scenarios(tmp_path: Path) -> None:
     assert cold.runtime_env["env_vars"] == {"UV_LINK_MODE": "copy"}
     assert cold.runtime_env["uv_project"]["project"] != str(tmp_path)
     assert "env_vars" not in prepare(BY_ID["warm"], inputs).runtime_env
+    # An empty uv cache is the local Ray's, for one sample: a job's own cache is refused.
+    cold_all = prepare(BY_ID["cold-all"], inputs)
+    assert "env_vars" not in cold_all.runtime_env
+    cache = Path(cold_all.node_env["UV_CACHE_DIR"])
+    assert cache.is_dir() and not any(cache.iterdir()) and cache in cold_all.cleanup
     assert prepare(BY_ID["ray-uv"], inputs).runtime_env["uv"]["packages"] == ["httpx==0.1"]
     argv = ["--quick", "--scenarios", "warm-nobc,cold-venv-copy,hand-sync-nobc", "--actors", "2"]
     cases, _ = build_cases(parse_args(argv))
