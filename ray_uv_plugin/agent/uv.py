@@ -224,7 +224,8 @@ _HINTS = [
         ),
         "the package index could not be reached and the uv cache on this node lacks the "
         "packages: give the node access to the index (env_vars UV_INDEX_URL / HTTPS_PROXY), or "
-        "build the env while it has access (`ray-uv prepare`), or share a warm UV_CACHE_DIR.",
+        "build the env while it has access (`ray-uv prepare`), or give the nodes a warm uv "
+        "cache (UV_CACHE_DIR in the environment of `ray start`).",
         transient=True,
     ),
     _Hint(
