@@ -16,12 +16,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from ray_uv_plugin.agent import bytecode, seeding
-from ray_uv_plugin.agent.build_record import write_manifest, write_marker_of
+from ray_uv_plugin.agent.build_record import Bytecode, write_manifest, write_marker_of
 from ray_uv_plugin.agent.cache_split import cache_split_note
 from ray_uv_plugin.agent.project import ProjectError, check_ray_pin, check_request
 from ray_uv_plugin.agent.request import VenvRequest, interpreter_tag, withheld_from_uv
 from ray_uv_plugin.agent.uv import UvResult, UvSyncError, UvTimeout, find_uv, run_uv, sync_failure
-from ray_uv_plugin.store import budget, freezing
+from ray_uv_plugin.store import accounting, budget, freezing
 from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV
 from ray_uv_plugin.store.layout import installed_ray_version, remove_leftovers, site_packages
 
@@ -99,7 +99,7 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
         return result
 
     try:
-        result, taken = _sync_seeded(venv, env, sync, logger, deadline)
+        result, recorded, compiled = _sync_and_compile(venv, env, sync, logger, deadline)
         installed = installed_ray_version(venv)
         if installed != ray.__version__:
             raise UvSyncError(
@@ -108,7 +108,8 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
                 f"=={ray.__version__} a dependency of the environment you ask for and run "
                 "`uv lock`."
             )
-        listed = write_manifest(venv, logger, taken)
+        locked = accounting.locked_distributions(_lock_used(request, project_dir))
+        listed = write_manifest(venv, logger, recorded, compiled, locked)
         try:  # the venv is whole but for its marker: what it adds to the venv dir is known
             budget.make_room(
                 venv, lambda line: logger.info("uv_project %s: %s", venv.name, line), deadline
@@ -120,6 +121,7 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
         immutable = freezing.freeze(venv)
         if os.geteuid() == 0 and not immutable:
             logger.warning("uv_project %s: %s.", venv.name, freezing.unfrozen_note())
+        taken = compiled.taken
         built = taken.as_json() if taken else {"how": "full"}
         write_marker_of(venv, request, result.seconds, immutable, {**listed, "built": built})
     except OSError as e:
@@ -137,62 +139,96 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
     return result.seconds
 
 
-def _sync_seeded(
+def _sync_and_compile(
     venv: Path,
     env: Mapping[str, str],
     sync: Callable[[Mapping[str, str]], UvResult],
     logger: logging.Logger,
     deadline: float,
-) -> tuple[UvResult, seeding.Taken | None]:
-    """`uv sync` into `venv`, seeded from the nearest ready venv where one may give bytecode
-    (`agent.seeding`); returns uv's result (with the seconds of any second run) and what the
-    seed gave (None: a full build). A seed that cannot be used gives a full build, and the log
-    says why."""
+) -> tuple[UvResult, accounting.Recorded, Bytecode]:
+    """`uv sync` into `venv` without bytecode, the bytecode of the nearest ready venv where one
+    may give it (`agent.seeding`), then the modules still without bytecode compiled
+    (`agent.bytecode`): so the build knows every `.pyc` it made. Returns uv's result (with the
+    seconds of any second run), the distributions' RECORDs, and the bytecode's record. A seed
+    that cannot be used gives a full build, and the log says why."""
     compiles = env.get("UV_COMPILE_BYTECODE", "").lower() in ("1", "true", "yes", "on")
-    interpreter = interpreter_tag()
-    if not compiles or not seeding.has_candidates(venv.parent, venv.name, interpreter):
-        return sync(env), None
-    first = sync({**env, "UV_COMPILE_BYTECODE": "0"})
-    start = time.perf_counter()
+    no_bytecode = {**env, "UV_COMPILE_BYTECODE": "0"}
+    result = sync(no_bytecode)
+    recorded = accounting.read_records(venv)  # uv wrote each as it installed; compiling adds none
+    if not compiles:
+        return result, recorded, Bytecode("none", frozenset())
     taken = None
+    if seeding.has_candidates(venv.parent, venv.name, interpreter_tag()):
+        taken = _seed(venv, recorded, logger)
+        if taken is None and not os.path.lexists(venv):  # an untrusted seed: from the start
+            second = sync(no_bytecode)
+            result = replace(second, seconds=result.seconds + second.seconds)
+            recorded = accounting.read_records(venv)
+    site = site_packages(venv)
+    if site is None:
+        raise UvSyncError(f"uv_project: uv made {venv} without a site-packages dir.")
+    start = time.perf_counter()
+    shipped = {f"{venv}/{path}" for path in recorded.hashes if path.endswith(".pyc")}
+    sources = list(bytecode.missing(site, shipped))  # a wheel's own `.pyc`: as uv's step does
+    top = len(str(venv)) + 1
+    paths = {bytecode.compiled_path(source)[top:] for source in sources}
+    if taken is not None:
+        paths.update(taken.known)
     try:
-        seed = seeding.choose(venv.parent, venv, interpreter)
-        if seed is not None:
-            taken = seeding.take_bytecode(seed, venv)
-            logger.info(
-                "uv_project %s: seeded from %s: the bytecode of %d distributions (%d files, "
-                "%.0f MB) in %.2fs",
-                venv.name,
-                taken.seed,
-                taken.distributions,
-                taken.files,
-                taken.bytes / 1e6,
-                time.perf_counter() - start,
-            )
+        bytecode.compile_sources(site, sources, env, max(deadline - time.monotonic(), 1.0))
+    except bytecode.CompileError as e:
+        logger.warning("uv_project %s: %s; uv compiles instead.", venv.name, e)
+        second = sync(env)  # uv's bytecode step: the same sources
+        return (
+            replace(second, seconds=result.seconds + second.seconds),
+            recorded,
+            Bytecode("uv", frozenset(paths), taken),
+        )
+    logger.info(
+        "uv_project %s: compiled the %d modules %s in %.2fs",
+        venv.name,
+        len(sources),
+        "the seed did not give" if taken is not None else "of the venv",
+        time.perf_counter() - start,
+    )
+    return result, recorded, Bytecode("plugin", frozenset(paths), taken)
+
+
+def _seed(
+    venv: Path, recorded: accounting.Recorded, logger: logging.Logger
+) -> seeding.Taken | None:
+    """The nearest ready venv's bytecode linked into `venv` (`seeding`); None where none gives
+    any, or where the seed cannot be used: then `venv` was removed, to be synced anew."""
+    start = time.perf_counter()
+    try:
+        seed = seeding.choose(venv.parent, venv, interpreter_tag())
+        if seed is None:
+            return None
+        taken = seeding.take_bytecode(seed, venv, recorded)
     except Exception as e:
         if not seeding.untrusted_seed(e):
             raise
         logger.warning("uv_project %s: %s; a full build instead.", venv.name, e)
         freezing.remove_tree(venv)
-        taken = None
-    if taken is not None:  # compile what the seed did not give: the changed distributions
-        start = time.perf_counter()
-        site = site_packages(venv)
-        assert site is not None  # the seed's bytecode went into it
-        try:
-            count = bytecode.compile_missing(site, env, max(deadline - time.monotonic(), 1.0))
-        except bytecode.CompileError as e:
-            logger.warning("uv_project %s: %s; uv compiles instead.", venv.name, e)
-        else:
-            logger.info(
-                "uv_project %s: compiled the %d modules the seed did not give in %.2fs",
-                venv.name,
-                count,
-                time.perf_counter() - start,
-            )
-            return first, taken
-    second = sync(env)  # uv's bytecode step: what the seed did not give (or all of it)
-    return replace(second, seconds=first.seconds + second.seconds), taken
+        return None
+    logger.info(
+        "uv_project %s: seeded from %s: the bytecode of %d distributions (%d files, %.0f MB) "
+        "in %.2fs",
+        venv.name,
+        taken.seed,
+        taken.distributions,
+        taken.files,
+        taken.bytes / 1e6,
+        time.perf_counter() - start,
+    )
+    return taken
+
+
+def _lock_used(request: VenvRequest, project_dir: Path) -> bytes:
+    """The lock uv installed from: the project's, or the one `locked: false` re-locked."""
+    if project_dir == request.files.path:
+        return request.files.lock
+    return (project_dir / "uv.lock").read_bytes()
 
 
 def _removed(path: Path, fd: int) -> bool:

@@ -7,6 +7,7 @@ import logging
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from ray_uv_plugin.agent import seeding
 from ray_uv_plugin.agent.project import project_name
 from ray_uv_plugin.agent.request import VenvRequest
 from ray_uv_plugin.agent.uv import UvSyncError
-from ray_uv_plugin.store import hashed, manifest
+from ray_uv_plugin.store import accounting, hashed, manifest
 from ray_uv_plugin.store.layout import MARKER_FORMAT, site_packages, write_marker
 
 
@@ -25,17 +26,35 @@ def _site_packages(venv: Path) -> str:
     return str(site.relative_to(venv))
 
 
+@dataclass(frozen=True)
+class Bytecode:
+    """Where a build's bytecode came from: `by` the plugin's compile step ("plugin"), uv's own
+    ("uv", where the plugin's failed: it runs the venv's `.pth` files, so such a venv never
+    seeds another), or none (`UV_COMPILE_BYTECODE=0`); `paths`: the `.pyc` files the compile
+    step may have written and those a seed gave, relative to the venv (`store.accounting`)."""
+
+    by: str
+    paths: frozenset[str]
+    taken: seeding.Taken | None = None  # what a seed gave (None: no seed)
+
+
 def write_manifest(
-    venv: Path, logger: logging.Logger, taken: seeding.Taken | None = None
+    venv: Path,
+    logger: logging.Logger,
+    recorded: accounting.Recorded,
+    compiled: Bytecode,
+    locked: Mapping[str, frozenset[str] | None],
 ) -> dict[str, Any]:
-    """The venv's manifest (`store.manifest`), before it is frozen; returns what the marker
-    records of it: its sha256, and the files that differ from their distribution's RECORD.
-    Such a file was changed in uv's cache (through another venv's hardlink to it), or its
-    wheel's RECORD is wrong (some are): the venv is used here, with a warning, and never sent
-    to another node (`ship.archive.Packer`), which builds its own."""
+    """The venv's manifest (`store.manifest`), before it is frozen, once every file in it is
+    accounted for (`store.accounting`: a UvSyncError otherwise); returns what the marker
+    records of it: its sha256, how its bytecode was made, and the files that differ from their
+    distribution's RECORD. Such a file was changed in uv's cache (through another venv's
+    hardlink to it), or its wheel's RECORD is wrong (some are): the venv is used here, with a
+    warning, and never sent to another node (`ship.archive.Packer`), which builds its own."""
     start = time.perf_counter()
     index = hashed.Hashed(hashed.fs_clock(venv))
     unread = 0  # bytes known without reading them
+    taken = compiled.taken
     if taken is None:
         files = manifest.scan(venv, record=index)
     else:  # the seed's bytecode was checked as it was linked; uv linked its other files too
@@ -43,8 +62,26 @@ def write_manifest(
         files = manifest.scan(venv, taken.known, taken.hashed, index)
         from_index = taken.hashed.reused - before if taken.hashed else 0
         unread = sum(entry.size for _, entry in taken.known.values()) + from_index
-    listed: dict[str, Any] = {}
-    mismatches = manifest.records(venv, files)
+    scanned = time.perf_counter()
+    foreign = accounting.foreign_distributions(venv, locked)
+    checked = accounting.account(venv, files, recorded, compiled.paths, foreign)
+    if checked.unaccounted:
+        raise UvSyncError(
+            f"uv_project: the venv {venv.name} holds {accounting.unaccounted_note(checked)}"
+            + (
+                f" (and the dist-info dirs {', '.join(foreign)} are of no package of the lock)"
+                if foreign
+                else ""
+            )
+            + ". A venv holds only its lock's distributions' files as their RECORDs list them, "
+            "the bytecode its build compiled and uv's scaffolding, so something else wrote "
+            "these while it was built (a build hook, or a `.pth` file that uv's bytecode step "
+            "ran). Nothing was kept: find the package that writes them (`uv tree`), drop or "
+            "fix it, and `uv lock`."
+        )
+    accounted = time.perf_counter()
+    listed: dict[str, Any] = {"accounted": {"bytecode": compiled.by}}
+    mismatches = checked.not_as_recorded
     if mismatches:
         files_named = ", ".join(mismatches[:5]) + (", ..." if len(mismatches) > 5 else "")
         logger.warning(
@@ -60,12 +97,14 @@ def write_manifest(
     size = sum(entry.size for entry in files.values())
     logger.info(
         "uv_project %s: manifest of %d entries (%.0f MB, %.0f MB of them read, the rest "
-        "known unchanged since the seed hashed them) in %.2fs",
+        "known unchanged since the seed hashed them) in %.2fs, every file accounted for "
+        "in %.2fs of it",
         venv.name,
         len(files),
         size / 1e6,
         (size - unread) / 1e6,
         time.perf_counter() - start,
+        accounted - scanned,
     )
     return listed
 

@@ -1,5 +1,7 @@
 """Compile the modules of a venv that have no bytecode yet, as uv's bytecode step compiles them:
-a seeded build's last step (`agent.seeding`), so that a changed lock compiles what changed.
+every build's last step, after `uv sync` without bytecode (and, for a seeded build, the seed's
+bytecode: `agent.seeding`), so that a changed lock compiles what changed, and the build knows
+each `.pyc` it made (`store.accounting`).
 
 uv's step (`uv sync --compile-bytecode`) walks the whole site-packages and hands every `.py`
 file to `compileall.compile_file` (errors muted, as pip does), in one worker per core. After a
@@ -13,12 +15,13 @@ where `SOURCE_DATE_EPOCH` is set, as `py_compile` decides for both.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 
 # Reads one source path per line of the file it is given; a source that does not compile is
@@ -36,9 +39,12 @@ class CompileError(RuntimeError):
     """The compile workers failed or ran out of time: the build runs uv's own step instead."""
 
 
-def missing(site: Path) -> Iterator[str]:
+def missing(site: Path, shipped: Collection[str] = ()) -> Iterator[str]:
     """Every regular `.py` file below `site` (not in a `__pycache__`, links not followed)
-    without a `.pyc` of this interpreter: what uv's step would compile."""
+    without a `.pyc` of this interpreter: what uv's step would compile. `shipped`: the `.pyc`
+    files a wheel installed (absolute paths, as its RECORD lists them), each compiled again
+    where uv's step would: where its header is not this interpreter's timestamp one of its
+    source (`compileall.compile_file`'s check)."""
     tag = sys.implementation.cache_tag
     stack = [str(site)]
     while stack:
@@ -53,22 +59,46 @@ def missing(site: Path) -> Iterator[str]:
                     sources.append(entry.name)
         if not sources:
             continue
+        cache = os.path.join(folder, "__pycache__")
         try:
-            compiled = set(os.listdir(os.path.join(folder, "__pycache__")))
+            compiled = set(os.listdir(cache))
         except (FileNotFoundError, NotADirectoryError):
             compiled = set()
         for name in sources:
-            if f"{name[:-3]}.{tag}.pyc" not in compiled:
+            pyc = f"{name[:-3]}.{tag}.pyc"
+            if pyc not in compiled:
                 yield os.path.join(folder, name)
+            elif shipped and f"{cache}/{pyc}" in shipped:
+                source = os.path.join(folder, name)
+                if not _fresh(f"{cache}/{pyc}", source):
+                    yield source
 
 
-def compile_missing(site: Path, env: Mapping[str, str], timeout: float) -> int:
-    """Compile what `missing` lists, in one worker per core; returns how many sources were
-    handed to them. Raises CompileError if a worker fails or `timeout` passes (all are
-    stopped)."""
-    sources = [path for path in missing(site) if "\n" not in path]
+def _fresh(pyc: str, source: str) -> bool:
+    """Whether `compileall.compile_file` leaves `pyc` as it is: its first 12 bytes are this
+    interpreter's magic, no flags and the source's mtime."""
+    try:
+        with open(pyc, "rb") as f:
+            head = f.read(12)
+        mtime = int(os.stat(source).st_mtime) & 0xFFFFFFFF
+    except OSError:
+        return False
+    return head == importlib.util.MAGIC_NUMBER + bytes(4) + mtime.to_bytes(4, "little")
+
+
+def compiled_path(source: str) -> str:
+    """The `.pyc` that compiling `source` (`a/m.py`) writes: `a/__pycache__/m.<tag>.pyc`."""
+    folder, _, name = source.rpartition("/")
+    return f"{folder}/__pycache__/{name[:-3]}.{sys.implementation.cache_tag}.pyc"
+
+
+def compile_sources(site: Path, sources: list[str], env: Mapping[str, str], timeout: float) -> None:
+    """Compile `sources` (paths below `site`) in one worker per core: each one's bytecode is at
+    `compiled_path`, unless it does not compile. Raises CompileError if a worker fails or
+    `timeout` passes (all are stopped)."""
+    sources = [path for path in sources if "\n" not in path]
     if not sources:
-        return 0
+        return
     workers = min(len(os.sched_getaffinity(0)) or 1, max(1, len(sources) // 50))
     procs: list[subprocess.Popen[bytes]] = []
     deadline = time.monotonic() + timeout
@@ -103,4 +133,3 @@ def compile_missing(site: Path, env: Mapping[str, str], timeout: float) -> int:
                 proc.kill()
                 proc.wait()
         scratch.cleanup()
-    return len(sources)

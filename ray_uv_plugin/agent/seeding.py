@@ -37,7 +37,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ray_uv_plugin.store import hashed, manifest
+from ray_uv_plugin.store import accounting, hashed, manifest
 from ray_uv_plugin.store.layout import DIST_INFO, MARKER, check_ready, read_marker, site_packages
 
 CANDIDATES = 8  # the most recently built venvs of this interpreter that are weighed as seeds
@@ -58,6 +58,8 @@ class Seed:
     common: tuple[str, ...]  # the dist-info dir names it shares with the new venv, RECORD alike
     files: manifest.Files  # its manifest, checked against its marker
     hashed: hashed.Hashed | None = None  # its files' inodes as hashed (`store.hashed`)
+    # Files its distributions that the new venv lacks list in their RECORDs (venv-relative).
+    listed: frozenset[str] = frozenset()
 
     @property
     def distributions(self) -> int:
@@ -175,6 +177,9 @@ def choose(root: Path, venv: Path, interpreter: str) -> Seed | None:
     if found is None:
         return None
     name, path, meta = found
+    accounted = meta.get("accounted")
+    if not isinstance(accounted, dict) or accounted.get("bytecode") != "plugin":
+        return None  # its bytecode is not known to be its compile step's (`build_record`)
     theirs = seed_site(path, meta)
     if theirs is None:  # changed since `nearest` read it
         return None
@@ -191,7 +196,12 @@ def choose(root: Path, venv: Path, interpreter: str) -> Seed | None:
         files = manifest.load(path, meta.get("manifest"))
     except manifest.ManifestError as e:
         raise SeedError(f"the nearest venv {name} {e}") from None
-    return Seed(name, path, theirs, common, files, hashed.load(path, meta.get("hashed")))
+    # What its other distributions' RECORDs list is theirs, never bytecode its build compiled
+    # (the common ones' RECORDs are the new venv's, read by the build).
+    others = sorted(dist_infos(theirs).keys() - set(common))
+    listed = accounting.read_records(path, others).hashes.keys()
+    indexed = hashed.load(path, meta.get("hashed"))
+    return Seed(name, path, theirs, common, files, indexed, frozenset(listed))
 
 
 def _sources(dist_info: Path) -> Iterator[str]:
@@ -233,27 +243,34 @@ def _same_source(a: str, b: str) -> bool:
     return sa.st_size == sb.st_size and int(sa.st_mtime) == int(sb.st_mtime)
 
 
-def take_bytecode(seed: Seed, venv: Path) -> Taken:
+def take_bytecode(seed: Seed, venv: Path, recorded: accounting.Recorded) -> Taken:
     """Link the seed's `.pyc` files of the distributions it shares into `venv` (see the module's
-    docstring); raises SeedError for a seed file that is not what its manifest says."""
+    docstring); raises SeedError for a seed file that is not what its manifest says. Only
+    bytecode the seed's build compiled is taken: never a file that a RECORD lists (the new
+    venv's `recorded`, the seed's `listed`), never one whose header is not its source's."""
     found = site_packages(venv)
     assert found is not None  # `choose` found it
     base = str(found.relative_to(venv))
     seed_base = str(seed.site.relative_to(seed.path))
     site, seed_site = str(found), str(seed.site)  # strings: ~44,000 files for 425 packages
-    wanted: list[str] = []
+    wanted: list[tuple[str, str]] = []  # (.pyc, its source), relative to site-packages
     listed: dict[str, dict[str, list[str]]] = {}
     for dist in seed.common:
         for source in _sources(found / dist):
             if _same_source(f"{site}/{source}", f"{seed_site}/{source}"):
-                wanted += _pycs(seed_site, source, listed)
-    for folder in sorted({rel.rpartition("/")[0] for rel in wanted}):
+                wanted += (
+                    (pyc, source)
+                    for pyc in _pycs(seed_site, source, listed)
+                    if f"{base}/{pyc}" not in recorded.hashes
+                    and f"{seed_base}/{pyc}" not in seed.listed
+                )
+    for folder in sorted({rel.rpartition("/")[0] for rel, _ in wanted}):
         try:
             os.mkdir(f"{site}/{folder}", 0o755)  # a `__pycache__`: its package's dir is uv's
         except FileExistsError:
             pass
     known: dict[str, tuple[int, manifest.Entry]] = {}
-    for rel in wanted:  # one thread: the per-file work holds the GIL, threads only queue
+    for rel, source in wanted:  # one thread: the per-file work holds the GIL, threads only queue
         entry = seed.files.get(f"{seed_base}/{rel}")
         if entry is None or entry.kind != "file":
             raise SeedError(f"the nearest venv {seed.key} has {rel}, which its manifest lacks")
@@ -262,6 +279,9 @@ def take_bytecode(seed: Seed, venv: Path) -> Taken:
             os.link(f"{seed_site}/{rel}", target, follow_symlinks=False)
         except (FileNotFoundError, FileExistsError):
             continue  # removed meanwhile (gc): compiled in step 3 instead
+        if not accounting.header_matches(target, f"{site}/{source}"):
+            os.unlink(target)  # not bytecode Python takes for this source: compiled instead
+            continue
         st = os.lstat(target)
         if seed.hashed is None or seed.hashed.sha256(st) != entry.content:
             st, sha = manifest.hash_file(target)  # not provably unchanged: read it

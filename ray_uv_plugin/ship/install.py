@@ -9,17 +9,18 @@ from typing import Any
 
 from ray_uv_plugin.ship import relocation
 from ray_uv_plugin.ship.archive import ArchiveError
-from ray_uv_plugin.store import freezing, manifest
+from ray_uv_plugin.store import accounting, freezing, manifest
 from ray_uv_plugin.store.layout import MARKER_FORMAT, site_packages, write_marker
 
 # What a receiver keeps of the sender's marker (`meta`): what it checked before it took the venv
-# (`ray`, and `inputs`, which make the key here) and what says how the venv was built, for
-# `ray-uv list`; with what `ship.actors` says of the receive. Everything else it computes from
-# what it received: a sender's `site_packages` or index of hashed inodes names the sender's
-# disk, not this one, and what seeding here reads must be this node's say.
+# (`ray`, and `inputs`, which make the key here), what says how the venv was built, for
+# `ray-uv list`, and how its bytecode was made (`accounted`: it accounted for every file itself,
+# `store.accounting`); with what `ship.actors` says of the receive. Everything else it computes
+# from what it received: a sender's `site_packages` or index of hashed inodes names the
+# sender's disk, not this one, and what seeding here reads must be this node's say.
 KEPT = (
     "name", "project", "extras", "groups", "ray", "python", "inputs", "built_at",
-    "build_seconds", "shipped_from", "received_at", "built",
+    "build_seconds", "shipped_from", "received_at", "built", "accounted",
 )  # fmt: skip
 
 
@@ -37,6 +38,9 @@ def install_received(root: Path, key: str, tree: Path, meta: Mapping[str, Any]) 
     site = site_packages(tree)
     if site is None:
         raise ArchiveError("what arrived has no site-packages dir (lib/python*/site-packages)")
+    checked = accounting.account(tree, files, accounting.read_records(tree), compiled=None)
+    if checked.unaccounted:
+        raise ArchiveError(f"what arrived holds {accounting.unaccounted_note(checked)}")
     venv = root / key
     if os.path.lexists(venv):  # not ready, or the caller would not have unpacked it
         freezing.remove_tree(venv)
@@ -48,7 +52,8 @@ def install_received(root: Path, key: str, tree: Path, meta: Mapping[str, Any]) 
     own = manifest.write(tree, files)
     os.rename(tree, venv)
     try:
-        immutable = freezing.freeze(venv)
+        # Every file is the receiver's own (unpacked, copied from a seed, relocated): read-only.
+        immutable = freezing.freeze(venv, {name for name, e in files.items() if e.kind == "file"})
         write_marker(
             venv,
             {

@@ -14,15 +14,13 @@ Who checks it, and when (`docs/operations.md`, "What is shipped is what was buil
 - a receiver lists what it unpacked (`ship.unpack`) and installs it only if that list is the
   build's (the same sha256), then writes its own manifest for what it installed (relocated
   scripts differ from the sender's), so it can send it on;
-- the build compares its files with the hashes in each distribution's `RECORD` (`records`).
+- the build accounts for every file (`store.accounting`): a distribution's `RECORD` lists it
+  with that hash, its compile step made it, or uv's scaffolding is it.
 Reusing a ready venv reads none of it: the warm path stays a few `stat`s.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import csv
 import hashlib
 import json
 import os
@@ -33,13 +31,12 @@ from typing import NamedTuple
 
 from ray_uv_plugin.store import trust
 from ray_uv_plugin.store.hashed import Hashed
-from ray_uv_plugin.store.layout import site_packages
 
 MANIFEST = ".ray-uv-ready.manifest"
 FORMAT = 1
 OWN_PREFIX = ".ray-uv-"  # a top-level name of the plugin's own (marker, manifest, stream's)
 MAX_BYTES = 256 * 1024 * 1024  # a manifest of 250,000 members is about 40 MB
-# In a marker: the files that differ from their distribution's RECORD (`records`), if any.
+# In a marker: the files that differ from their distribution's RECORD (`accounting`), if any.
 NOT_AS_RECORDED = "not_as_recorded"
 
 
@@ -234,44 +231,3 @@ def first_difference(built: Files, now: Files) -> str | None:
         if why:
             return why
     return None
-
-
-def _record_sha256(value: str) -> str | None:
-    """A RECORD hash (`sha256=<urlsafe base64, unpadded>`) as hex; None for another kind."""
-    algorithm, _, encoded = value.partition("=")
-    if algorithm != "sha256":
-        return None
-    try:
-        return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).hex()
-    except (binascii.Error, ValueError):
-        return None
-
-
-def records(venv: Path, files: Files) -> list[str]:
-    """Installed files whose sha256 is not the one their distribution's `RECORD` gives (or
-    that it lists and the venv lacks): `<path> (<dist>)`. Free at build time: `files` has
-    every hash already. Entries without a hash (the RECORD itself, `.pyc` files uv compiled)
-    and paths outside the venv are skipped. uv writes console scripts' hashes as it wrote them."""
-    site = site_packages(venv)
-    if site is None:
-        return []
-    base = site.relative_to(venv)
-    mismatches = []
-    for record in sorted(site.glob("*.dist-info/RECORD")):
-        dist = record.parent.name
-        try:
-            rows = list(csv.reader(record.read_text(encoding="utf-8").splitlines()))
-        except (OSError, UnicodeDecodeError, csv.Error):
-            mismatches.append(f"{record.relative_to(venv)} (unreadable)")
-            continue
-        for row in rows:
-            if len(row) < 2 or not row[1]:
-                continue
-            expected = _record_sha256(row[1])
-            rel = os.path.normpath(os.path.join(base, row[0]))
-            if expected is None or os.path.isabs(rel) or rel == ".." or rel.startswith("../"):
-                continue
-            entry = files.get(rel)
-            if entry is None or entry.kind != "file" or entry.content != expected:
-                mismatches.append(f"{rel} ({dist})")
-    return mismatches

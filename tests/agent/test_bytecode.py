@@ -36,13 +36,16 @@ def _tree(site: Path) -> dict[str, Path]:
     return files
 
 
-def test_only_the_modules_without_bytecode_are_compiled(tmp_path) -> None:
+def test_only_the_modules_without_bytecode_are_compiled(tmp_path, monkeypatch) -> None:
     site = tmp_path / "site-packages"
     files = _tree(site)
     listed = sorted(bytecode.missing(site))
     expected = sorted(str(files[n]) for n in ("top", "init", "deep", "broken"))
     assert listed == expected
-    assert bytecode.compile_missing(site, dict(os.environ), timeout=120) == 4
+    bytecode.compile_sources(site, listed, dict(os.environ), timeout=120)
+    assert {bytecode.compiled_path(source) for source in listed} == {
+        str(_pyc(files[n])) for n in ("top", "init", "deep", "broken")
+    }
     for name in ("top", "init", "deep"):
         data = _pyc(files[name]).read_bytes()
         assert data[:4] == importlib.util.MAGIC_NUMBER, name
@@ -52,7 +55,9 @@ def test_only_the_modules_without_bytecode_are_compiled(tmp_path) -> None:
     assert list(bytecode.missing(site)) == [str(files["broken"])]
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert bytecode.compile_missing(empty, {}, 10) == 0  # no worker started
+    assert list(bytecode.missing(empty)) == []
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    bytecode.compile_sources(empty, [], {}, 10)  # no worker started
 
 
 def test_no_pth_file_of_the_venv_runs_while_it_compiles(tmp_path) -> None:
@@ -63,7 +68,7 @@ def test_no_pth_file_of_the_venv_runs_while_it_compiles(tmp_path) -> None:
     flag = tmp_path / "ran"
     (site / "evil.pth").write_text(f"import os; open({str(flag)!r}, 'w')\n")
     env = {**os.environ, "PYTHONPATH": str(site)}
-    assert bytecode.compile_missing(site, env, timeout=120) == 1
+    bytecode.compile_sources(site, list(bytecode.missing(site)), env, timeout=120)
     assert _pyc(site / "m.py").exists() and not flag.exists()
 
 
@@ -73,5 +78,5 @@ def test_workers_that_cannot_run_raise_compile_error(tmp_path, monkeypatch) -> N
     (site / "m.py").write_text("x = 1\n")
     monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
     with pytest.raises(bytecode.CompileError, match="could not run"):
-        bytecode.compile_missing(site, {}, timeout=30)
+        bytecode.compile_sources(site, [str(site / "m.py")], {}, timeout=30)
     assert not _pyc(site / "m.py").exists()

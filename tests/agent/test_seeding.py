@@ -10,6 +10,8 @@ import marshal
 import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,9 +21,10 @@ from ray_uv_plugin.agent import bytecode, seeding
 from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.agent.uv import UvSyncError
 from ray_uv_plugin.store import freezing, gc, hashed, manifest
 from ray_uv_plugin.store.layout import MARKER, read_marker, site_packages, write_marker
-from tests.support.uvproject import write_project
+from tests.support.uvproject import write_project, write_wheel
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -195,7 +198,7 @@ def test_when_the_compile_workers_fail_uv_compiles(locks, tmp_path, monkeypatch,
     def fail(*args, **kwargs):
         raise bytecode.CompileError("a compile worker exited with 1: planted")
 
-    monkeypatch.setattr(bytecode, "compile_missing", fail)
+    monkeypatch.setattr(bytecode, "compile_sources", fail)
     caplog.set_level(logging.INFO, logger="test_seeding")
     seeded = build(b, root)
     assert "planted; uv compiles instead" in caplog.text
@@ -242,3 +245,88 @@ def test_a_seed_site_must_resolve_inside_its_venv(tmp_path) -> None:
     assert inside == venv / "lib" / "python3.11" / "site-packages"
     for bad in ("lib/python3.12/site-packages", "lib/../../other/site-packages", "", None, 3):
         assert seeding.seed_site(venv, {"site_packages": bad}) is None, bad
+
+
+# --- ready means accounted for (issue 38, point 1) ---------------------------------------------
+
+TAG = sys.implementation.cache_tag
+
+
+def _unchecked_pyc(code: str) -> bytes:
+    """An unchecked hash-based `.pyc`: Python runs it without looking at its source."""
+    body = marshal.dumps(compile(code, "planted", "exec"))
+    return importlib.util.MAGIC_NUMBER + (1).to_bytes(4, "little") + bytes(8) + body
+
+
+def _planted(venv: Path, *flags: str) -> str:
+    """What `typing_extensions.PLANTED` is in `venv`'s Python run with `flags` ('-' if unset)."""
+    code = "import typing_extensions as t; print(getattr(t, 'PLANTED', '-'))"
+    return subprocess.run(
+        [str(venv / "bin" / "python"), *flags, "-c", code],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.strip()  # fmt: skip
+
+
+def test_a_seed_never_gives_bytecode_that_a_distribution_of_its_own_lock_installed(
+    tmp_path,
+) -> None:
+    """Lock A holds a wheel that installs `typing_extensions`' bytecode (both levels) with code
+    of its own; lock B has `typing_extensions` and not that wheel. A's venv is what a fresh
+    build of A gives, seeded or not: uv's bytecode step compiles the plain level again (its
+    header is no timestamp one) and leaves `-O`'s, which A's lock installs. B's venv, seeded
+    from A's, runs none of it: it is what a fresh build of B gives."""
+    planted = _unchecked_pyc("PLANTED = 'by A'")
+    wheel = write_wheel(
+        tmp_path / "wheels", "planter", "1.0",
+        {
+            "planter.py": b"",
+            f"__pycache__/typing_extensions.{TAG}.pyc": planted,
+            f"__pycache__/typing_extensions.{TAG}.opt-1.pyc": planted,
+        },
+    )  # fmt: skip
+    shared = [*SHARED, "typing_extensions==4.12.2"]
+    z = write_project(tmp_path / "z", [*shared, "tomli-w==1.0.0"])
+    a = write_project(tmp_path / "a", [*shared, f"planter @ {wheel.as_uri()}"])
+    b = write_project(tmp_path / "b", shared)
+    root = tmp_path / "venvs"
+    build(z, root)
+    seed = build(a, root)  # seeded from z's
+    assert read_marker(seed.path)["built"]["how"] == "seeded"
+    fresh_a = build(a, tmp_path / "fresh-a")
+    for venv in (seed.path, fresh_a.path):
+        assert (_planted(venv), _planted(venv, "-O")) == ("-", "by A"), venv
+    seeded = build(b, root)
+    marker = read_marker(seeded.path)
+    assert marker["built"]["how"] == "seeded" and marker["built"]["seed"] == seed.key
+    assert _planted(seeded.path) == _planted(seeded.path, "-O") == "-"
+    site = site_packages(seeded.path)
+    assert not (site / "__pycache__" / f"typing_extensions.{TAG}.opt-1.pyc").exists()
+    fresh = build(b, tmp_path / "fresh")
+    assert tree(seeded.path) == tree(fresh.path)
+    assert accepted(seeded.path) == []
+
+
+def test_a_file_that_no_distribution_installed_nor_a_compile_step_made_fails_the_build(
+    tmp_path, monkeypatch
+) -> None:
+    """A `.pth` file of the lock runs in every Python of the venv that loads `site`: the
+    plugin's compile step loads none, so it writes nothing; uv's bytecode step (where the
+    plugin's cannot run) does, and what it writes fails the build, named, with nothing kept."""
+    line = b"import os, sys; open(os.path.join(sys.prefix, 'STRAY'), 'w').close()\n"
+    wheel = write_wheel(tmp_path / "wheels", "strayer", "1.0", {"strayer.pth": line})
+    project = write_project(tmp_path / "p", ["six==1.16.0", f"strayer @ {wheel.as_uri()}"])
+    built = build(project, tmp_path / "venvs")
+    assert not (built.path / "STRAY").exists()
+    assert read_marker(built.path)["accounted"] == {"bytecode": "plugin"}
+
+    def fail(*args, **kwargs):
+        raise bytecode.CompileError("a compile worker exited with 1: planted")
+
+    monkeypatch.setattr(bytecode, "compile_sources", fail)
+    root = tmp_path / "other"
+    with pytest.raises(UvSyncError) as e:
+        build(project, root)
+    message = str(e.value)
+    assert "holds 1 files that no distribution of the lock installed" in message, message
+    assert "STRAY" in message and "uv lock" in message
+    assert not [p for p in root.iterdir() if p.is_dir()]  # nothing half-built

@@ -223,6 +223,8 @@ def test_a_receiver_writes_its_own_site_packages_whatever_the_sender_s_marker_sa
     dir it received, never a path of the sender's choosing (before: copied as sent)."""
     root = tmp_path / "venvs"
     members = [*SKELETON, d("lib/python3.11"), d(SITE), f(f"{SITE}/six.py", b"x = 1\n")]
+    record = b"six.py,,6\nsix-1.0.dist-info/RECORD,,\n"  # accounted for (`store.accounting`)
+    members += [d(f"{SITE}/six-1.0.dist-info"), f(f"{SITE}/six-1.0.dist-info/RECORD", record)]
     received = feed(root, tar_bytes(members))
     sent = {
         "format": "theirs",
@@ -239,6 +241,20 @@ def test_a_receiver_writes_its_own_site_packages_whatever_the_sender_s_marker_sa
     assert marker["site_packages"] == SITE and marker["key"] == KEY and marker["name"] == "proj"
     assert "hashed" not in marker and "not_whole" not in marker and "venv" not in marker
     assert marker["format"] == MARKER_FORMAT
+
+
+def test_a_received_venv_s_files_are_the_receiver_s_own_and_read_only(tmp_path: Path) -> None:
+    """The receiver wrote every file (unpacked, copied from a seed, relocated): none keeps a
+    write bit, so a venv seeded from it here shares no file that a write in place changes."""
+    root = tmp_path / "venvs"
+    members = [*SKELETON, d("lib/python3.11"), d(SITE), f(f"{SITE}/six.py", b"x = 1\n", 0o664)]
+    record = b"six.py,,6\nsix-1.0.dist-info/RECORD,,\n"
+    members += [d(f"{SITE}/six-1.0.dist-info"), f(f"{SITE}/six-1.0.dist-info/RECORD", record)]
+    received = feed(root, tar_bytes(members))
+    sha256 = hashlib.sha256((received / manifest.MANIFEST).read_bytes()).hexdigest()
+    install_received(root, KEY, received, {"venv": f"/old/venvs/{KEY}", "manifest": sha256})
+    for name in ("bin/python", f"{SITE}/six.py"):
+        assert os.lstat(root / KEY / name).st_mode & 0o222 == 0, name
 
 
 def test_a_venv_dir_whose_path_uv_would_quote_receives_nothing(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.agent.build_record import write_manifest
+from ray_uv_plugin.agent.build_record import Bytecode, write_manifest
 from ray_uv_plugin.agent.builder import ensure_venv, lookup
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import make_request
@@ -25,7 +25,7 @@ from ray_uv_plugin.ship import archive
 from ray_uv_plugin.ship.archive import ArchiveError, DriftError, Packer
 from ray_uv_plugin.ship.install import install_received
 from ray_uv_plugin.ship.unpack import Unpacker
-from ray_uv_plugin.store import manifest
+from ray_uv_plugin.store import accounting, manifest
 from ray_uv_plugin.store.layout import (
     MARKER,
     check_ready,
@@ -80,8 +80,12 @@ def test_a_build_writes_the_manifest_of_every_file_and_its_marker_names_it(built
     assert {path: tuple(entry) for path, entry in files.items()} == walk(built)
     assert files["bin/python"].kind == "symlink" and files["bin/ray"].kind == "file"
     assert not [p for p in files if p.startswith(MARKER)]
-    # uv's RECORDs agree with what it installed, the console scripts it wrote included.
-    assert manifest.records(built, files) == []
+    # uv's RECORDs agree with what it installed, the console scripts it wrote included, and
+    # every other file is bytecode of a listed source or uv's scaffolding.
+    checked = accounting.account(built, files, accounting.read_records(built), compiled=None)
+    assert checked == accounting.Accounting([], [])
+    compiles = os.environ.get("UV_COMPILE_BYTECODE") != "0"  # tests/conftest.py: off
+    assert marker["accounted"] == {"bytecode": "plugin" if compiles else "none"}
     assert "not_as_recorded" not in marker
 
 
@@ -100,7 +104,7 @@ def test_reusing_a_ready_venv_reads_no_manifest(
 
 
 def test_a_build_with_files_not_as_their_record_says_warns_and_is_never_sent(
-    built: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    built: Path, project: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A file changed in uv's cache reaches every venv hardlinked from it: the build's RECORD
     check names it (here: a copy of a real venv whose six.py was edited), and such a venv is
@@ -110,10 +114,13 @@ def test_a_build_with_files_not_as_their_record_says_warns_and_is_never_sent(
     six = next(venv.glob("lib/python*/site-packages/six.py"))
     six.write_text(six.read_text() + "\n# changed\n")
     caplog.set_level(logging.INFO)
-    listed = write_manifest(venv, logging.getLogger("test"))
+    recorded = accounting.read_records(venv)
+    compiled = Bytecode("plugin", frozenset(p for p in manifest.scan(venv) if p.endswith(".pyc")))
+    locked = accounting.locked_distributions((project / "uv.lock").read_bytes())
+    listed = write_manifest(venv, logging.getLogger("test"), recorded, compiled, locked)
     assert listed["manifest"] == hashlib.sha256((venv / manifest.MANIFEST).read_bytes()).hexdigest()
     rel = str(six.relative_to(venv))
-    (mismatch,) = manifest.records(venv, manifest.scan(venv))
+    (mismatch,) = accounting.account(venv, manifest.scan(venv), recorded, None).not_as_recorded
     assert re.fullmatch(rf"{re.escape(rel)} \(six-[\d.]+\.dist-info\)", mismatch), mismatch
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("1 installed files differ from their distribution's RECORD" in w for w in warned)
@@ -378,3 +385,20 @@ def test_ray_uv_list_shows_a_marker_whose_extras_are_no_list(tmp_path: Path, rec
     fake_ready_venv(tmp_path, marker.encode())
     (entry,) = inventory.scan_one(tmp_path, KEY).venvs
     assert (entry.extras, entry.groups) == ([], [])
+
+
+def test_a_receiver_refuses_a_file_that_is_not_accounted_for(built: Path, tmp_path: Path) -> None:
+    """A venv whose manifest lists a file no RECORD of its lock lists and no compile step of
+    its build made (a sender whose build did not account for its files): refused, named."""
+    venv = tmp_path / "src" / built.name
+    shutil.copytree(built, venv, symlinks=True)
+    stray = next(venv.glob("lib/python*/site-packages")) / "stray.py"
+    stray.write_text("PLANTED = 1\n")
+    write_marker(venv, {**read_marker(venv), "manifest": manifest.write(venv, manifest.scan(venv))})
+    chunks, packer = pack(venv, 8 * MiB)
+    root = tmp_path / "dst"
+    tree = receive(root, chunks, packer, built.name)
+    with pytest.raises(ArchiveError, match="no distribution of the lock installed") as e:
+        install_received(root, built.name, tree, {**read_marker(venv), "venv": str(venv)})
+    assert str(stray.relative_to(venv)) in str(e.value)
+    assert not os.path.lexists(root / built.name)

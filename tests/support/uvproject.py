@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 import shutil
 import subprocess
 import textwrap
+import zipfile
 from pathlib import Path
 
 import ray
@@ -143,3 +146,28 @@ def unreachable_index() -> dict[str, str]:
         "HTTP_PROXY": "http://127.0.0.1:9",
         "UV_HTTP_RETRIES": "0",
     }
+
+
+def write_wheel(directory: Path, name: str, version: str, files: dict[str, bytes]) -> Path:
+    """A pure-Python wheel `name-version-py3-none-any.whl` in `directory` holding `files`
+    (paths relative to site-packages), with the metadata and RECORD a build backend writes."""
+    directory.mkdir(parents=True, exist_ok=True)
+    info = f"{name}-{version}.dist-info"
+    members = {
+        **files,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
+        b"Tag: py3-none-any\n",
+    }
+
+    def digest(data: bytes) -> str:
+        encoded = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+        return f"sha256={encoded.decode()}"
+
+    record = "".join(f"{path},{digest(data)},{len(data)}\n" for path, data in members.items())
+    wheel = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, data in members.items():
+            archive.writestr(path, data)
+        archive.writestr(f"{info}/RECORD", record + f"{info}/RECORD,,\n")
+    return wheel
