@@ -1,8 +1,8 @@
 """A built venv made read-only (and immutable, as root), and undone to remove it.
 
-Read-only directories stop a worker that changes a venv by accident, not root: a plugin run by
-root also sets chattr +i on the venv's directories where the file system and the process's
-capabilities allow it. Every removal of a venv (gc, a failed or replaced build, a receive that
+Read-only directories, and the plugin's own files read-only (`freeze`), stop a worker that
+changes a venv by accident, not root: a plugin run by root also sets chattr +i on the venv's
+directories where the file system and the process's capabilities allow it. Every removal of a venv (gc, a failed or replaced build, a receive that
 failed) goes through `remove_tree`, which undoes both first.
 """
 
@@ -13,6 +13,7 @@ import os
 import shutil
 import stat
 import sys
+from collections.abc import Collection
 from pathlib import Path
 
 _FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS, _FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10
@@ -39,7 +40,7 @@ def _set_immutable(directory: str, on: bool) -> bool:
         os.close(fd)
 
 
-def freeze(venv: Path) -> bool:
+def freeze(venv: Path, own: Collection[str] = ()) -> bool:
     """After a build: nobody but its owner may change anything, and its directories are
     read-only, so that a worker cannot add, replace or remove a file by accident. The top dir
     is left to the caller, which writes the marker into it first.
@@ -47,15 +48,24 @@ def freeze(venv: Path) -> bool:
     Mode bits do not stop root, so a plugin run by root also makes every directory below the
     top one immutable (chattr +i) where the file system allows it; returns whether it did.
     (The top dir stays mutable for root: `gc` renames it before it deletes it.)
-    Files keep their owner bits: uv hardlinks them from its cache, and a mode is per inode.
+    uv's files keep their owner's write bit: uv hardlinks them from its cache, and a mode is per
+    inode, so a chmod here would change the cache's file (and every venv's made from it). The
+    plugin's own files, `own` (paths relative to `venv`: the bytecode a build compiled or a seed
+    gave, every file a receiver wrote), lose every write bit: a seed's `.pyc` is hardlinked into
+    the venvs seeded from it, and a write in place to it in one venv would change them all.
+    (A manifest's mode, `manifest.file_mode`, has the owner's write bit whatever the file's.)
     """
     immutable = os.geteuid() == 0
+    top = len(str(venv)) + 1
     for dirpath, dirnames, filenames in os.walk(venv, topdown=False):
         for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
             path = os.path.join(dirpath, name)
             st = os.lstat(path)
-            if stat.S_ISREG(st.st_mode) and st.st_mode & 0o022:
-                os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o022)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            drop = 0o222 if path[top:] in own else 0o022
+            if st.st_mode & drop:
+                os.chmod(path, stat.S_IMODE(st.st_mode) & ~drop)
         if dirpath != str(venv):
             os.chmod(dirpath, stat.S_IMODE(os.lstat(dirpath).st_mode) & ~0o222)
             immutable = immutable and _set_immutable(dirpath, True)
