@@ -69,13 +69,19 @@ def _runtime_env_dir() -> str | None:
 
 def runtime_env_uri(runtime_env: dict) -> str:
     """The URI by which Ray's agent counts the jobs and workers that refer to a runtime_env of
-    ours: a digest of the whole runtime_env, so that two with one URI get one venv. It leaves
-    out the `uv run` interpreter that `create` takes out, so that a retry's count matches."""
-    kept = {
-        name: value
-        for name, value in runtime_env.items()
-        if not (name == "py_executable" and is_uv_run_interpreter(str(value or "")))
-    }
+    ours: a digest of the whole runtime_env, so that two with one URI get one venv.
+
+    Ray's agent counts a runtime_env as it came, and asks again while it sets it up: so the
+    digest leaves out what the setup changes in it, the `uv run` interpreter that `create` takes
+    out and the PYTHONPATH that Ray's working_dir plugin extends in place before this plugin
+    runs (on every try). A job's PYTHONPATH never reaches uv (`uv_env.INTERPRETER_VARS`), so
+    two runtime_envs that differ in it alone have one venv."""
+    kept = dict(runtime_env)
+    if is_uv_run_interpreter(str(kept.get("py_executable") or "")):
+        del kept["py_executable"]
+    env_vars = kept.get("env_vars")
+    if isinstance(env_vars, dict) and "PYTHONPATH" in env_vars:
+        kept["env_vars"] = {k: v for k, v in env_vars.items() if k != "PYTHONPATH"}
     text = json.dumps(kept, sort_keys=True, default=repr)
     return f"{FIELD}://{hashlib.sha256(text.encode()).hexdigest()[:32]}"
 
@@ -263,6 +269,9 @@ class UvProjectPlugin(RuntimeEnvPlugin):
             return
         venv = outcome.path
         context.py_executable = str(venv / "bin" / "python")
+        # Ray's context holds the runtime_env's own env_vars: a copy keeps the runtime_env as
+        # Ray counted it (`runtime_env_uri`) for a later try of the same setup.
+        context.env_vars = dict(context.env_vars)
         context.env_vars[VENV_ENV] = str(venv)
         context.env_vars.update(dict.fromkeys(EMPTIED, ""))
         # After the job's own PATH, if it set one, so that its tools stay reachable.

@@ -56,6 +56,8 @@ def test_the_runtime_env_uri_is_one_per_runtime_env_and_never_raises() -> None:
     assert plugin.get_uris({**env, "py_executable": "uv run --with x python"}) == [uri]
     assert plugin.get_uris({**env, "py_executable": "/usr/bin/python3"}) != [uri]
     assert plugin.get_uris({**env, "env_vars": {"A": "2"}}) != [uri]
+    # Ray's working_dir plugin extends PYTHONPATH in place before ours runs, on every try.
+    assert plugin.get_uris({**env, "env_vars": {"A": "1", "PYTHONPATH": "/wd:/wd"}}) == [uri]
     # Ray's agent asks every plugin of every runtime_env, on every reference.
     assert plugin.get_uris({"pip": ["six"]}) == plugin.get_uris({"uv_project": None}) == []
     assert plugin.get_uris({"uv_project": {}, "odd": {1: "a", "b": 2}}) == []  # keys unsortable
@@ -70,16 +72,18 @@ def test_ray_holds_the_venv_until_no_reference_is_left(base, tmp_path, monkeypat
     venv = prebuilt(project, root)
     plugin = UvProjectPlugin()
     cache = URICache(plugin.delete_uri)  # as Ray's agent makes it: 10 GiB
-    env = {"uv_project": {"project": str(project)}}
+    env = {"uv_project": {"project": str(project)}, "env_vars": {"A": "1"}}
     (uri,) = plugin.get_uris(env)
 
     def set_up() -> RuntimeEnvContext:
-        context = RuntimeEnvContext()
+        context = RuntimeEnvContext(env_vars=env["env_vars"])  # as Ray's agent makes it
         asyncio.run(create_for_plugin_if_needed(env, plugin, cache, context))
         return context
 
     first = set_up()
     assert first.py_executable == str(venv / "bin" / "python")
+    assert first.env_vars["RAY_UV_PLUGIN_VENV"] == str(venv) and first.env_vars["A"] == "1"
+    assert env["env_vars"] == {"A": "1"} and plugin.get_uris(env) == [uri]  # as Ray counted it
     assert holds.holders(root) == {os.path.realpath(venv): {os.getpid()}}
     age(venv, 2)
     second = set_up()  # Ray skips `create` for a URI it holds: the marker is not touched
@@ -100,7 +104,8 @@ JOB = textwrap.dedent(
     import ray
     from ray.exceptions import RuntimeEnvSetupError
 
-    ray.init(address=sys.argv[1], runtime_env={"uv_project": {"project": sys.argv[2]}})
+    runtime_env = {"uv_project": {"project": sys.argv[2]}, **json.loads(sys.argv[3])}
+    ray.init(address=sys.argv[1], runtime_env=runtime_env)
 
     @ray.remote(num_cpus=0)
     def where():
@@ -115,10 +120,11 @@ JOB = textwrap.dedent(
 )
 
 
-def run_job(address: str, project: Path) -> dict:
-    """A job of its own: a driver that runs one task in the project's venv, then ends."""
+def run_job(address: str, project: Path, **more: object) -> dict:
+    """A job of its own: a driver that runs one task in the project's venv, then ends; `more`:
+    other fields of its runtime_env."""
     out = subprocess.run(
-        [sys.executable, "-c", JOB, address, str(project)],
+        [sys.executable, "-c", JOB, address, str(project), json.dumps(more)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -160,8 +166,11 @@ def test_the_budget_keeps_the_venv_of_a_live_job_whose_workers_are_gone(
         wait_until(lambda: os.path.realpath(a) not in processes.processes().users, "the kill")
         age(a, 2)
 
-        # A job that ends: Ray releases its runtime_env, and its venv is unused again.
-        assert run_job(address, ended_job) == {"executable": str(c / "bin" / "python")}
+        # A job that ends: Ray releases its runtime_env, and its venv is unused again (with
+        # a working_dir, whose plugin changes the runtime_env's env_vars while it is set up).
+        (tmp_path / "wd").mkdir()
+        more = {"working_dir": str(tmp_path / "wd"), "env_vars": {"JOB": "c"}}
+        assert run_job(address, ended_job, **more) == {"executable": str(c / "bin" / "python")}
         wait_until(lambda: os.path.realpath(c) not in holds.holders(root), "the release")
         age(c, 2)
 
