@@ -159,7 +159,7 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         try:
             outcome = await self._create(runtime_env, context, logger)
             if uri is not None:
-                self._hold(uri, outcome)
+                self._hold(uri, outcome, logger)
         except Exception as e:
             # Ray gives the driver this error's text: the cause first, paths as the user wrote
             # them (`setup_error`). The traceback goes to the setup log that it names.
@@ -234,10 +234,23 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         check_libraries(outcome.key, outcome.path, logger)
         return outcome
 
-    def _hold(self, uri: str, outcome: Outcome | None) -> None:
+    def _hold(self, uri: str, outcome: Outcome | None, logger: logging.Logger) -> None:
         """Hold the venv handed to Ray for `uri` until Ray no longer refers to it: `gc` and
         the budget keep a held venv (`store.holds`)."""
-        new = None if outcome is None else Hold(outcome.path.parent, outcome.key)
+        new = None
+        if outcome is not None:
+            try:
+                new = Hold(outcome.path.parent, outcome.key)
+            except OSError as e:
+                # A venv dir this user may read but not write (a trusted group's), or a full
+                # disk: the venv is usable, its hold unrecorded, as its last use then is.
+                logger.warning(
+                    "uv_project %s: cannot record that Ray holds this venv (%s): gc and the "
+                    "venv dir's budget may remove it while this job's workers on the node are "
+                    "all gone",
+                    outcome.key,
+                    e,
+                )
         old = self._holds.pop(uri, None)
         if new is not None:
             self._holds[uri] = new

@@ -19,7 +19,8 @@ from ray._private.runtime_env.context import RuntimeEnvContext
 from ray._private.runtime_env.plugin import create_for_plugin_if_needed
 from ray._private.runtime_env.uri_cache import URICache
 
-from ray_uv_plugin.agent.builder import ensure_venv
+from benchmarks.log_lines import capturing_logger
+from ray_uv_plugin.agent.builder import Outcome, ensure_venv
 from ray_uv_plugin.agent.plugin import RELEASED_AT_ONCE, UvProjectPlugin
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
@@ -94,6 +95,23 @@ def test_ray_holds_the_venv_until_no_reference_is_left(base, tmp_path, monkeypat
     cache.mark_unused(uri)  # no job or worker refers to it any more
     assert uri not in cache and holds.holders(root) == {}
     assert venv.exists() and not [n for n in os.listdir(root) if holds.is_record(n)]
+
+
+def test_a_hold_that_cannot_be_recorded_leaves_the_setup_as_it_was(tmp_path) -> None:
+    """A venv dir this user may only read (a trusted group's) or a full disk: Ray gets the
+    venv, and the setup log says that it is not held."""
+    plugin = UvProjectPlugin()
+    venv = tmp_path / "gone" / "0123456789abcdef"  # a venv dir where no record can be made
+    logger, lines = capturing_logger("holds")
+    outcome = Outcome("0123456789abcdef", venv, built=False, seconds=0.0)
+    plugin._hold("uv_project://x", outcome, logger)
+    (line,) = lines.having("cannot record that Ray holds this venv")
+    assert line.startswith("uv_project 0123456789abcdef: ")
+    assert line.endswith("may remove it while this job's workers on the node are all gone")
+    context = RuntimeEnvContext()
+    plugin.modify_context(["uv_project://x"], {}, context)  # Ray reuses the URI: same venv
+    assert context.py_executable == str(venv / "bin" / "python")
+    assert plugin.delete_uri("uv_project://x") == RELEASED_AT_ONCE
 
 
 # --- real Ray --------------------------------------------------------------------------------
