@@ -118,7 +118,8 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
             raise UvSyncError(str(e)) from None
         except budget.BudgetBusy as e:  # the next try may find the lock free
             raise UvSyncError(str(e), transient=True) from None
-        immutable = freezing.freeze(venv)
+        # Its own bytecode read-only (a seed's is linked into other venvs), never uv's files.
+        immutable = freezing.freeze(venv, compiled.paths - recorded.hashes.keys())
         if os.geteuid() == 0 and not immutable:
             logger.warning("uv_project %s: %s.", venv.name, freezing.unfrozen_note())
         taken = compiled.taken

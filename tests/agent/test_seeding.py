@@ -330,3 +330,25 @@ def test_a_file_that_no_distribution_installed_nor_a_compile_step_made_fails_the
     assert "holds 1 files that no distribution of the lock installed" in message, message
     assert "STRAY" in message and "uv lock" in message
     assert not [p for p in root.iterdir() if p.is_dir()]  # nothing half-built
+
+
+def test_a_seeded_venv_s_bytecode_is_read_only_and_uv_s_files_keep_their_mode(
+    locks, tmp_path
+) -> None:
+    """A seed's `.pyc` is hardlinked into the venvs seeded from it: with a write bit, a write
+    in place in one venv changed another key's (issue 38). The build's own bytecode loses its
+    write bits; uv's files, its cache's inodes, keep the mode uv gave them."""
+    a, b = locks
+    root = tmp_path / "venvs"
+    seed = build(a, root)
+    seeded = build(b, root)
+    assert read_marker(seeded.path)["built"]["how"] == "seeded"
+    site = site_packages(seeded.path)
+    assert site is not None
+    pyc = Path(importlib.util.cache_from_source(str(site / "six.py")))
+    theirs = Path(importlib.util.cache_from_source(str(site_packages(seed.path) / "six.py")))
+    assert os.path.samestat(pyc.stat(), theirs.stat())  # linked from the seed
+    for venv in (seed.path, seeded.path):
+        for found in site_packages(venv).rglob("*.pyc"):
+            assert found.stat().st_mode & 0o222 == 0, found
+    assert (site / "six.py").stat().st_mode & 0o200  # uv's: its cache's inode, as uv made it
