@@ -23,14 +23,17 @@ prepare` checks every node, and worker groups check each worker.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import logging
+import socket
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 from ray_uv_plugin import PLUGIN_CLASS, PLUGINS_ENV
 from ray_uv_plugin.agent.spec import UvProject as _UvProject
+from ray_uv_plugin.cluster.auth import check_token_auth
 
 logger = logging.getLogger(__name__)
 
@@ -166,12 +169,47 @@ def _after_init() -> None:
         raise
 
 
+def _ray_init_address() -> str | None:
+    """The GCS address (`host:port`) given to the `ray.init` this code runs inside (our
+    runtime_env hook runs there, before Ray connects); None outside `ray.init`, and where Ray
+    finds the cluster itself (no address, `auto`, `local`) or it is Ray Client's (`ray://`)."""
+    worker = sys.modules.get("ray._private.worker")
+    init = getattr(worker, "init", None)
+    code = getattr(inspect.unwrap(init), "__code__", None) if callable(init) else None
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not code:
+        frame = frame.f_back
+    address = frame.f_locals.get("address") if frame is not None else None
+    if not isinstance(address, str) or address in ("auto", "local") or "://" in address:
+        return None
+    return address
+
+
+def check_token_before_connect() -> None:
+    """Inside `ray.init(address=...)`: raise `TokenAuthError` where that cluster requires a token
+    this process does not send. Ray retries the refused handshake for 20 s and then raises a
+    bare `ConnectionError`; a local `ray.init()` (the demo's too) writes `~/.ray/auth_token`, so
+    a later plain `ray start` on that machine already requires one. Without an address, Ray
+    finds the local cluster and turns token mode on where a token exists: nothing to check."""
+    gcs = _ray_init_address()
+    if gcs is None:
+        return
+    host, _, port = gcs.rpartition(":")
+    try:  # a port that no process answers: ray.init says what it says
+        socket.create_connection((host, int(port)), timeout=1.0).close()
+    except (OSError, ValueError):
+        return
+    check_token_auth(gcs)
+
+
 def watch() -> None:
     """Check this driver's Ray now if it is up, and after each later `ray.init()` in this
-    process. Nothing before Ray is imported (then the driver hook arms it at `ray.init()`)."""
+    process; inside `ray.init` (the driver hook), its token first. Nothing before Ray is
+    imported (then the driver hook arms it at `ray.init()`)."""
     worker = sys.modules.get("ray._private.worker")
     if worker is None:
         return
+    check_token_before_connect()
     hooks = getattr(worker, "_post_init_hooks", None)  # ray_compat.DRIVER lists it
     if isinstance(hooks, list) and _after_init not in hooks:
         hooks.append(_after_init)

@@ -417,3 +417,31 @@ def test_a_shell_without_the_token_is_told_what_to_set(
     assert "RAY_AUTH_TOKEN" in lines[0] and "ray get-auth-token" in lines[0]
     assert "no Ray cluster" not in lines[0] and "start one" not in lines[0]
     assert token_cluster.token not in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("shell", ["no auth settings", "a wrong token"])
+@pytest.mark.parametrize("setup", ["setup_driver()", "plugin-config --shell"])
+def test_a_driver_without_the_token_is_told_at_ray_init(
+    token_cluster: TokenCluster, shell: str, setup: str
+) -> None:
+    """A local `ray.init()` (the demo's too) writes ~/.ray/auth_token, so a later plain `ray
+    start` requires it: a driver that connected by address without token mode failed after 20 s
+    with Ray's bare ConnectionError. Where the package runs on the driver (the hook that
+    `setup_driver()` and `plugin-config --shell` set), ray.init says at once what to set."""
+    settings, cause = SHELLS[shell]
+    env = {k: v for k, v in token_cluster.env.items() if k not in AUTH_VARS}
+    env.update({k: "0" * 64 if v == "TOKEN" else v for k, v in settings.items()})
+    code = "import ray, ray_uv_plugin, sys\n"
+    if setup == "setup_driver()":
+        code += "ray_uv_plugin.setup_driver()\n"
+    else:
+        env.update(OUR_HOOK)  # what `ray-uv plugin-config --shell` exports for the driver hook
+    code += "ray.init(address=sys.argv[1])\n"
+    start = time.monotonic()
+    out = token_cluster.run(sys.executable, "-c", code, token_cluster.gcs, env=env, timeout=120)
+    seconds = time.monotonic() - start
+    assert out.returncode == 1, out.stdout + out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert "TokenAuthError: the Ray cluster at " + token_cluster.gcs in last, out.stderr
+    assert cause in last and "ray get-auth-token" in last
+    assert seconds < 15, out.stderr  # was 20 s of Ray's retries
