@@ -7,7 +7,6 @@ import os
 import re
 import stat
 import sys
-import threading
 import tomllib
 from dataclasses import dataclass
 from functools import cached_property
@@ -16,6 +15,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
+from ray_uv_plugin.agent.lock_memo import LockMemo
 from ray_uv_plugin.agent.spec import ParsedUvProject
 
 
@@ -64,9 +64,6 @@ class LockedSources:
 
 
 NO_LOCAL_SOURCES = LockedSources((), False, (), ())
-_locks: dict[str, LockedSources] = {}  # by `lock_digest`: a warm request parses nothing
-_locks_guard = threading.Lock()
-_LOCKS_KEPT = 64
 # Whether uv.lock may name a local source at all: any `path` or `directory` key, or an
 # `editable` one other than the project itself. Most locks have none, and a request for them
 # (in a new agent too: a new Ray session) parses nothing; the others are parsed. Three
@@ -79,13 +76,8 @@ _MAY_BE_LOCAL = (
 )
 
 
-def locked_sources(files: ProjectFiles) -> LockedSources:
-    """uv.lock's `LockedSources`, parsed on the first request of each lock content."""
-    digest = files.lock_digest
-    with _locks_guard:
-        found = _locks.get(digest)
-    if found is not None:
-        return found
+def lock_packages(files: ProjectFiles) -> list[dict]:
+    """uv.lock's `[[package]]` tables; ProjectError where it is no lock uv wrote."""
     try:
         packages = tomllib.loads(files.lock.decode("utf-8")).get("package", [])
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
@@ -98,7 +90,11 @@ def locked_sources(files: ProjectFiles) -> LockedSources:
             f"uv_project: {files.path}/uv.lock holds no list of packages (`package` is a "
             f"{type(packages).__name__}): it is not a lock uv wrote; run `uv lock` again."
         )
-    packages = [p for p in packages if isinstance(p, dict)]
+    return [p for p in packages if isinstance(p, dict)]
+
+
+def _locked_sources(files: ProjectFiles) -> LockedSources:
+    packages = lock_packages(files)
     refers, copied, names = False, set(), []
     for package in packages:
         source = package.get("source")
@@ -114,7 +110,7 @@ def locked_sources(files: ProjectFiles) -> LockedSources:
         if copy is not None:
             copied.add(str(copy))
             names.append(str(package.get("name")))
-    found = LockedSources(
+    return LockedSources(
         ray_versions=tuple(
             sorted(
                 {str(p["version"]) for p in packages if p.get("name") == "ray" and "version" in p}
@@ -124,11 +120,10 @@ def locked_sources(files: ProjectFiles) -> LockedSources:
         copied=tuple(sorted(copied)),
         copied_names=tuple(sorted(names)),
     )
-    with _locks_guard:
-        if len(_locks) >= _LOCKS_KEPT:
-            _locks.clear()
-        _locks[digest] = found
-    return found
+
+
+# uv.lock's `LockedSources`, parsed on the first request of each lock content.
+locked_sources = LockMemo(_locked_sources)
 
 
 def local_sources(files: ProjectFiles) -> LockedSources:

@@ -18,21 +18,16 @@ The lock is parsed once per content and asked only where a `SOURCE_FETCH_VARS` s
 
 from __future__ import annotations
 
-import threading
-import tomllib
 from collections.abc import Mapping
 from functools import cache
 
 from packaging.tags import sys_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from ray_uv_plugin.agent.project import ConfigFile, ProjectFiles
+from ray_uv_plugin.agent.project import ConfigFile, LockMemo, ProjectFiles, lock_packages
 from ray_uv_plugin.agent.uv_cache import read_regular
 
 NO_BINARY_VARS = ("UV_NO_BINARY", "UV_NO_BINARY_PACKAGE")
-_locks: dict[str, tuple[bool, bool]] = {}  # by lock digest: (a dependency, the project itself)
-_locks_guard = threading.Lock()
-_LOCKS_KEPT = 64
 
 
 @cache
@@ -75,26 +70,11 @@ def _from_source(package: dict) -> tuple[bool, bool]:
 
 def _lock_builds(files: ProjectFiles) -> tuple[bool, bool]:
     """(whether a dependency of the lock is built from source, whether the project is)."""
-    digest = files.lock_digest
-    with _locks_guard:
-        found = _locks.get(digest)
-    if found is not None:
-        return found
-    try:
-        packages = tomllib.loads(files.lock.decode("utf-8")).get("package", [])
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
-        packages = []  # the build says what is wrong with the lock (`project.locked_sources`)
-    dependency = project = False
-    for package in packages if isinstance(packages, list) else ():
-        if isinstance(package, dict):
-            built, itself = _from_source(package)
-            dependency, project = dependency or built, project or itself
-    found = (dependency, project)
-    with _locks_guard:
-        if len(_locks) >= _LOCKS_KEPT:
-            _locks.clear()
-        _locks[digest] = found
-    return found
+    found = [_from_source(package) for package in lock_packages(files)]
+    return any(built for built, _ in found), any(itself for _, itself in found)
+
+
+_builds = LockMemo(_lock_builds)  # parsed once per lock content
 
 
 def builds_from_source(
@@ -113,5 +93,5 @@ def builds_from_source(
         texts.append(read_regular(uv_env["UV_CONFIG_FILE"]))
     if any(b"no-binary" in text or b"\\u" in text.lower() for text in texts):
         return True
-    dependency, project = _lock_builds(files)
+    dependency, project = _builds(files)
     return dependency or (project and install_project)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -91,17 +91,12 @@ def test_a_fifo_as_a_jobs_uv_config_file_does_not_block(proj: Path, tmp_path: Pa
     """The cache check reads the file before the key does: a FIFO must not hang the agent."""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    outcome: list[BaseException | None] = []
-
-    def key() -> None:
-        try:
-            request(proj, {"UV_CONFIG_FILE": str(fifo)})
-            outcome.append(None)
-        except BaseException as e:  # noqa: BLE001 - asserted below
-            outcome.append(e)
-
-    thread = threading.Thread(target=key, daemon=True)
-    thread.start()
-    thread.join(10)
-    assert not thread.is_alive(), "make_request blocks on it"
-    assert isinstance(outcome[0], UvEnvError) and "is no regular file" in str(outcome[0])
+    pool = ThreadPoolExecutor(1)
+    future = pool.submit(request, proj, {"UV_CONFIG_FILE": str(fifo)})
+    try:
+        error = future.exception(timeout=10)  # TimeoutError: it blocks on the FIFO
+    finally:
+        if not future.done():  # let a blocked reader go: a writer that closes at once
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pool.shutdown()
+    assert isinstance(error, UvEnvError) and "is no regular file" in str(error)
