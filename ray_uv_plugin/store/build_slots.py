@@ -134,9 +134,10 @@ def is_queue_entry(name: str) -> bool:
     return bool(TICKET.match(name) or NEW_TICKET.match(name)) or name == BUDGET_LOCK
 
 
-def _ticket_state(path: Path, clean: bool) -> bool:
-    """Whether a process holds this ticket; if not (its process died) and `clean`, remove it.
-    What cannot be told (another member's ticket we may not open) counts as held."""
+def flock_held(path: Path, clean: bool) -> bool:
+    """Whether a live process holds a flock on this ticket (or a hold's record: `holds`); if
+    not (its process died) and `clean`, remove it. What cannot be told (another member's file
+    we may not open) counts as held."""
     try:
         fd = trust.open_no_follow(path)
     except FileNotFoundError:
@@ -178,9 +179,9 @@ def living_tickets(root: Path, before: str | None = None, clean: bool = False) -
             continue
         if TICKET.match(entry.name):
             if before is None or entry.name < before:
-                living += _ticket_state(Path(entry.path), clean)
+                living += flock_held(Path(entry.path), clean)
         elif NEW_TICKET.match(entry.name) and clean and now - st.st_mtime > STALE_NEW_SECONDS:
-            _ticket_state(Path(entry.path), clean)
+            flock_held(Path(entry.path), clean)
     return living
 
 

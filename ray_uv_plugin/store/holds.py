@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from ray_uv_plugin.store import trust
+from ray_uv_plugin.store.build_slots import flock_held
 from ray_uv_plugin.store.layout import HELD_PREFIX, KEY_LENGTH
 
 _NAME = rf"(?P<key>[0-9a-f]{{{KEY_LENGTH}}})-(?P<pid>\d+)-[0-9a-f]{{8}}"
@@ -74,29 +75,6 @@ class Hold:
         os.close(fd)
 
 
-def _record_state(path: Path, remove: bool) -> bool:
-    """Whether a live process holds this record; if not and `remove`, remove it. What cannot
-    be told counts as held."""
-    try:
-        fd = trust.open_no_follow(path)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True  # held (EWOULDBLOCK), or cannot be told
-        if remove:  # nobody holds it: its agent died
-            with contextlib.suppress(OSError):
-                if os.path.samestat(os.fstat(fd), os.lstat(path)):
-                    os.unlink(path)
-        return False
-    finally:
-        os.close(fd)
-
-
 def _records(root: Path) -> list[os.DirEntry]:
     try:
         with os.scandir(root) as it:
@@ -118,7 +96,7 @@ def holders(root: Path) -> dict[str, set[int]]:
     found: dict[str, set[int]] = {}
     for entry in _records(root):
         match = RECORD.match(entry.name)
-        if match and _regular(entry) and _record_state(Path(entry.path), remove=False):
+        if match and _regular(entry) and flock_held(Path(entry.path), clean=False):
             venv = os.path.realpath(root / match["key"])
             found.setdefault(venv, set()).add(int(match["pid"]))
     return found
@@ -135,6 +113,6 @@ def remove_dead(root: Path) -> int:
         dead = RECORD.match(entry.name) or (
             NEW_RECORD.match(entry.name) and now - st.st_mtime > STALE_NEW_SECONDS
         )
-        if dead and not _record_state(Path(entry.path), remove=True):
+        if dead and not flock_held(Path(entry.path), clean=True):
             removed += not os.path.lexists(entry.path)
     return removed
