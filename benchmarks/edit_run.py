@@ -9,6 +9,7 @@ compiled extensions. For each B, in one run (ratios; the machine is noisy):
 - `seeded`: one actor of B through Ray with the plugin, in the venv dir that holds A (the
   plugin seeds B's bytecode from A's venv): from `.remote()` to its first call answered;
 - `full`: the same actor in a fresh venv dir (nothing to seed from): the whole bytecode step;
+  the seeded venv and this one are compared entry by entry (`differences`: none expected);
 - `ready`: the same actor once B's venv is ready, in a new Ray session: what any way of making
   the venv adds its build to (Ray's worker start and the first call).
 
@@ -118,6 +119,43 @@ def one_actor(project: Path, venv_dir: Path) -> tuple[float, Path, list[str]]:
         ray.shutdown()
 
 
+def _tree(venv: Path) -> dict[str, bytes | str]:
+    """Every entry below `venv` but the plugin's own: a link's text, a dir, a file's bytes with
+    the venv's own path written `<venv>`, a `.pyc`'s header (its body names the path it was
+    compiled at, which Python puts right at import: a seed's bytecode was compiled in the seed)."""
+    found: dict[str, bytes | str] = {}
+    for dirpath, dirnames, filenames in os.walk(venv):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, venv)
+            if rel.startswith(".ray-uv-"):
+                continue
+            if os.path.islink(path):
+                found[rel] = os.readlink(path)
+            elif os.path.isdir(path):
+                found[rel] = "dir"
+            else:
+                with open(path, "rb") as f:
+                    data = f.read(16) if name.endswith(".pyc") else f.read()
+                found[rel] = data.replace(str(venv).encode(), b"<venv>")
+    return found
+
+
+def differences(seeded: Path, full: Path) -> list[str]:
+    """The paths where the seeded venv differs from the full build of the same key (the first
+    20): a console script's RECORD line hashes its own venv's shebang, so RECORDs compare
+    without those lines' hashes."""
+    a, b = _tree(seeded), _tree(full)
+    for tree in (a, b):
+        for rel, value in tree.items():
+            if rel.endswith(".dist-info/RECORD") and isinstance(value, bytes):
+                tree[rel] = b"\n".join(
+                    line.rpartition(b",sha256=")[0] if line.startswith(b"../../../bin/") else line
+                    for line in value.splitlines()
+                )
+    return sorted(rel for rel in a.keys() | b.keys() if a.get(rel) != b.get(rel))[:20]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", default="big", help="a committed set under benchmarks/sets")
@@ -147,8 +185,9 @@ def main() -> None:
             seeded, venv, steps = one_actor(b, venvs)
             ready, _, _ = one_actor(b, venvs)  # the floor: B's venv ready, a new Ray session
             built = (read_marker(venv) or {}).get("built")
+            full, full_venv, full_steps = one_actor(b, work / f"fresh-{case}")
+            differ = differences(venv, full_venv)
             remove_tree(venv)  # the next case seeds from A again
-            full, _, _ = one_actor(b, work / f"fresh-{case}")
             remove_tree(work / f"fresh-{case}")
             shutil.rmtree(work / f"nocompile-{case}")
             row = {
@@ -161,6 +200,8 @@ def main() -> None:
                 "seeded_over_full": round(seeded / full, 2),
                 "built": built,
                 "seeded_steps": steps,
+                "full_steps": full_steps,
+                "seeded_differs_from_full": differ,
             }
             results["cases"][case] = row
             print(json.dumps({case: row}), flush=True)

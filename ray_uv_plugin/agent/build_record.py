@@ -55,16 +55,17 @@ def write_manifest(
     index = hashed.Hashed(hashed.fs_clock(venv))
     unread = 0  # bytes known without reading them
     taken = compiled.taken
+    heads: dict[str, bytes] = {}  # the headers of the `.pyc` files read
     if taken is None:
-        files = manifest.scan(venv, record=index)
+        files = manifest.scan(venv, record=index, heads=heads)
     else:  # the seed's bytecode was checked as it was linked; uv linked its other files too
         before = taken.hashed.reused if taken.hashed else 0
-        files = manifest.scan(venv, taken.known, taken.hashed, index)
+        files = manifest.scan(venv, taken.known, taken.hashed, index, heads)
         from_index = taken.hashed.reused - before if taken.hashed else 0
         unread = sum(entry.size for _, entry in taken.known.values()) + from_index
     scanned = time.perf_counter()
     foreign = accounting.foreign_distributions(venv, locked)
-    checked = accounting.account(venv, files, recorded, compiled.paths, foreign)
+    checked = accounting.account(venv, files, recorded, compiled.paths, foreign, heads)
     if checked.unaccounted:
         raise UvSyncError(
             f"uv_project: the venv {venv.name} holds {accounting.unaccounted_note(checked)}"

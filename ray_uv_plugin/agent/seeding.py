@@ -279,13 +279,13 @@ def take_bytecode(seed: Seed, venv: Path, recorded: accounting.Recorded) -> Take
             os.link(f"{seed_site}/{rel}", target, follow_symlinks=False)
         except (FileNotFoundError, FileExistsError):
             continue  # removed meanwhile (gc): compiled in step 3 instead
-        if not accounting.header_matches(target, f"{site}/{source}"):
-            os.unlink(target)  # not bytecode Python takes for this source: compiled instead
-            continue
         st = os.lstat(target)
         if seed.hashed is None or seed.hashed.sha256(st) != entry.content:
-            st, sha = manifest.hash_file(target)  # not provably unchanged: read it
-        else:
+            st, sha, head = manifest.read_file(target)  # not provably unchanged: read it
+            if not accounting.header_of(head, f"{site}/{source}"):
+                os.unlink(target)  # not bytecode Python takes for this source: compiled instead
+                continue
+        else:  # the bytes its build read, whose header it checked against the same source
             sha = entry.content
         if st.st_size != entry.size or sha != entry.content:
             os.unlink(target)

@@ -165,34 +165,40 @@ def is_scaffolding(path: str, site: str) -> bool:
 
 
 def header_matches(pyc: str, source: str) -> bool:
-    """Whether the `.pyc` file at `pyc` is bytecode Python takes for the source at `source`:
-    this interpreter's magic, and the source's mtime and size (a timestamp `.pyc`) or its hash
-    (a checked hash-based one, as `SOURCE_DATE_EPOCH` makes). An unchecked hash-based `.pyc` is
-    never one: no compile step of a build makes one, and Python runs it without looking."""
+    """Whether the `.pyc` file at `pyc` is bytecode Python takes for the source at `source`
+    (`header_of`)."""
     try:
         fd = os.open(pyc, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             header = os.read(fd, 16)
         finally:
             os.close(fd)
-        st = os.lstat(source)
     except OSError:
         return False
+    return header_of(header, source)
+
+
+def header_of(header: bytes, source: str) -> bool:
+    """Whether a `.pyc`'s first 16 bytes are bytecode Python takes for the source at `source`:
+    this interpreter's magic, and the source's mtime and size (a timestamp `.pyc`) or its hash
+    (a checked hash-based one, as `SOURCE_DATE_EPOCH` makes). An unchecked hash-based `.pyc` is
+    never one: no compile step of a build makes one, and Python runs it without looking."""
     if len(header) < 16 or header[:4] != importlib.util.MAGIC_NUMBER:
         return False
     flags = int.from_bytes(header[4:8], "little")
-    if flags == 0:
-        return (
-            int.from_bytes(header[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
-            and int.from_bytes(header[12:16], "little") == st.st_size & 0xFFFFFFFF
-        )
-    if flags != 3:
-        return False
     try:
-        with open(source, "rb") as f:
-            return importlib.util.source_hash(f.read()) == header[8:16]
+        if flags == 0:
+            st = os.lstat(source)
+            return (
+                int.from_bytes(header[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
+                and int.from_bytes(header[12:16], "little") == st.st_size & 0xFFFFFFFF
+            )
+        if flags == 3:
+            with open(source, "rb") as f:
+                return importlib.util.source_hash(f.read()) == header[8:16]
     except OSError:
-        return False
+        pass
+    return False
 
 
 @dataclass(frozen=True)
@@ -207,12 +213,15 @@ def account(
     recorded: Recorded,
     compiled: Collection[str] | None,
     foreign: Collection[str] = (),
+    heads: Mapping[str, bytes] | None = None,
 ) -> Accounting:
     """Account for every entry of `files` (the venv's manifest): see the module's docstring.
     `compiled`: the `.pyc` paths the build's compile step wrote or its seed gave; None at a
     receive, where an unlisted `.pyc` is taken for the sender's build's if its header matches
     its listed source. `foreign`: dist-info dirs of no package of the lock, whose RECORDs
-    account for nothing."""
+    account for nothing. `heads`: the headers of the `.pyc` files the manifest pass read
+    (`manifest.scan`); a compiled one's must be its source's too (a seed's, not read, was
+    checked so when its own build read it: `agent.seeding`)."""
     site = site_packages(venv)
     base = str(site.relative_to(venv)) if site is not None else ""
     hashes = recorded.hashes
@@ -237,7 +246,9 @@ def account(
                 if header_matches(str(venv / path), str(venv / source)):
                     continue
             elif path in compiled:
-                continue
+                head = heads.get(path) if heads is not None else None
+                if head is None or header_of(head, str(venv / source)):
+                    continue
         unaccounted.append(path)
     for path in sorted(p for p, h in hashes.items() if h is not None and p not in files):
         mismatches.append(f"{path} ({recorded.owners[path]})")

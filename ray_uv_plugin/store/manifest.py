@@ -80,6 +80,12 @@ SMALL_FILE = 1 << 20  # read in one call: most of a venv's files (a `.py`, a `.p
 
 def hash_file(path: str) -> tuple[os.stat_result, str]:
     """(`fstat`, sha256) of the regular file at `path`, opened without following a link."""
+    st, sha256, _ = read_file(path)
+    return st, sha256
+
+
+def read_file(path: str) -> tuple[os.stat_result, str, bytes]:
+    """`hash_file`, and the file's first 16 bytes (a `.pyc`'s header), read with the rest."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     with open(fd, "rb") as f:
         st = os.fstat(fd)
@@ -90,9 +96,10 @@ def hash_file(path: str) -> tuple[os.stat_result, str]:
             while len(data) <= st.st_size and (part := os.read(fd, st.st_size + 1 - len(data))):
                 data += part
             if len(data) <= st.st_size:
-                return st, hashlib.sha256(data).hexdigest()
+                return st, hashlib.sha256(data).hexdigest(), data[:16]
             os.lseek(fd, 0, os.SEEK_SET)  # grew while read: hash what is there now
-        return st, hashlib.file_digest(f, "sha256").hexdigest()
+        head = os.pread(fd, 16, 0)
+        return st, hashlib.file_digest(f, "sha256").hexdigest(), head
 
 
 def _walk_error(error: OSError) -> None:
@@ -104,6 +111,7 @@ def scan(
     known: Mapping[str, tuple[int, Entry]] | None = None,
     reuse: Hashed | None = None,
     record: Hashed | None = None,
+    heads: dict[str, bytes] | None = None,
 ) -> Files:
     """Every entry below `venv` (never following a link), each file read and hashed: a build's
     one pass over its venv. A special file (a FIFO, a device) is an error: a venv has none.
@@ -111,7 +119,8 @@ def scan(
     while they are that inode with that size (a seeded build's linked bytecode). `reuse`: an
     index of inodes hashed before and unchanged since (`store.hashed`: a seed's, whose files
     uv linked from the same cache), not read again either. `record`: an index to fill with
-    every file's hash, its clock taken before the scan began."""
+    every file's hash, its clock taken before the scan began. `heads`: filled with the first 16
+    bytes of each `.pyc` file read (its header, `store.accounting`)."""
     known = known or {}
     files: Files = {}
     for dirpath, dirnames, filenames in os.walk(venv, onerror=_walk_error):
@@ -131,7 +140,9 @@ def scan(
                 if entry is not None and inode == st.st_ino and entry.size == st.st_size:
                     sha = entry.content
                 elif reuse is None or (sha := reuse.sha256(st)) is None:
-                    st, sha = hash_file(path)
+                    st, sha, head = read_file(path)
+                    if heads is not None and name.endswith(".pyc"):
+                        heads[key] = head
                 files[key] = file_entry(st.st_mode, st.st_size, sha)
                 if record is not None:
                     record.add(st, sha)

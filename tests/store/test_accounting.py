@@ -203,3 +203,20 @@ def test_a_file_listed_with_another_hash_or_missing_is_not_as_recorded(tmp_path)
 )
 def test_bytecode_names_its_source(path, source) -> None:
     assert accounting.bytecode_source(path) == source
+
+
+def test_bytecode_the_build_compiled_counts_only_with_its_sources_header(tmp_path) -> None:
+    """The headers the manifest pass read (`manifest.scan`'s `heads`) are checked: a `.pyc` of
+    the compile step's list whose source changed since, or that is no timestamp or checked
+    one, is not the build's."""
+    venv = make_venv(tmp_path)
+    pyc = f"{SITE}/__pycache__/six.{TAG}.pyc"
+    heads: dict[str, bytes] = {}
+    files = manifest.scan(venv, heads=heads)
+    assert list(heads) == [pyc] and heads[pyc] == (venv / pyc).read_bytes()[:16]
+    recorded = accounting.read_records(venv)
+    assert accounting.account(venv, files, recorded, COMPILED, (), heads).unaccounted == []
+    os.utime(venv / SITE / "six.py", (1, 1))
+    assert accounting.account(venv, files, recorded, COMPILED, (), heads).unaccounted == [pyc]
+    unchecked = _pyc(venv / SITE / "six.py", flags=1)[:16]
+    assert accounting.account(venv, files, recorded, COMPILED, (), {pyc: unchecked}).unaccounted
