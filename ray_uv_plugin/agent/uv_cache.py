@@ -53,24 +53,23 @@ def cache_refusal(name: str, said: str, field: str) -> str:
     )
 
 
-def _settings(path: Path, data: bytes) -> dict:
-    """The uv settings of a config file: a `uv.toml`'s top level, a `pyproject.toml`'s
-    `[tool.uv]`; empty where it holds none of `CONFIG_KEYS` (most files are not parsed: a key
-    spelled with escapes, `"\\u0063ache-dir"`, is parsed)."""
+def _settings(data: bytes) -> set[str]:
+    """The names set in a config file, at its top level (a `uv.toml`, or any file a
+    `UV_CONFIG_FILE` names) and in its `[tool.uv]` (a `pyproject.toml`); none read where it
+    holds no `cache` (a key spelled with escapes, `"\\u0063ache-dir"`, is read)."""
     if b"cache" not in data and b"\\u" not in data.lower():
-        return {}
+        return set()
     try:
         table = tomllib.loads(data.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError):
-        return {}  # uv says what is wrong with it
-    if path.name == "pyproject.toml":
-        tool = table.get("tool")
-        table = tool.get("uv") if isinstance(tool, dict) else None
-    return table if isinstance(table, dict) else {}
+        return set()  # uv says what is wrong with it
+    tool = table.get("tool")
+    uv = tool.get("uv") if isinstance(tool, dict) else None
+    return set(table) | (set(uv) if isinstance(uv, dict) else set())
 
 
-def _refusal(path: Path, data: bytes, label: str) -> str | None:
-    found = [key for key in CONFIG_KEYS if key in _settings(path, data)]
+def _refusal(data: bytes, label: str) -> str | None:
+    found = [key for key in CONFIG_KEYS if key in _settings(data)]
     if not found:
         return None
     return (
@@ -85,11 +84,11 @@ def project_cache_refusal(
     """Why the project's config is refused: a `cache-dir` or `no-cache` in the config uv
     applies to it (`configs`: `project.config_files`) or in the file a job's `UV_CONFIG_FILE`
     names (as uv reads it); None where it sets neither."""
-    found = [(files.path / "pyproject.toml", files.pyproject, f"{files.path}/pyproject.toml")]
-    found += [(c.path, read_regular(c.path), str(c.path)) for c in configs]
+    found = [(files.pyproject, f"{files.path}/pyproject.toml")]
+    found += [(read_regular(c.path), str(c.path)) for c in configs]
     if job_config_file:
-        path = Path(job_config_file)
-        found.append((path, read_regular(path), f"the UV_CONFIG_FILE of env_vars ({path})"))
+        label = f"the UV_CONFIG_FILE of env_vars ({job_config_file})"
+        found.append((read_regular(job_config_file), label))
     return next((why for why in (_refusal(*f) for f in found) if why), None)
 
 
