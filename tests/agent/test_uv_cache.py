@@ -75,9 +75,11 @@ def test_a_jobs_uv_config_file_may_not_set_the_cache_and_the_nodes_may(
     (proj / "job.toml").write_text('cache-dir = "c"\n')  # relative: the project's, as uv reads it
     with pytest.raises(ProjectError, match=r"sets cache-dir"):
         request(proj, {"UV_CONFIG_FILE": "job.toml"})
-    (tmp_path / "pyproject.toml").write_text('[tool.uv]\ncache-dir = "c"\n')  # either table
+    other = tmp_path / "other" / "pyproject.toml"  # a table of either kind, whatever its name
+    other.parent.mkdir()
+    other.write_text('[tool.uv]\ncache-dir = "c"\n')
     with pytest.raises(ProjectError, match=r"sets cache-dir"):
-        request(proj, {"UV_CONFIG_FILE": str(tmp_path / "pyproject.toml")})
+        request(proj, {"UV_CONFIG_FILE": str(other)})
     # The node's UV_CONFIG_FILE is the operator's: it may set the cache (keyed by content).
     monkeypatch.setenv("UV_CONFIG_FILE", str(config))
     assert request(proj).inputs.env[-1][0] == "UV_CONFIG_FILE"
