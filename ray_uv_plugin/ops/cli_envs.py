@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ray_uv_plugin.agent.uv import format_duration
+from ray_uv_plugin.cluster.auth import MODE_ENV
 from ray_uv_plugin.ops.cli_common import CliError, UsageError, node_count, selection
 
 if TYPE_CHECKING:
@@ -300,6 +302,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     console.print(f"Venvs: {venv_root()}")
     console.print("Starting a local Ray with the uv_project plugin...")
     start = time.perf_counter()
+    auth_mode = os.environ.get(MODE_ENV)
 
     def on_result(r: demo.EnvResult) -> None:
         marker = r.report.get("marker") or {}
@@ -333,4 +336,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     console.print(f"Done in {time.perf_counter() - start:.1f}s; Ray is shut down.")
     if any(r.built for r in results):
         console.print("Run `ray-uv demo` again: the venvs are reused.")
+    note = demo.token_note(auth_mode)
+    if note is not None:
+        console.print(note, highlight=False)
     return 0

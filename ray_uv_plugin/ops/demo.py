@@ -7,6 +7,7 @@ package), the first run builds each venv once, a second run reuses them in milli
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ray_uv_plugin import PLUGINS_ENV, plugins_setting
+from ray_uv_plugin.cluster.auth import DEFAULT_TOKEN_FILE, MODE_ENV
 from ray_uv_plugin.cluster.connect import init_unhooked
 from ray_uv_plugin.cluster.prepare import EXCLUDES
 from ray_uv_plugin.cluster.probe import EnvironmentReport
@@ -25,6 +27,9 @@ DEMO_PACKAGES = ("pyfiglet", "tomli-w", "ray")
 # The wheel's copy of the checkout's examples/demo_project (pyproject's force-include); a
 # checkout has none here, and the package never looks for the checkout around it.
 PACKAGED = Path(__file__).resolve().parent / "demo_project"
+# Where Ray logs that a local Ray turned token authentication on: in the middle of the demo's
+# output, so the demo says it once, after its results (`token_note`).
+RAY_TOKEN_SETUP_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
 class DemoError(RuntimeError):
@@ -65,6 +70,20 @@ def register_plugin(environ: dict[str, str] | os._Environ[str] = os.environ) -> 
     environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 
+def token_note(mode_before: str | None) -> str | None:
+    """What to say where the demo's local Ray turned token authentication on by itself (Ray's
+    default since 2.59, with the token it wrote to ~/.ray/auth_token): a later `ray start` on
+    this machine requires that token too."""
+    if mode_before is not None or os.environ.get(MODE_ENV) != "token":
+        return None
+    return (
+        f"Ray ran this local Ray with token authentication, its default ({DEFAULT_TOKEN_FILE} "
+        "holds the token): a `ray start` on this machine now requires it too, and so does a "
+        f"driver that connects to that Ray by address ({MODE_ENV}=token; README, Token "
+        "authentication)."
+    )
+
+
 def run(
     project: Path,
     on_result: Callable[[EnvResult], None] = lambda r: None,
@@ -77,14 +96,20 @@ def run(
     from ray_uv_plugin.agent.spec import UvProject
     from ray_uv_plugin.cluster import probe
 
-    init_unhooked(  # the actors ask for their envs: no `uv run` driver hook applies
-        address="local",
-        num_cpus=len(DEMO_EXTRAS),
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level="WARNING",
-        runtime_env={"working_dir": str(project), "excludes": EXCLUDES},
-    )
+    token_setup = logging.getLogger(RAY_TOKEN_SETUP_LOGGER)
+    level = token_setup.level
+    token_setup.setLevel(logging.ERROR)
+    try:
+        init_unhooked(  # the actors ask for their envs: no `uv run` driver hook applies
+            address="local",
+            num_cpus=len(DEMO_EXTRAS),
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="WARNING",
+            runtime_env={"working_dir": str(project), "excludes": EXCLUDES},
+        )
+    finally:
+        token_setup.setLevel(level)
     try:
         probe.pickle_by_value()
         probe_cls = ray.remote(num_cpus=1)(probe.Probe)

@@ -378,6 +378,13 @@ def test_demo_builds_then_reuses(tmp_path: Path) -> None:
     )
     assert re.fullmatch(r"pyfiglet \(not installed\), tomli-w 1\S+, ray 2\.60\.0", by_extra["toml"])
     assert "Ray is shut down" in second.stdout
+    # Ray's own WARNING that it turned token authentication on came between the demo's lines;
+    # the demo says it once, last, with what it means for a later `ray start`.
+    for run in (first, second):
+        assert "Token authentication is enabled" not in run.stdout + run.stderr
+        if "RAY_AUTH_MODE" not in os.environ:  # Ray's default, the demo's note
+            last = run.stdout.strip().splitlines()[-1]
+            assert last.startswith("Ray ran this local Ray with token authentication"), last
 
 
 # --- check -----------------------------------------------------------------------------------
