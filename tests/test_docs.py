@@ -683,3 +683,178 @@ def test_links_between_pages_resolve(page: Path) -> None:
         elif fragment and resolved.suffix == ".md" and fragment not in anchors(resolved):
             broken.append(f"{target}: no such heading")
     assert not broken, broken
+
+
+# --- exit statuses and counts: each one the docs state is the one the code gives -------------
+
+STATED_IN = (REPO / "README.md", *sorted(DOCS.glob("*.md")), REPO / "examples/kuberay/README.md")
+EXIT_WORDS = re.compile(r"\bexit(?:s)?(?: code| status)? (\d)\b")
+DEMO = str(REPO / "examples" / "demo_project")
+
+# Command lines of `ray-uv` (arguments, env, cwd; None: an empty dir) that show each status.
+SHOWN_BY: dict[str, tuple[list[str], dict[str, str], str | None]] = {
+    "done": (["plugin-config"], {}, None),
+    "a dry run": (["check", "--dry-run"], {}, DEMO),
+    "no pyproject.toml": (["check"], {}, None),
+    "an unknown extra": (["check", "--extra", "nosuch"], {}, DEMO),
+    "a library it cannot check": (["check", "--dry-run", "--library", "train"], {}, DEMO),
+    # The path of every failure to connect, a refused token's included (that one, with a
+    # real token cluster: tests/cluster/test_token_auth.py).
+    "no cluster to connect to": (
+        ["prepare", "--address", "127.0.0.1:1", "--project", DEMO],
+        {},
+        None,
+    ),
+    "a bad plugins setting": (["plugin-config", "--shell"], {"RAY_RUNTIME_ENV_PLUGINS": "x"}, None),
+    "a venv dir that is /": (["list"], {"RAY_UV_PLUGIN_VENV_DIR": "/"}, None),
+    "an unknown option": (["gc", "--no-such-option"], {}, None),
+    "an unknown library": (["check", "--library", "nosuch"], {}, DEMO),
+    "a nan amount": (["gc", "--older-than", "nan"], {}, None),
+    "bench outside a checkout": (["bench"], {}, "/"),
+}
+
+# Each statement of an exit status in the docs (as the page says it, whitespace aside) and the
+# command lines that show the statuses it states.
+EXIT_STATEMENTS: list[tuple[str, str, list[tuple[int, str]]]] = [
+    ("README.md", "`ray-uv prepare` (exit 1)", [(1, "no cluster to connect to")]),
+    (
+        "README.md",
+        "exit 1 on a failure, 2 on a wrong command line",
+        [(1, "no pyproject.toml"), (2, "an unknown option")],
+    ),
+    (
+        "docs/libraries.md",
+        "It exits 1 if a library named by `--library` (repeatable, or comma-separated: "
+        "`data,train`) is missing or the project cannot give the env (no `pyproject.toml`, an "
+        "unknown extra), 0 otherwise, and 2 on a wrong command line (an unknown library)",
+        [
+            (1, "a library it cannot check"),
+            (1, "no pyproject.toml"),
+            (1, "an unknown extra"),
+            (0, "a dry run"),
+            (2, "an unknown library"),
+        ],
+    ),
+    (
+        "docs/libraries.md",
+        "`ray-uv check --extra <the workers' extras> --library train` (exit 1 if the env lacks",
+        [(1, "a library it cannot check")],  # a built env that lacks it: tests/ops/test_cli.py
+    ),
+    ("docs/operations.md", "is an error (exit 1, nothing printed", [(1, "a bad plugins setting")]),
+    (
+        "docs/operations.md",
+        "Every `ray-uv` command exits 0 when done, 1 for a failure while running",
+        [(0, "done"), (1, "no pyproject.toml")],
+    ),
+    ("docs/operations.md", "one message and exit code 1", [(1, "no cluster to connect to")]),
+    (
+        "docs/operations.md",
+        "With `--library NAME` it exits 1 when that library is missing or, with no ready venv, "
+        "cannot be checked",
+        [(1, "a library it cannot check")],
+    ),
+    ("docs/operations.md", "It exits 1 and names the nodes", [(1, "no cluster to connect to")]),
+    ("docs/operations.md", "exits 1 if any failed", [(1, "no cluster to connect to")]),
+    ("docs/operations.md", "refuse (exit 1, with what to do)", [(1, "a venv dir that is /")]),
+    ("docs/operations.md", "are usage errors, exit 2", [(2, "a nan amount")]),
+    ("docs/operations.md", "`ray-uv bench` exits 2", [(2, "bench outside a checkout")]),
+    (
+        "docs/troubleshooting.md",
+        "(exit status 1; 2 for a wrong command line)",
+        [(1, "no pyproject.toml"), (2, "an unknown option")],
+    ),
+]
+
+
+def _flat(path: Path) -> str:
+    return " ".join(path.read_text().split())
+
+
+def test_every_exit_status_the_docs_state_is_listed_here() -> None:
+    """A new statement of an exit status gets a line in EXIT_STATEMENTS, and so a check."""
+    unlisted = []
+    for page in STATED_IN:
+        text, name = _flat(page), str(page.relative_to(REPO))
+        spans = []
+        for where, words, _ in EXIT_STATEMENTS:
+            if where == name:
+                assert words in text, f"{name} no longer says {words!r}"
+                start = text.index(words)
+                spans.append(range(start, start + len(words)))
+        for found in EXIT_WORDS.finditer(text):
+            if not any(found.start() in span for span in spans):
+                unlisted.append(f"{name}: ...{text[found.start() - 60 : found.end() + 20]}...")
+    assert not unlisted, "add these to EXIT_STATEMENTS:\n" + "\n".join(unlisted)
+
+
+def test_every_exit_status_the_docs_state_is_the_commands(tmp_path: Path) -> None:
+    ray_uv = Path(sys.executable).parent / "ray-uv"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    base = {k: v for k, v in os.environ.items() if k != "RAY_RUNTIME_ENV_PLUGINS"}
+    base["RAY_UV_PLUGIN_VENV_DIR"] = str(tmp_path / "venvs")
+    measured: dict[str, subprocess.CompletedProcess[str]] = {}
+    for case, (args, env, cwd) in SHOWN_BY.items():
+        measured[case] = subprocess.run(
+            [str(ray_uv), *args], env={**base, **env}, cwd=cwd or empty,
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    wrong = []
+    for page, words, shown in EXIT_STATEMENTS:
+        for status, case in shown:
+            assert str(status) in words, (words, status)
+            out = measured[case]
+            if out.returncode != status:
+                wrong.append(f"{page}: {words!r} says {status}; {case}: {out.returncode}")
+    assert not wrong, "\n".join(wrong)
+    assert measured["a bad plugins setting"].stdout == ""  # nothing for `eval` to run
+
+
+def _ray_agent_consts() -> object:
+    from ray._private.runtime_env.agent import runtime_env_consts
+
+    return runtime_env_consts
+
+
+def _counts() -> list[tuple[str, str, tuple[float, ...]]]:
+    """(page, its words with `{}` for each count, the counts as the code has them)."""
+    from ray._private import ray_constants
+
+    from ray_uv_plugin.agent.failed_builds import REMEMBER_SECONDS
+    from ray_uv_plugin.store.build_lock import DEFAULT_BUILD_TIMEOUT, LOCK_MARGIN
+
+    ray_agent = _ray_agent_consts()
+    tries = ray_agent.RUNTIME_ENV_RETRY_TIMES  # type: ignore[attr-defined]
+    apart = ray_agent.RUNTIME_ENV_RETRY_INTERVAL_MS / 1000  # type: ignore[attr-defined]
+    ray_cache = ray_agent.BAD_RUNTIME_ENV_CACHE_TTL_SECONDS  # type: ignore[attr-defined]
+    setup = ray_constants.DEFAULT_RUNTIME_ENV_TIMEOUT_SECONDS
+    build, memo, margin = DEFAULT_BUILD_TIMEOUT, REMEMBER_SECONDS, LOCK_MARGIN
+    return [
+        ("docs/guarantees.md", "tries a failing setup {} times, {} s apart", (tries, apart)),
+        ("docs/troubleshooting.md", "Ray's agent tries a failing setup {} times", (tries,)),
+        ("docs/guarantees.md", "is not run again for {} s", (memo,)),
+        ("docs/guarantees.md", "`BAD_RUNTIME_ENV_CACHE_TTL_SECONDS` ({} s by", (ray_cache,)),
+        ("docs/operations.md", "`BAD_RUNTIME_ENV_CACHE_TTL_SECONDS` | `{}` (Ray's)", (ray_cache,)),
+        ("docs/operations.md", "| `RAY_UV_PLUGIN_BUILD_TIMEOUT_S` | `{}` |", (build,)),
+        ("docs/operations.md", "waiting for the lock waits that plus {} s", (margin,)),
+        ("docs/troubleshooting.md", "(defaults: {} and {};", (build, memo)),
+        ("docs/troubleshooting.md", "within the build timeout plus {} s", (margin,)),
+        ("docs/troubleshooting.md", "`setup_timeout_seconds` ({} by default)", (setup,)),
+        ("docs/troubleshooting.md", "`RAY_UV_PLUGIN_BUILD_TIMEOUT_S`, {} s by default", (build,)),
+        ("README.md", "Ray's `setup_timeout_seconds` ({})", (setup,)),
+        ("docs/migration.md", "longer than Ray's {} s setup timeout", (setup,)),
+    ]  # fmt: skip
+
+
+def test_every_count_the_docs_state_is_the_codes() -> None:
+    """Ray's retries and caches, the plugin's memo, timeouts and margins, as the docs give them
+    and as Ray and the plugin have them."""
+    wrong = []
+    for page, words, counts in _counts():
+        pattern = re.escape(words).replace(re.escape("{}"), r"(\d+(?:\.\d+)?)")
+        found = re.search(pattern, _flat(REPO / page))
+        assert found, f"{page} no longer says {words!r}"
+        stated = tuple(float(n) for n in found.groups())
+        if stated != tuple(float(c) for c in counts):
+            wrong.append(f"{page}: {found.group(0)!r}, but the code has {counts}")
+    assert not wrong, "\n".join(wrong)
