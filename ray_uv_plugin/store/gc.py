@@ -7,8 +7,8 @@ What may go (`inventory` classifies every entry; the rest is reported and left a
   it (`inventory`: uv's `pyvenv.cfg` and our `<key>.lock`, or a tree frozen as only a finished
   build is, e.g. what `rm -rf` by root leaves of a venv), its lock is free, and it has not
   changed for `UNFINISHED_MIN_AGE` (see there; `--all` does not wait);
-- trash of a gc that is gone, and lock files of the plugin's form whose venv is gone and that
-  nobody holds.
+- trash of a gc that is gone, lock files of the plugin's form whose venv is gone and that
+  nobody holds, and the hold records of agents that died (`holds`).
 Untrusted entries (another user's, or writable by others) and symlinks are never touched.
 
 `plan` is pure: from a scan and the limits, which venvs to remove and why. A venv that a
@@ -17,7 +17,8 @@ another user's processes, `/proc` missing, or gc in a PID namespace of its own, 
 container, where the host's and other containers' processes are invisible), unless the
 operator says it is unused (`assume_unused`). A venv used in the last `MIN_IDLE_SECONDS` is
 never removed either: that covers a request that found it but whose worker process has not
-started yet. How a venv goes, safe against the plugin running at the same time, is `removal`.
+started yet. A venv that Ray's agent holds for a live job counts as used by the agent
+(`holds`): the job's workers may all be gone, and Ray starts the next in it. How a venv goes, safe against the plugin running at the same time, is `removal`.
 """
 
 from __future__ import annotations
