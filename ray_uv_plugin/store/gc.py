@@ -18,7 +18,8 @@ container, where the host's and other containers' processes are invisible), unle
 operator says it is unused (`assume_unused`). A venv used in the last `MIN_IDLE_SECONDS` is
 never removed either: that covers a request that found it but whose worker process has not
 started yet. A venv that Ray's agent holds for a live job counts as used by the agent
-(`holds`): the job's workers may all be gone, and Ray starts the next in it. How a venv goes, safe against the plugin running at the same time, is `removal`.
+(`holds`): the job's workers may all be gone, and Ray starts the next in it. How a venv goes,
+safe against the plugin running at the same time, is `removal`.
 """
 
 from __future__ import annotations
