@@ -95,8 +95,8 @@ def read_records(venv: Path, distributions: Collection[str] | None = None) -> Re
     unreadable = []
     for dist in names:
         try:
-            text = (site / dist / "RECORD").read_text(encoding="utf-8")
-            rows = list(csv.reader(text.splitlines()))
+            with open(site / dist / "RECORD", encoding="utf-8", newline="") as f:
+                rows = list(csv.reader(f))  # a quoted name may hold a "\n"
         except (OSError, UnicodeDecodeError, csv.Error):
             unreadable.append(f"{base}/{dist}/RECORD")
             continue

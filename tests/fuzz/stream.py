@@ -13,6 +13,7 @@ another venv's key and this node's interpreter.
 from __future__ import annotations
 
 import atexit
+import csv
 import hashlib
 import io
 import json
@@ -175,7 +176,8 @@ plain_segment = st.one_of(
 
 @st.composite
 def honest_members(draw: Any) -> list[dict[str, Any]]:
-    """A venv a build could make: dirs, files of any mode, links inside it, hard links."""
+    """A venv a build could make: dirs, files of any mode, hard links, each file listed by a
+    distribution's RECORD (`_infos` adds it): no link but uv's scaffolding's."""
     out: list[dict[str, Any]] = []
     dirs, names = [SITE], {m["name"] for m in SKELETON}
     for _ in range(draw(st.integers(0, 10))):
@@ -183,13 +185,11 @@ def honest_members(draw: Any) -> list[dict[str, Any]]:
         if name in names:
             continue
         names.add(name)
-        kind = draw(st.sampled_from(["dir", "file", "file", "symlink", "hardlink"]))
+        kind = draw(st.sampled_from(["dir", "file", "file", "hardlink"]))
         member: dict[str, Any] = {"name": name, "type": kind}
         files = [m["name"] for m in out if m["type"] == "file"]
         if kind == "dir":
             dirs.append(name)
-        elif kind == "symlink":
-            member["link"] = "/".join(draw(st.lists(plain_segment, min_size=1, max_size=3)))
         elif kind == "hardlink" and files:
             member["link"] = draw(st.sampled_from(files))
         else:
@@ -267,9 +267,25 @@ _TYPES = {
 }
 
 
+def _record(case: Case) -> list[dict[str, Any]]:
+    """The dist-info of an honest venv's one distribution, whose RECORD lists every file: what
+    a receiver accounts for (`store.accounting`)."""
+    if not case.get("honest"):
+        return []
+    rows = io.StringIO()
+    writer = csv.writer(rows, lineterminator="\n")
+    for m in case["members"]:
+        if m["type"] in ("file", "hardlink"):
+            writer.writerow([os.path.relpath(m["name"], SITE), "", ""])
+    info = f"{SITE}/fuzzed-0.dist-info"
+    writer.writerow([os.path.relpath(f"{info}/RECORD", SITE), "", ""])
+    data = b64(rows.getvalue().encode())
+    return [{"name": info, "type": "dir"}, {"name": f"{info}/RECORD", "type": "file", "data": data}]
+
+
 def _infos(case: Case, where: dict[str, str]) -> list[tuple[tarfile.TarInfo, bytes | None]]:
     out = []
-    for m in case["members"]:
+    for m in case["members"] + _record(case):
         info = tarfile.TarInfo(_fill(m["name"], where))
         info.type, info.mtime = _TYPES[m["type"]], 1_700_000_000
         info.mode = m.get("mode", 0o755 if m["type"] == "dir" else 0o644)
