@@ -33,6 +33,7 @@ from typing import Any
 
 from ray_uv_plugin import PLUGIN_CLASS, PLUGINS_ENV
 from ray_uv_plugin.agent.spec import UvProject as _UvProject
+from ray_uv_plugin.agent.spec import check_field_names
 from ray_uv_plugin.cluster.auth import check_token_auth
 
 logger = logging.getLogger(__name__)
@@ -221,5 +222,6 @@ class UvProject(_UvProject):
     also checks that this driver's Ray loads the plugin (`watch`), where a plain dict cannot."""
 
     def __init__(self, **fields: Any) -> None:
+        check_field_names(fields)  # a typo is told its field, not just "unexpected keyword"
         super().__init__(**fields)
         watch()

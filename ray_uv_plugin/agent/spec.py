@@ -6,7 +6,7 @@ import difflib
 import os
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -164,6 +164,16 @@ def _with_guess(name: Any) -> str:
     return f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
 
 
+def check_field_names(names: Iterable[Any]) -> None:
+    """Refuse names that are no `uv_project` field, each with the field it is closest to."""
+    unknown = sorted(set(names) - set(FIELD_NAMES), key=str)
+    if unknown:
+        raise UvProjectTypeError(
+            f"uv_project has unknown field(s) {', '.join(map(_with_guess, unknown))}; "
+            f"the fields are {', '.join(FIELD_NAMES)}."
+        )
+
+
 def parse_spec(value: Any) -> ParsedUvProject:
     """Check a user's `uv_project` value and turn it into a `ParsedUvProject`."""
     if isinstance(value, ParsedUvProject):
@@ -173,12 +183,7 @@ def parse_spec(value: Any) -> ParsedUvProject:
             f"uv_project must be a dict such as {{'extras': ['vllm']}} (or {{}} for the "
             f"project's default environment), got {type(value).__name__} {value!r}."
         )
-    unknown = sorted(set(value) - set(FIELD_NAMES), key=str)
-    if unknown:
-        raise UvProjectSpecError(
-            f"uv_project has unknown field(s) {', '.join(map(_with_guess, unknown))}; "
-            f"the fields are {', '.join(FIELD_NAMES)}."
-        )
+    check_field_names(value)
     kwargs: dict[str, Any] = {}
     project = value.get("project")
     if project is not None:
