@@ -84,7 +84,7 @@ def _one_at_a_time(root: Path, venv: str, deadline: float) -> Iterator[None]:
     """Hold the venv dir's `.budget.lock`, waiting for it until `deadline` (`time.monotonic`)
     at most: a holder that stopped (SIGSTOP) or hung keeps it, and a build that waited on it
     without a bound would run past its timeout. Held only while a build makes room: seconds."""
-    lock = BuildLock(root / BUDGET_LOCK)
+    lock = BuildLock(root / BUDGET_LOCK, "the budget lock")
     start = time.monotonic()
     for delay in _backoff():
         if lock.try_acquire():

@@ -49,8 +49,9 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 class BuildLock:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, what: str = "the build lock") -> None:
         self.path = path
+        self.what = what  # as an error about the file names it (`.budget.lock` takes one too)
         self._fd: int | None = None
 
     @property
@@ -64,7 +65,7 @@ class BuildLock:
         mode = 0o660 if trust.trusted_gid() is not None else 0o600
         fd, created = self._open(mode)
         try:
-            if trust.check_fd(self.path, fd, "the build lock").st_uid == os.geteuid():
+            if trust.check_fd(self.path, fd, self.what).st_uid == os.geteuid():
                 os.fchmod(fd, mode)  # whatever the umask: the trusted group must open it too
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

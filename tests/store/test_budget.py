@@ -35,6 +35,7 @@ from ray_uv_plugin.store.layout import (
     lock_path,
     write_marker,
 )
+from ray_uv_plugin.store.trust import UntrustedPathError
 from ray_uv_plugin.store.units import format_bytes
 from tests.store.test_build_slots import hold_slot, kill
 from tests.support.uvproject import CountingUv, project_variants, write_project
@@ -308,3 +309,12 @@ def test_a_stopped_holder_of_the_budget_lock_fails_the_build_at_its_timeout(
     key = make_request(parse_spec({}), load_project(project), {}).key
     assert message.endswith(f"The new venv {key} was not kept.")
     assert not (root / key).exists() and counting_uv.syncs() == 1
+
+
+def test_a_budget_lock_that_is_no_file_is_refused_by_its_name(tmp_path, monkeypatch) -> None:
+    root = tmp_path / "venvs"
+    root.mkdir(mode=0o700)
+    os.mkfifo(root / BUDGET_LOCK)
+    monkeypatch.setenv(VENV_DIR_MAX_BYTES_ENV, "1G")
+    with pytest.raises(UntrustedPathError, match="the budget lock"):
+        budget.make_room(root / "0123456789abcdef", print, time.monotonic() + 5)
