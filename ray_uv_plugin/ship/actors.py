@@ -323,7 +323,7 @@ class VenvReceiver:
                     # How this node's venv came to be (the sender's marker says how it was built).
                     "built": delta.built(source.host, total, unpacker.staged),
                 }
-                install_received(self.root, source.key, tree, meta)
+                install_received(self.root, source.key, tree, meta, unpacker.heads)
             except Exception as e:
                 raise self._fail("installing the received venv", e) from e
             self.unpacker = None

@@ -24,12 +24,20 @@ KEPT = (
 )  # fmt: skip
 
 
-def install_received(root: Path, key: str, tree: Path, meta: Mapping[str, Any]) -> None:
+def install_received(
+    root: Path,
+    key: str,
+    tree: Path,
+    meta: Mapping[str, Any],
+    heads: Mapping[str, bytes] | None = None,
+) -> None:
     """Make a venv unpacked from another node (`ship`, checked whole) the ready `<key>`: the
     caller holds the key's build lock. Only what its build made is installed: the manifest of
     what was unpacked (`unpack` leaves it in `tree`) must be the one the sender's marker (`meta`)
     names. Relocated, renamed into place, frozen, then marked, as builds are, with a manifest of
-    its own (relocation changed its scripts) and a marker of its own (`KEPT`)."""
+    its own (relocation changed its scripts) and a marker of its own (`KEPT`), once every file
+    is accounted for (`store.accounting`; `heads`: the headers of the `.pyc` files `unpack`
+    wrote, read again where absent)."""
     old = relocation.check_sender_venv(str(meta["venv"]), key)  # the sender's say: checked
     try:
         files = manifest.load(tree, meta.get("manifest"))
@@ -38,7 +46,8 @@ def install_received(root: Path, key: str, tree: Path, meta: Mapping[str, Any]) 
     site = site_packages(tree)
     if site is None:
         raise ArchiveError("what arrived has no site-packages dir (lib/python*/site-packages)")
-    checked = accounting.account(tree, files, accounting.read_records(tree), compiled=None)
+    recorded = accounting.read_records(tree)
+    checked = accounting.account(tree, files, recorded, compiled=None, heads=heads)
     if checked.unaccounted:
         raise ArchiveError(f"what arrived holds {accounting.unaccounted_note(checked)}")
     venv = root / key

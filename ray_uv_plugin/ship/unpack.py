@@ -173,6 +173,7 @@ class Unpacker:
         self._kinds: dict[str, str] = {}  # every member unpacked so far: name -> kind
         self._entries: list[list[Any]] = []  # the same, as the manifest lists them
         self._files: manifest.Files = {}  # the same, as the venv's manifest lists them
+        self.heads: dict[str, bytes] = {}  # each `.pyc` written: its header (`store.accounting`)
         self._symlinks: list[str] = []
         self._file_bytes = 0
         self._complete = False
@@ -252,6 +253,8 @@ class Unpacker:
                 )
             os.link(os.path.join(self.tmp, member.linkname), path, follow_symlinks=False)
             self._files[name] = self._files[member.linkname]
+            if member.linkname in self.heads and name.endswith(".pyc"):
+                self.heads[name] = self.heads[member.linkname]
 
     def _write_file(
         self, tar: tarfile.TarFile, member: tarfile.TarInfo, path: str
@@ -266,6 +269,8 @@ class Unpacker:
             source = tar.extractfile(member)
             assert source is not None  # a regular file's
             while data := source.read(_COPY_BYTES):
+                if out.tell() == 0 and member.name.endswith(".pyc"):
+                    self.heads[member.name] = data[:16]
                 sha256.update(data)
                 out.write(data)
             out.flush()

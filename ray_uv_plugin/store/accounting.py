@@ -9,7 +9,8 @@ made ready (a build fails, a receiver refuses what arrived), with the path named
    the build's compile step wrote or a seed gave (`compiled`); at a receive, where the sender's
    build vouched for it, a `.pyc` of this interpreter whose header matches its source;
 3. uv's venv scaffolding (`pyvenv.cfg`, `bin/activate*`, the interpreter's links...);
-4. the plugin's own files (top-level `.ray-uv-*`, never in a manifest).
+4. the plugin's own files (top-level `.ray-uv-*`, never in a manifest, and the `from_image`
+   `.pth` file in site-packages, `IMAGE_PTH`, which is).
 
 Directories hold no code and are accounted for by what they hold. The check reads no file the
 manifest pass did not read (the RECORDs, a `.pyc`'s 16-byte header at a receive): it works on
@@ -44,6 +45,9 @@ _SCAFFOLDING = re.compile(
     r"|python|python3|python3\.\d+|pypy|pypy3|pypy3\.\d+))$"
 )
 _SITE_SCAFFOLDING = ("_virtualenv.py", "_virtualenv.pth")  # in site-packages, older uvs
+# The `.pth` file of a venv whose `uv_project` names `from_image` (`agent.image`): the plugin's
+# own, in site-packages, naming the node interpreter's site-packages dirs.
+IMAGE_PTH = "_ray_uv_image.pth"
 _TAG = sys.implementation.cache_tag
 _PYC = re.compile(rf"^(?P<dir>(?:.*/)?)__pycache__/(?P<module>[^/]+)\.{_TAG}(?:\.opt-\d)?\.pyc$")
 SHOWN = 5  # paths named in a message
@@ -161,7 +165,7 @@ def is_scaffolding(path: str, site: str) -> bool:
     if _SCAFFOLDING.match(path):
         return True
     folder, _, name = path.rpartition("/")
-    return folder == site and name in _SITE_SCAFFOLDING
+    return folder == site and (name in _SITE_SCAFFOLDING or name == IMAGE_PTH)
 
 
 def header_matches(pyc: str, source: str) -> bool:
@@ -220,8 +224,9 @@ def account(
     receive, where an unlisted `.pyc` is taken for the sender's build's if its header matches
     its listed source. `foreign`: dist-info dirs of no package of the lock, whose RECORDs
     account for nothing. `heads`: the headers of the `.pyc` files the manifest pass read
-    (`manifest.scan`); a compiled one's must be its source's too (a seed's, not read, was
-    checked so when its own build read it: `agent.seeding`)."""
+    (`manifest.scan`) or a receiver wrote (`ship.unpack`); a compiled one's must be its
+    source's too (a seed's, not read, was checked so when its own build read it:
+    `agent.seeding`), and a receiver reads the header of one it did not write."""
     site = site_packages(venv)
     base = str(site.relative_to(venv)) if site is not None else ""
     hashes = recorded.hashes
@@ -242,11 +247,13 @@ def account(
             continue
         source = bytecode_source(path) if entry.kind == "file" else None
         if source is not None and (source in hashes or is_scaffolding(source, base)):
+            head = heads.get(path) if heads is not None else None
             if compiled is None:
-                if header_matches(str(venv / path), str(venv / source)):
+                if head is None and header_matches(str(venv / path), str(venv / source)):
+                    continue
+                if head is not None and header_of(head, str(venv / source)):
                     continue
             elif path in compiled:
-                head = heads.get(path) if heads is not None else None
                 if head is None or header_of(head, str(venv / source)):
                     continue
         unaccounted.append(path)

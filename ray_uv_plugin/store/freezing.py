@@ -2,8 +2,9 @@
 
 Read-only directories, and the plugin's own files read-only (`freeze`), stop a worker that
 changes a venv by accident, not root: a plugin run by root also sets chattr +i on the venv's
-directories where the file system and the process's capabilities allow it. Every removal of a venv (gc, a failed or replaced build, a receive that
-failed) goes through `remove_tree`, which undoes both first.
+directories where the file system and the process's capabilities allow it. Every removal of
+a venv (gc, a failed or replaced build, a receive that failed) goes through `remove_tree`,
+which undoes both first.
 """
 
 from __future__ import annotations

@@ -220,3 +220,14 @@ def test_bytecode_the_build_compiled_counts_only_with_its_sources_header(tmp_pat
     assert accounting.account(venv, files, recorded, COMPILED, (), heads).unaccounted == [pyc]
     unchecked = _pyc(venv / SITE / "six.py", flags=1)[:16]
     assert accounting.account(venv, files, recorded, COMPILED, (), {pyc: unchecked}).unaccounted
+
+
+def test_a_receiver_judges_a_pyc_by_the_header_it_wrote(tmp_path) -> None:
+    """The headers `unpack` kept as it wrote each `.pyc` stand for a read of the file."""
+    venv = make_venv(tmp_path)
+    files, recorded = manifest.scan(venv), accounting.read_records(venv)
+    pyc = f"{SITE}/__pycache__/six.{TAG}.pyc"
+    good = (venv / pyc).read_bytes()[:16]
+    assert accounting.account(venv, files, recorded, None, (), {pyc: good}).unaccounted == []
+    bad = _pyc(venv / SITE / "six.py", flags=1)[:16]
+    assert accounting.account(venv, files, recorded, None, (), {pyc: bad}).unaccounted == [pyc]
