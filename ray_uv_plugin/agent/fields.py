@@ -175,7 +175,8 @@ FIELDS: tuple[Field, ...] = (
         "Names of the job's `env_vars` that the build takes and the key records (a build "
         "hook's `MYLIB_FLAVOR`, `FLASH_ATTENTION_FORCE_BUILD`, `PATH` to pick another "
         "compiler); the job's other variables are its workers' alone. `PYTHONPATH`, "
-        "`PYTHONHOME` and `LD_PRELOAD` are refused.",
+        "`PYTHONHOME` and `LD_PRELOAD` are refused, and so is what moves uv's cache "
+        "(`UV_CACHE_DIR`, `HOME`...: the node's).",
     ),
     Field(
         "job_default",
