@@ -11,11 +11,12 @@ import shutil
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from ray_uv_plugin.agent import bytecode, seeding
+from ray_uv_plugin.agent import bytecode, image, seeding
 from ray_uv_plugin.agent.build_record import Bytecode, write_manifest, write_marker_of
 from ray_uv_plugin.agent.cache_split import cache_split_note
 from ray_uv_plugin.agent.project import ProjectError, check_ray_pin, check_request
@@ -52,6 +53,9 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
     args = ["sync", "--project", str(project_dir), *spec.sync_args(), "--python", sys.executable]
     for name in request.sources.copied_names:  # uv caches their builds by mtime
         args += ["--refresh-package", name]
+    lock = tomllib.loads(files.lock.decode("utf-8")) if spec.from_image else {}
+    left = image.left_out(lock.get("package", []), spec.from_image)
+    args += image.no_install_args(left)
     logger.info("uv_project %s: building: %s %s", venv.name, find_uv(), " ".join(args))
     if withheld := withheld_from_uv(request):
         shown = ", ".join(withheld[:12]) + (
@@ -100,6 +104,9 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
 
     try:
         result, recorded, compiled = _sync_and_compile(venv, env, sync, logger, deadline)
+        if spec.from_image:  # the image's packages: seen, left out, checked (`agent.image`)
+            image.write_pth(venv, image.site_dirs())
+            image.check_venv(venv, request.inputs.selection["image"], left, lock)
         installed = installed_ray_version(venv)
         if installed != ray.__version__:
             raise UvSyncError(

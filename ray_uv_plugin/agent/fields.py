@@ -169,6 +169,16 @@ FIELDS: tuple[Field, ...] = (
         cli="--install-project",
     ),
     Field(
+        "from_image",
+        "names",
+        (),
+        "Packages the node's Python (the image) provides, such as `torch`: the venv sees its "
+        "site-packages and installs neither them nor what only they need in `uv.lock`; the "
+        "key records their installed versions, and the build checks them "
+        "([docs/image_packages.md](docs/image_packages.md)). Not with `locked: false`.",
+        cli="--from-image P",
+    ),
+    Field(
         "build_env_vars",
         "env_names",
         (),

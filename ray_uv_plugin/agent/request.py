@@ -10,7 +10,9 @@ What is in the key, and why (docs/key.md says the same):
   variables it names in `build_env_vars`, and, where the lock builds anything from source, the
   indexes, proxies and CAs that build fetches with (`source_builds`); the job's other variables
   never reach uv, and its choice of uv cache is refused (`uv_cache`);
-- the project's path, only where the venv points into it (editable sources, install_project).
+- the project's path, only where the venv points into it (editable sources, install_project);
+- with `from_image`, each named package as the node's interpreter has it (`image.fingerprint`),
+  in the selection as `image`: a changed image is another venv, never shipped to that node.
 
 `KeyInputs` holds them: the key is its digest, the marker records it, and a node offered a
 venv built elsewhere takes it only where its own inputs give the venv's key (`on_this_node`).
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
+from ray_uv_plugin.agent import image
 from ray_uv_plugin.agent import project as project_files
 from ray_uv_plugin.agent.project import ConfigFile, LockedSources, ProjectFiles
 from ray_uv_plugin.agent.source_builds import builds_from_source
@@ -98,6 +101,9 @@ class KeyInputs:
         named = values["selection"].get("build_env_vars", [])
         if not isinstance(named, list) or not all(isinstance(n, str) for n in named):
             return None  # `on_this_node` keys the build variables it names
+        named = values["selection"].get("from_image", [])
+        if not isinstance(named, list) or not all(isinstance(n, str) for n in named):
+            return None  # `on_this_node` fingerprints the image's packages it names
         strings = ("pyproject", "lock", "interpreter", "uv")
         if not all(isinstance(values[name], str) for name in strings):
             return None
@@ -120,10 +126,27 @@ class KeyInputs:
         named = self.selection.get("build_env_vars", ())
         return replace(
             self,
+            selection=_with_image(self.selection, strict=False),
             interpreter=interpreter_tag(),
             uv=uv_version(),
             env=keyed_settings(uv_env, resolves, named, builds),
         )
+
+
+def _with_image(selection: Mapping[str, Any], strict: bool) -> Mapping[str, Any]:
+    """The selection with this node's `image.fingerprint` of its `from_image` packages (none
+    asked: as it is). `strict`: a package the node lacks is a ProjectError, else a fingerprint
+    of None, which keys no venv built elsewhere."""
+    named = selection.get("from_image")
+    if not named:
+        return selection
+    try:
+        found: object = image.fingerprint(named)
+    except (project_files.ProjectError, OSError):
+        if strict:
+            raise
+        found = None
+    return {**selection, "image": found}
 
 
 @dataclass(frozen=True)
@@ -174,7 +197,7 @@ def make_request(
         files, configs, uv_env, spec.install_project
     )
     inputs = KeyInputs(
-        selection=spec.selection(),
+        selection=_with_image(spec.selection(), strict=True),
         pyproject=hashlib.sha256(files.pyproject).hexdigest(),
         lock=files.lock_digest,
         config=tuple((c.label, c.digest) for c in configs),

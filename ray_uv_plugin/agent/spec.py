@@ -44,6 +44,8 @@ class ParsedUvProject:
     locked: bool = True
     frozen: bool = False
     install_project: bool = False
+    # Packages the node's Python provides (`agent.image`): not installed, checked, keyed.
+    from_image: tuple[str, ...] = ()
     # Names of the job's env_vars that the build takes, and so the key (`uv_env`): a build
     # variable no list knows (`MYLIB_FLAVOR`), or `PATH` to pick another compiler.
     build_env_vars: tuple[str, ...] = ()
@@ -103,6 +105,7 @@ class ParsedUvProject:
             "no_groups": _canonical(self.no_groups),
             "package": canonicalize_name(self.package) if self.package else None,
             "build_env_vars": list(self.build_env_vars),
+            "from_image": _canonical(self.from_image),
         }
         selection.update({name: value for name, value in added.items() if value})
         return selection
@@ -229,6 +232,12 @@ def parse_spec(value: Any) -> ParsedUvProject:
             "dependencies); it cannot go with 'groups' or 'all_groups'. Put every group you "
             "want into 'only_groups', or drop it."
         )
+    if kwargs.get("from_image") and not (kwargs.get("frozen") or kwargs.get("locked", True)):
+        raise UvProjectSpecError(
+            "uv_project: 'from_image' leaves packages out by what uv.lock says only they need, "
+            "so it needs the lock as it is: drop 'locked: false' (run `uv lock` instead), or "
+            "drop 'from_image'."
+        )
     return ParsedUvProject(**kwargs)
 
 
@@ -314,6 +323,7 @@ class UvProject(dict):
         locked: bool | None = None,
         frozen: bool = False,
         install_project: bool = False,
+        from_image: list[str] | tuple[str, ...] = (),
         build_env_vars: list[str] | tuple[str, ...] = (),
         job_default: bool = False,
     ) -> None:
@@ -327,6 +337,7 @@ class UvProject(dict):
             "groups": groups,
             "only_groups": only_groups,
             "no_groups": no_groups,
+            "from_image": from_image,
             "build_env_vars": build_env_vars,
         }
         # As given, for the dict's own check (`_names`): a string is no list of names, and

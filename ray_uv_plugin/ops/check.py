@@ -178,8 +178,12 @@ def node_notes(venv: Path, project: Path) -> list[str]:
 
 
 def report_lines(result: CheckResult | FoundEnv) -> list[str]:
-    """What `ray-uv check` prints: one line per library, then what to add."""
-    lines = []
+    """What `ray-uv check` prints: the packages the venv takes from the image (`from_image`),
+    one line per library, then what to add."""
+    from ray_uv_plugin.agent.image import recorded
+    from ray_uv_plugin.store.layout import read_marker
+
+    lines = [f"  from the image: {line}" for line in recorded(read_marker(result.venv))]
     for s in result.statuses or []:
         asked = " (asked for)" if s.library.name in result.wanted else ""
         node = {True: "node's Ray has it", False: "node's Ray lacks it too", None: "no Ray here"}[

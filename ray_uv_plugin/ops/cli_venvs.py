@@ -62,6 +62,8 @@ def _json_row(e: VenvEntry, size: int) -> dict[str, Any]:
     """A venv in `list --json`: null for what is unknown (an entry without valid metadata
     has no name, project, extras or groups, rather than none), times in UTC as ISO 8601
     and as Unix seconds (to compute with)."""
+    from ray_uv_plugin.agent.image import recorded
+
     meta = e.meta or {}
     return {
         "key": e.key,
@@ -80,6 +82,7 @@ def _json_row(e: VenvEntry, size: int) -> dict[str, Any]:
         "ray": meta.get("ray"),
         "python": meta.get("python"),
         "built": meta.get("built") if isinstance(meta.get("built"), dict) else None,
+        "from_image": recorded(e.meta),  # `from_image`: the image's packages it runs with
     }
 
 
@@ -194,6 +197,11 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "as hardlinks count in each SIZE, once here)"
             )
         console.print(footer, markup=False, highlight=False)
+    from ray_uv_plugin.agent.image import recorded
+
+    for e in reversed(entries):
+        for line in recorded(e.meta):
+            console.print(f"{e.key}: from the image: {line}", markup=False, highlight=False)
     for line in _limit_lines(limits):
         console.print(line, markup=False, highlight=False)
     for o in inv.others:

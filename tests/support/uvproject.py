@@ -148,14 +148,24 @@ def unreachable_index() -> dict[str, str]:
     }
 
 
-def write_wheel(directory: Path, name: str, version: str, files: dict[str, bytes]) -> Path:
+def write_wheel(
+    directory: Path,
+    name: str,
+    version: str,
+    files: dict[str, bytes],
+    requires: tuple[str, ...] = (),
+) -> Path:
     """A pure-Python wheel `name-version-py3-none-any.whl` in `directory` holding `files`
-    (paths relative to site-packages), with the metadata and RECORD a build backend writes."""
+    (paths relative to site-packages), with the metadata and RECORD a build backend writes;
+    `requires`: its `Requires-Dist` lines."""
     directory.mkdir(parents=True, exist_ok=True)
     info = f"{name}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {line}\n" for line in requires
+    )
     members = {
         **files,
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{info}/METADATA": metadata.encode(),
         f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
         b"Tag: py3-none-any\n",
     }

@@ -91,3 +91,17 @@ def test_register_then_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
         "a.B": {"project": "/srv/proj", "groups": ["rl"]}
     }
     assert get_actor_uv_project("a.B") == {"project": "/srv/proj", "groups": ["rl"]}
+
+
+def test_a_worker_class_takes_packages_from_the_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`from_image` per worker class, as any field: checked on the driver, passed unchanged."""
+    monkeypatch.setattr("worker_groups.registry.ACTOR_ENVIRONMENT_REGISTRY", {})
+    layered = {"extras": ["train"], "from_image": ["torch"]}
+    register_actor_environment("a.Trainer", layered)
+    register_actor_environment("a.Rollout", {"extras": ["vllm"]})
+    assert RayWorkerBuilder("a.Trainer").runtime_env()["uv_project"] == layered
+    assert "from_image" not in RayWorkerBuilder("a.Rollout").runtime_env()["uv_project"]
+    with pytest.raises(TypeError, match="uv_project.from_image must be a list of strings"):
+        register_actor_environment("a.Typo", {"from_image": "torch"})
+    with pytest.raises(UvProjectSpecError, match="'from_image' leaves packages out"):
+        RayWorkerBuilder("a.Trainer").with_uv_project({**layered, "locked": False})
