@@ -103,10 +103,13 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
         return result
 
     try:
+        if spec.from_image:  # made first, so that a build without isolation sees the image
+            _layered_venv(venv, env, files.path, deadline)
         result, recorded, compiled = _sync_and_compile(venv, env, sync, logger, deadline)
         if spec.from_image:  # the image's packages: seen, left out, checked (`agent.image`)
             image.write_pth(venv, image.site_dirs())
-            image.check_venv(venv, request.inputs.selection["image"], left, lock)
+            extras = None if spec.all_extras else spec.extras
+            image.check_venv(venv, request.inputs.selection["image"], left, lock, extras)
         installed = installed_ray_version(venv)
         if installed != ray.__version__:
             raise UvSyncError(
@@ -145,6 +148,18 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     return result.seconds
+
+
+def _layered_venv(venv: Path, env: Mapping[str, str], cwd: Path, deadline: float) -> None:
+    """The venv of a `from_image` request, made before `uv sync` with its `.pth` naming the
+    image's site-packages (`agent.image`): a package that `uv sync` builds without isolation
+    (`no-build-isolation-package`) then compiles against the image's torch."""
+    left = max(deadline - time.monotonic(), 1.0)
+    args = ["venv", "--quiet", "--python", sys.executable, str(venv)]
+    made = run_uv(args, dict(env), cwd, timeout=left)
+    if made.returncode != 0:
+        raise UvSyncError(f"uv_project: `uv venv {venv}` failed:\n{made.tail(10)}")
+    image.write_pth(venv, image.site_dirs())
 
 
 def _sync_and_compile(

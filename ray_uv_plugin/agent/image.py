@@ -24,10 +24,11 @@ import site
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 
+from packaging.markers import InvalidMarker, Marker
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -165,10 +166,15 @@ _WHERE = (
 
 
 def check_venv(
-    venv: Path, image: Sequence[Sequence[str]], left: Iterable[str], lock: Mapping
+    venv: Path,
+    image: Sequence[Sequence[str]],
+    left: Iterable[str],
+    lock: Mapping,
+    extras: Collection[str] | None = (),
 ) -> None:
     """Fail the build (UvSyncError) unless the venv runs with the image's packages: `image` is
-    their `fingerprint`, `left` what `left_out` gave, `lock` the parsed `uv.lock`."""
+    their `fingerprint`, `left` what `left_out` gave, `lock` the parsed `uv.lock`, `extras`
+    those asked for (None: all), whose requirements of the project's own are checked too."""
     site_dir = site_packages(venv)
     if site_dir is None:
         raise UvSyncError(f"uv_project: uv made {venv} without a site-packages dir.")
@@ -200,7 +206,7 @@ def check_venv(
                 f"image's {version} at {location}: the venv's Python does not see the image's "
                 "site-packages. Nothing was kept; report it with the node's Python."
             )
-    _check_requirements(site_dir, {n: v for n, v, *_ in image}, lock)
+    _check_requirements(site_dir, {n: v for n, v, *_ in image}, lock, extras)
 
 
 def _overrides(lock: Mapping) -> dict[str, list[str]]:
@@ -213,11 +219,47 @@ def _overrides(lock: Mapping) -> dict[str, list[str]]:
     return found
 
 
-def _check_requirements(site_dir: Path, versions: Mapping[str, str], lock: Mapping) -> None:
+def _holds(marker: str, extras: Collection[str]) -> bool:
+    """Whether a marker holds here with no extra or one of `extras` (one unreadable: yes)."""
+    try:
+        return any(Marker(marker).evaluate({"extra": e}) for e in ["", *extras])
+    except InvalidMarker:
+        return True
+
+
+def _project_requirements(
+    lock: Mapping, extras: Collection[str] | None
+) -> Iterable[tuple[str, str, str]]:
+    """(who, name, specifier) of the workspace members' own requirements in the lock (the
+    project is rarely installed, so its distribution cannot say), with no extra or one of
+    `extras` (None: any)."""
+    for package in lock.get("package", []):
+        source = package.get("source")
+        if not (isinstance(source, dict) and any(kind in source for kind in _ROOT_SOURCES)):
+            continue
+        who = f"{package.get('name')} (the project, in uv.lock)"
+        for entry in package.get("metadata", {}).get("requires-dist", []):
+            if not isinstance(entry, dict) or "name" not in entry:
+                continue
+            marker = entry.get("marker")
+            if marker and extras is not None and not _holds(str(marker), extras):
+                continue
+            yield who, canonicalize_name(entry["name"]), str(entry.get("specifier", ""))
+
+
+def _check_requirements(
+    site_dir: Path,
+    versions: Mapping[str, str],
+    lock: Mapping,
+    extras: Collection[str] | None = (),
+) -> None:
     overrides = _overrides(lock)
     wanted: list[tuple[str, str, str]] = []  # (who, name, specifier)
     for name, specs in overrides.items():
         wanted += [("uv.lock's override-dependencies", name, s) for s in specs if name in versions]
+    for who, name, spec in _project_requirements(lock, extras):
+        if name in versions and name not in overrides:
+            wanted.append((who, name, spec))
     for dist in metadata.distributions(path=[str(site_dir)]):
         who = f"{dist.metadata['Name']} {dist.version}"
         for line in dist.requires or []:

@@ -54,12 +54,19 @@ DRIVER = textwrap.dedent(
             "own": sorted(os.listdir(site)), "iniconfig": importlib.metadata.version("iniconfig"),
         }
 
-    good, bad, reinstall, temp_dir = sys.argv[1:5]
+    good, bad, ext, reinstall, temp_dir = sys.argv[1:6]
     ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp_dir)
     out = {}
     env = lambda project, n: {"uv_project": {"project": project, "from_image": ["torch"]},
                               "env_vars": {"RUN": str(n)}}
     out["first"] = ray.get(where.options(runtime_env=env(good, 1)).remote())
+
+    @ray.remote
+    def built_against():
+        import ext._built
+        return ext._built.TORCH
+
+    out["ext"] = ray.get(built_against.options(runtime_env=env(ext, 4)).remote())
     try:
         ray.get(where.options(runtime_env=env(bad, 2)).remote())
     except RuntimeEnvSetupError as e:
@@ -75,6 +82,41 @@ DRIVER = textwrap.dedent(
     print("RESULT " + json.dumps(out))
     """
 )
+
+
+# A package that builds against torch: its wheel records the torch its build imported.
+EXT_SETUP = textwrap.dedent(
+    """\
+    from setuptools import setup
+    from setuptools.command.build_py import build_py
+
+    class Build(build_py):
+        def run(self):
+            import torch
+            super().run()
+            with open(self.build_lib + "/ext/_built.py", "w") as f:
+                f.write(f"TORCH = {torch.__version__!r}\\n")
+
+    setup(name="ext", version="0.1", packages=["ext"], cmdclass={"build_py": Build})
+    """
+)
+
+
+def _ext_project(root: Path, wheels: Path, torch_wheel: Path) -> Path:
+    """A project with `ext`, built without isolation (`no-build-isolation-package`); its
+    metadata is given, so that `uv lock` builds nothing."""
+    (root / "ext" / "ext").mkdir(parents=True)
+    (root / "ext" / "ext" / "__init__.py").write_text("")
+    (root / "ext" / "setup.py").write_text(EXT_SETUP)
+    path = write_project(root / "withext", ["torch>=2.8.0a0", "setuptools", "ext"], lock=False)
+    text = (path / "pyproject.toml").read_text()
+    text += f'find-links = ["{wheels}"]\nno-build-isolation-package = ["ext"]\n\n'
+    text += '[[tool.uv.dependency-metadata]]\nname = "ext"\nversion = "0.1"\nrequires-dist = []\n\n'
+    text += f'[tool.uv.sources]\ntorch = {{ path = "{torch_wheel}" }}\n'
+    text += f'ext = {{ path = "{root / "ext"}" }}\n'
+    (path / "pyproject.toml").write_text(text)
+    _uv("lock", "--quiet", "--project", str(path))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -104,12 +146,13 @@ def layered(tmp_path_factory: pytest.TempPathFactory) -> dict:
         return path
 
     good = project("good", first, [])
+    ext = _ext_project(root, wheels, first)
     bad = project("bad", newer, ["ray-uv-test-needs-torch29"])
     reinstall = [find_uv(), "pip", "install", "--python", python, "--find-links", str(wheels)]
     reinstall += ["--reinstall", str(changed)]
     temp_dir = tempfile.mkdtemp(prefix="ruvi-", dir="/tmp")  # short: socket paths
     proc = subprocess.Popen(
-        [python, "-c", DRIVER, str(good), str(bad), json.dumps(reinstall), temp_dir],
+        [python, "-c", DRIVER, str(good), str(bad), str(ext), json.dumps(reinstall), temp_dir],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -133,6 +176,12 @@ def test_the_worker_imports_the_images_torch_and_the_venv_has_none(layered: dict
     own = first["own"]
     assert not [n for n in own if n.startswith(("torch", "ray_uv_test_torchdep"))], own
     assert [n for n in own if n.startswith("iniconfig-")] and image.IMAGE_PTH in own
+
+
+def test_a_package_built_without_isolation_compiles_against_the_images_torch(
+    layered: dict,
+) -> None:
+    assert layered["out"]["ext"] == "2.8.0a0+nv"
 
 
 def test_a_changed_image_is_another_venv(layered: dict) -> None:
@@ -231,3 +280,15 @@ def test_the_locks_override_stands_for_the_requirements_it_replaces(tmp_path: Pa
     narrower = {"manifest": {"overrides": [{"name": "torch", "specifier": ">=2.9"}]}}
     with pytest.raises(UvSyncError, match="override-dependencies requires torch>=2.9"):
         image._check_requirements(site, versions, narrower)
+
+
+def test_the_projects_own_requirement_is_checked_with_the_extras_asked_for(tmp_path: Path) -> None:
+    """The project is rarely installed: its requirements on the image's packages are the lock's."""
+    site = _venv_with(tmp_path) / "lib" / "python3.11" / "site-packages"
+    lock = tomllib.loads((ROOT / "benchmarks/sets/torch/uv.lock").read_text())  # torch==2.13.0
+    image._check_requirements(site, {"torch": "2.8.0a0+nv"}, lock, ())  # the extra not asked
+    with pytest.raises(UvSyncError, match=r"bench-torch \(the project, in uv.lock\) requires"):
+        image._check_requirements(site, {"torch": "2.8.0a0+nv"}, lock, ("torch",))
+    with pytest.raises(UvSyncError, match="requires torch==2.13.0, and the image's torch is"):
+        image._check_requirements(site, {"torch": "2.8.0a0+nv"}, lock, None)
+    image._check_requirements(site, {"torch": "2.13.0+cpu"}, lock, None)  # a local version meets ==
