@@ -231,7 +231,8 @@ def account(
     base = str(site.relative_to(venv)) if site is not None else ""
     hashes = recorded.hashes
     if foreign:
-        hashes = {p: h for p, h in hashes.items() if recorded.owners.get(p) not in set(foreign)}
+        left_out = set(foreign)
+        hashes = {p: h for p, h in hashes.items() if recorded.owners.get(p) not in left_out}
     mismatches, unaccounted = [], []
     for path, entry in files.items():
         if entry.kind == "dir":
