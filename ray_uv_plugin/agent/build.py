@@ -22,7 +22,7 @@ from ray_uv_plugin.agent.cache_split import cache_split_note
 from ray_uv_plugin.agent.project import ProjectError, check_ray_pin, check_request
 from ray_uv_plugin.agent.request import VenvRequest, interpreter_tag, withheld_from_uv
 from ray_uv_plugin.agent.uv import UvResult, UvSyncError, UvTimeout, find_uv, run_uv, sync_failure
-from ray_uv_plugin.store import accounting, budget, freezing
+from ray_uv_plugin.store import accounting, budget, freezing, tree
 from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV
 from ray_uv_plugin.store.layout import installed_ray_version, remove_leftovers, site_packages
 
@@ -105,9 +105,12 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
     try:
         if spec.from_image:  # made first, so that a build without isolation sees the image
             _layered_venv(venv, env, files.path, deadline)
-        result, recorded, compiled = _sync_and_compile(venv, env, sync, logger, deadline)
+        result, recorded, compiled, listed = _sync_and_compile(venv, env, sync, logger, deadline)
         if spec.from_image:  # the image's packages: seen, left out, checked (`agent.image`)
             image.write_pth(venv, image.site_dirs())
+            site_dir = site_packages(venv)
+            assert site_dir is not None  # `write_pth` found it
+            listed.relist([str((site_dir / accounting.IMAGE_PTH).relative_to(venv))])
             extras = None if spec.all_extras else spec.extras
             image.check_venv(venv, request.inputs.selection["image"], left, lock, extras)
         installed = installed_ray_version(venv)
@@ -119,7 +122,7 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
                 "`uv lock`."
             )
         locked = accounting.locked_distributions(_lock_used(request, project_dir))
-        listed = write_manifest(venv, logger, recorded, compiled, locked)
+        made = write_manifest(venv, logger, recorded, compiled, locked, listed)
         try:  # the venv is whole but for its marker: what it adds to the venv dir is known
             budget.make_room(
                 venv, lambda line: logger.info("uv_project %s: %s", venv.name, line), deadline
@@ -129,12 +132,12 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
         except budget.BudgetBusy as e:  # the next try may find the lock free
             raise UvSyncError(str(e), transient=True) from None
         # Its own bytecode read-only (a seed's is linked into other venvs), never uv's files.
-        immutable = freezing.freeze(venv, compiled.paths - recorded.hashes.keys())
+        immutable = freezing.freeze(venv, compiled.paths - recorded.hashes.keys(), listed)
         if os.geteuid() == 0 and not immutable:
             logger.warning("uv_project %s: %s.", venv.name, freezing.unfrozen_note())
         taken = compiled.taken
         built = taken.as_json() if taken else {"how": "full"}
-        write_marker_of(venv, request, result.seconds, immutable, {**listed, "built": built})
+        write_marker_of(venv, request, result.seconds, immutable, {**made, "built": built})
     except OSError as e:
         freezing.remove_tree(venv)
         if e.errno == errno.ENOSPC:
@@ -168,18 +171,19 @@ def _sync_and_compile(
     sync: Callable[[Mapping[str, str]], UvResult],
     logger: logging.Logger,
     deadline: float,
-) -> tuple[UvResult, accounting.Recorded, Bytecode]:
+) -> tuple[UvResult, accounting.Recorded, Bytecode, tree.Tree]:
     """`uv sync` into `venv` without bytecode, the bytecode of the nearest ready venv where one
     may give it (`agent.seeding`), then the modules still without bytecode compiled
     (`agent.bytecode`): so the build knows every `.pyc` it made. Returns uv's result (with the
-    seconds of any second run), the distributions' RECORDs, and the bytecode's record. A seed
-    that cannot be used gives a full build, and the log says why."""
+    seconds of any second run), the distributions' RECORDs, the bytecode's record, and the
+    venv's entries (`store.tree`: listed once, for the manifest and the freeze). A seed that
+    cannot be used gives a full build, and the log says why."""
     compiles = env.get("UV_COMPILE_BYTECODE", "").lower() in ("1", "true", "yes", "on")
     no_bytecode = {**env, "UV_COMPILE_BYTECODE": "0"}
     result = sync(no_bytecode)
     recorded = accounting.read_records(venv)  # uv wrote each as it installed; compiling adds none
     if not compiles:
-        return result, recorded, Bytecode("none", frozenset())
+        return result, recorded, Bytecode("none", frozenset()), tree.collect(venv)
     taken = None
     if seeding.has_candidates(venv.parent, venv.name, interpreter_tag()):
         taken = _seed(venv, recorded, logger)
@@ -191,30 +195,38 @@ def _sync_and_compile(
     if site is None:
         raise UvSyncError(f"uv_project: uv made {venv} without a site-packages dir.")
     start = time.perf_counter()
+    listed = tree.collect(venv)
+    listing = time.perf_counter() - start
     shipped = {f"{venv}/{path}" for path in recorded.hashes if path.endswith(".pyc")}
-    sources = list(bytecode.missing(site, shipped))  # a wheel's own `.pyc`: as uv's step does
+    sources = list(bytecode.missing(listed, site, shipped))  # `shipped`: as uv's step does
     top = len(str(venv)) + 1
-    paths = {bytecode.compiled_path(source)[top:] for source in sources}
+    written = {bytecode.compiled_path(source)[top:] for source in sources}
+    paths = set(written)
     if taken is not None:
         paths.update(taken.known)
     try:
         bytecode.compile_sources(site, sources, env, max(deadline - time.monotonic(), 1.0))
     except bytecode.CompileError as e:
         logger.warning("uv_project %s: %s; uv compiles instead.", venv.name, e)
-        second = sync(env)  # uv's bytecode step: the same sources
+        second = sync(env)  # uv's bytecode step: the same sources, and the venv's `.pth` files
         return (
             replace(second, seconds=result.seconds + second.seconds),
             recorded,
             Bytecode("uv", frozenset(paths), taken),
+            tree.collect(venv),
         )
+    listed.relist({path.rpartition("/")[0] for path in written})  # the `__pycache__` dirs
     logger.info(
-        "uv_project %s: compiled the %d modules %s in %.2fs",
+        "uv_project %s: compiled the %d modules %s in %.2fs (the venv's %d entries listed in "
+        "%.2fs)",
         venv.name,
         len(sources),
         "the seed did not give" if taken is not None else "of the venv",
         time.perf_counter() - start,
+        len(listed.entries),
+        listing,
     )
-    return result, recorded, Bytecode("plugin", frozenset(paths), taken)
+    return result, recorded, Bytecode("plugin", frozenset(paths), taken), listed
 
 
 def _seed(

@@ -15,7 +15,7 @@ from ray_uv_plugin.agent import seeding
 from ray_uv_plugin.agent.project import project_name
 from ray_uv_plugin.agent.request import VenvRequest
 from ray_uv_plugin.agent.uv import UvSyncError
-from ray_uv_plugin.store import accounting, hashed, manifest
+from ray_uv_plugin.store import accounting, hashed, manifest, tree
 from ray_uv_plugin.store.layout import MARKER_FORMAT, site_packages, write_marker
 
 
@@ -44,23 +44,25 @@ def write_manifest(
     recorded: accounting.Recorded,
     compiled: Bytecode,
     locked: Mapping[str, frozenset[str] | None],
+    listed: tree.Tree | None = None,
 ) -> dict[str, Any]:
     """The venv's manifest (`store.manifest`), before it is frozen, once every file in it is
     accounted for (`store.accounting`: a UvSyncError otherwise); returns what the marker
     records of it: its sha256, how its bytecode was made, and the files that differ from their
     distribution's RECORD. Such a file was changed in uv's cache (through another venv's
     hardlink to it), or its wheel's RECORD is wrong (some are): the venv is used here, with a
-    warning, and never sent to another node (`ship.archive.Packer`), which builds its own."""
+    warning, and never sent to another node (`ship.archive.Packer`), which builds its own.
+    `listed`: the venv's entries as the build listed them (`store.tree`), else listed now."""
     start = time.perf_counter()
     index = hashed.Hashed(hashed.fs_clock(venv))
     unread = 0  # bytes known without reading them
     taken = compiled.taken
     heads: dict[str, bytes] = {}  # the headers of the `.pyc` files read
     if taken is None:
-        files = manifest.scan(venv, record=index, heads=heads)
+        files = manifest.scan(venv, record=index, heads=heads, listed=listed)
     else:  # the seed's bytecode was checked as it was linked; uv linked its other files too
         before = taken.hashed.reused if taken.hashed else 0
-        files = manifest.scan(venv, taken.known, taken.hashed, index, heads)
+        files = manifest.scan(venv, taken.known, taken.hashed, index, heads, listed)
         from_index = taken.hashed.reused - before if taken.hashed else 0
         unread = sum(entry.size for _, entry in taken.known.values()) + from_index
     scanned = time.perf_counter()

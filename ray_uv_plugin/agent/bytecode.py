@@ -6,23 +6,26 @@ each `.pyc` it made (`store.accounting`).
 uv's step (`uv sync --compile-bytecode`) walks the whole site-packages and hands every `.py`
 file to `compileall.compile_file` (errors muted, as pip does), in one worker per core. After a
 seed gave the bytecode of every distribution that did not change, that walk is ~44,000 header
-checks in Python workers for a few hundred new files. Here the walk lists each dir's
-`__pycache__` once and only the sources without a `.pyc` of this interpreter are compiled, with
-the same call and the same interpreter (the venv's base one, isolated and without `site`, so no
-`.pth` file of the venv runs), and so the same bytecode: timestamp-checked, or hash-checked
-where `SOURCE_DATE_EPOCH` is set, as `py_compile` decides for both.
+checks in Python workers for a few hundred new files. Here the venv's entries, listed once by
+the build (`store.tree`), give the sources without a `.pyc` of this interpreter, and only they
+are compiled, with the same call and the same interpreter (the venv's base one, isolated and
+without `site`, so no `.pth` file of the venv runs), and so the same bytecode: timestamp-checked,
+or hash-checked where `SOURCE_DATE_EPOCH` is set, as `py_compile` decides for both.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
+
+from ray_uv_plugin.store import tree
 
 # Reads one source path per line of the file it is given; a source that does not compile is
 # left without bytecode, as uv and pip leave it (some wheels vendor Python 2 files).
@@ -39,39 +42,33 @@ class CompileError(RuntimeError):
     """The compile workers failed or ran out of time: the build runs uv's own step instead."""
 
 
-def missing(site: Path, shipped: Collection[str] = ()) -> Iterator[str]:
+def missing(listed: tree.Tree, site: Path, shipped: Collection[str] = ()) -> Iterator[str]:
     """Every regular `.py` file below `site` (not in a `__pycache__`, links not followed)
-    without a `.pyc` of this interpreter: what uv's step would compile. `shipped`: the `.pyc`
-    files a wheel installed (absolute paths, as its RECORD lists them), each compiled again
-    where uv's step would: where its header is not this interpreter's timestamp one of its
-    source (`compileall.compile_file`'s check)."""
+    without a `.pyc` of this interpreter, as `listed` (`store.tree`: the venv's entries) has
+    them: what uv's step would compile. `shipped`: the `.pyc` files a wheel installed (absolute
+    paths, as its RECORD lists them), each compiled again where uv's step would: where its
+    header is not this interpreter's timestamp one of its source (`compileall.compile_file`'s
+    check)."""
     tag = sys.implementation.cache_tag
-    stack = [str(site)]
-    while stack:
-        folder = stack.pop()
-        sources = []
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    if entry.name != "__pycache__":
-                        stack.append(entry.path)
-                elif entry.name.endswith(".py") and entry.is_file(follow_symlinks=False):
-                    sources.append(entry.name)
-        if not sources:
+    below = os.path.relpath(site, listed.root)
+    prefix = "" if below == "." else f"{below}/"
+    entries = listed.entries
+    for rel, st in entries.items():
+        if not (rel.endswith(".py") and rel.startswith(prefix) and stat.S_ISREG(st.st_mode)):
             continue
-        cache = os.path.join(folder, "__pycache__")
-        try:
-            compiled = set(os.listdir(cache))
-        except (FileNotFoundError, NotADirectoryError):
-            compiled = set()
-        for name in sources:
-            pyc = f"{name[:-3]}.{tag}.pyc"
-            if pyc not in compiled:
-                yield os.path.join(folder, name)
-            elif shipped and f"{cache}/{pyc}" in shipped:
-                source = os.path.join(folder, name)
-                if not _fresh(f"{cache}/{pyc}", source):
-                    yield source
+        folder, _, name = rel.rpartition("/")
+        if "/__pycache__/" in f"/{folder[len(prefix) :]}/":
+            continue  # uv's step does not look into a `__pycache__`
+        cache = f"{folder}/__pycache__" if folder else "__pycache__"
+        pyc = f"{cache}/{name[:-3]}.{tag}.pyc"
+        if pyc not in entries:
+            yield listed.path(rel)
+        elif (
+            shipped
+            and listed.path(pyc) in shipped
+            and not _fresh(listed.path(pyc), listed.path(rel))
+        ):
+            yield listed.path(rel)
 
 
 def _fresh(pyc: str, source: str) -> bool:

@@ -17,6 +17,8 @@ import sys
 from collections.abc import Collection
 from pathlib import Path
 
+from ray_uv_plugin.store import tree
+
 _FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS, _FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10
 
 
@@ -41,7 +43,7 @@ def _set_immutable(directory: str, on: bool) -> bool:
         os.close(fd)
 
 
-def freeze(venv: Path, own: Collection[str] = ()) -> bool:
+def freeze(venv: Path, own: Collection[str] = (), listed: tree.Tree | None = None) -> bool:
     """After a build: nobody but its owner may change anything, and its directories are
     read-only, so that a worker cannot add, replace or remove a file by accident. The top dir
     is left to the caller, which writes the marker into it first.
@@ -55,21 +57,22 @@ def freeze(venv: Path, own: Collection[str] = ()) -> bool:
     gave, every file a receiver wrote), lose every write bit: a seed's `.pyc` is hardlinked into
     the venvs seeded from it, and a write in place to it in one venv would change them all.
     (A manifest's mode, `manifest.file_mode`, has the owner's write bit whatever the file's.)
+    `listed`: the venv's entries as its build listed them (`store.tree`), else listed now; the
+    plugin's own top-level files written since are made without group or other write bits.
     """
     immutable = os.geteuid() == 0
-    top = len(str(venv)) + 1
-    for dirpath, dirnames, filenames in os.walk(venv, topdown=False):
-        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            drop = 0o222 if path[top:] in own else 0o022
+    if listed is None:
+        listed = tree.collect(venv)
+    entries = list(listed.entries.items())
+    for rel, st in entries:
+        if stat.S_ISREG(st.st_mode):
+            drop = 0o222 if rel in own else 0o022
             if st.st_mode & drop:
-                os.chmod(path, stat.S_IMODE(st.st_mode) & ~drop)
-        if dirpath != str(venv):
-            os.chmod(dirpath, stat.S_IMODE(os.lstat(dirpath).st_mode) & ~0o222)
-            immutable = immutable and _set_immutable(dirpath, True)
+                os.chmod(listed.path(rel), stat.S_IMODE(st.st_mode) & ~drop)
+    for rel, st in reversed(entries):  # a dir after what it holds
+        if stat.S_ISDIR(st.st_mode):
+            os.chmod(listed.path(rel), stat.S_IMODE(st.st_mode) & ~0o222)
+            immutable = immutable and _set_immutable(listed.path(rel), True)
     return immutable
 
 

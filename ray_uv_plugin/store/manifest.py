@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from ray_uv_plugin.store import trust
+from ray_uv_plugin.store import tree, trust
 from ray_uv_plugin.store.hashed import Hashed
 
 MANIFEST = ".ray-uv-ready.manifest"
@@ -102,16 +102,13 @@ def read_file(path: str) -> tuple[os.stat_result, str, bytes]:
         return st, hashlib.file_digest(f, "sha256").hexdigest(), head
 
 
-def _walk_error(error: OSError) -> None:
-    raise error
-
-
 def scan(
     venv: Path,
     known: Mapping[str, tuple[int, Entry]] | None = None,
     reuse: Hashed | None = None,
     record: Hashed | None = None,
     heads: dict[str, bytes] | None = None,
+    listed: tree.Tree | None = None,
 ) -> Files:
     """Every entry below `venv` (never following a link), each file read and hashed: a build's
     one pass over its venv. A special file (a FIFO, a device) is an error: a venv has none.
@@ -120,34 +117,32 @@ def scan(
     index of inodes hashed before and unchanged since (`store.hashed`: a seed's, whose files
     uv linked from the same cache), not read again either. `record`: an index to fill with
     every file's hash, its clock taken before the scan began. `heads`: filled with the first 16
-    bytes of each `.pyc` file read (its header, `store.accounting`)."""
+    bytes of each `.pyc` file read (its header, `store.accounting`). `listed`: the venv's
+    entries as the build listed them (`store.tree`), else they are listed now."""
     known = known or {}
+    if listed is None:
+        listed = tree.collect(venv)
     files: Files = {}
-    for dirpath, dirnames, filenames in os.walk(venv, onerror=_walk_error):
-        rel = os.path.relpath(dirpath, venv)
-        for name in dirnames + filenames:
-            if rel == "." and own(name):
-                continue
-            path = os.path.join(dirpath, name)
-            key = name if rel == "." else f"{rel}/{name}"
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                files[key] = link_entry(os.readlink(path))
-            elif stat.S_ISDIR(st.st_mode):
-                files[key] = DIR
-            elif stat.S_ISREG(st.st_mode):
-                inode, entry = known.get(key, (None, None))
-                if entry is not None and inode == st.st_ino and entry.size == st.st_size:
-                    sha = entry.content
-                elif reuse is None or (sha := reuse.sha256(st)) is None:
-                    st, sha, head = read_file(path)
-                    if heads is not None and name.endswith(".pyc"):
-                        heads[key] = head
-                files[key] = file_entry(st.st_mode, st.st_size, sha)
-                if record is not None:
-                    record.add(st, sha)
-            else:
-                raise ManifestError(f"{path}: a venv holds only files, dirs and links")
+    for key, st in listed.entries.items():
+        if "/" not in key and own(key):
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            files[key] = link_entry(os.readlink(listed.path(key)))
+        elif stat.S_ISDIR(st.st_mode):
+            files[key] = DIR
+        elif stat.S_ISREG(st.st_mode):
+            inode, entry = known.get(key, (None, None))
+            if entry is not None and inode == st.st_ino and entry.size == st.st_size:
+                sha = entry.content
+            elif reuse is None or (sha := reuse.sha256(st)) is None:
+                st, sha, head = read_file(listed.path(key))
+                if heads is not None and key.endswith(".pyc"):
+                    heads[key] = head
+            files[key] = file_entry(st.st_mode, st.st_size, sha)
+            if record is not None:
+                record.add(st, sha)
+        else:
+            raise ManifestError(f"{listed.path(key)}: a venv holds only files, dirs and links")
     return files
 
 

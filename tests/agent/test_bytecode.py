@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ray_uv_plugin.agent import bytecode
+from ray_uv_plugin.store import tree
 
 
 def _pyc(source: Path) -> Path:
@@ -39,7 +40,7 @@ def _tree(site: Path) -> dict[str, Path]:
 def test_only_the_modules_without_bytecode_are_compiled(tmp_path, monkeypatch) -> None:
     site = tmp_path / "site-packages"
     files = _tree(site)
-    listed = sorted(bytecode.missing(site))
+    listed = sorted(bytecode.missing(tree.collect(site), site))
     expected = sorted(str(files[n]) for n in ("top", "init", "deep", "broken"))
     assert listed == expected
     bytecode.compile_sources(site, listed, dict(os.environ), timeout=120)
@@ -52,10 +53,10 @@ def test_only_the_modules_without_bytecode_are_compiled(tmp_path, monkeypatch) -
         assert int.from_bytes(data[8:12], "little") == int(files[name].stat().st_mtime)
     assert _pyc(files["done"]).read_bytes() == b"already here"
     assert not _pyc(files["broken"]).exists()  # left as uv leaves it
-    assert list(bytecode.missing(site)) == [str(files["broken"])]
+    assert list(bytecode.missing(tree.collect(site), site)) == [str(files["broken"])]
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert list(bytecode.missing(empty)) == []
+    assert list(bytecode.missing(tree.collect(empty), empty)) == []
     monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
     bytecode.compile_sources(empty, [], {}, 10)  # no worker started
 
@@ -68,7 +69,8 @@ def test_no_pth_file_of_the_venv_runs_while_it_compiles(tmp_path) -> None:
     flag = tmp_path / "ran"
     (site / "evil.pth").write_text(f"import os; open({str(flag)!r}, 'w')\n")
     env = {**os.environ, "PYTHONPATH": str(site)}
-    bytecode.compile_sources(site, list(bytecode.missing(site)), env, timeout=120)
+    sources = list(bytecode.missing(tree.collect(site), site))
+    bytecode.compile_sources(site, sources, env, timeout=120)
     assert _pyc(site / "m.py").exists() and not flag.exists()
 
 
