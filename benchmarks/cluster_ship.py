@@ -25,17 +25,19 @@ from PyPI for this interpreter) and `slowbuild`, an sdist whose build backend sl
 `--nodes`: the time until every node is ready, the index's bytes, the bytes each host sent (the
 bridge ports' counters: the source node's show whether receivers pull from each other), how busy
 the host's cores were, and two lower bounds for shipping (`benchmarks.bounds`): the link bound,
-the first node's build plus the venv's stream over one node's link, and the CPU bound, the first
-node's build plus the CPU-seconds the receiving nodes' processes used after it (sampled from
-/proc every second under each node's `ray start`, summed over the receivers) divided by the
-host's cores; a ship is judged against the larger.
+the first node's build plus the venv's stream over one node's link, and the data-plane floor,
+the first node's build plus the least work any code must do to ship it (a tar pipe with sha256
+from the source node to a receiver over their links, and a plain actor's start, measured apart
+from the plugin on the same cluster: `benchmarks.data_plane`) spread over the host's cores; a
+ship is judged against the larger. The CPU each node used is recorded beside them.
 
     uv run python -m benchmarks.cluster_ship --netns --nodes 2,4,8 --json out.json --plot out.png
 
 The pieces: `package_set` (the wheels, `slowbuild`, the PyPI mirror and the project),
 `counting_index` (the index), `raylets` (the cluster and `ray-uv prepare` on it),
-`cluster_ship_netns` (the simulated cluster's run), `cluster_ship_report` (summary and charts);
-this module is the one-host mode and the command line.
+`cluster_ship_netns` (the simulated cluster's run), `data_plane` (the floor's figures),
+`cluster_ship_report` (summary and charts); this module is the one-host mode and the command
+line.
 """
 
 from __future__ import annotations

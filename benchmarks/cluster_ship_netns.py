@@ -1,8 +1,9 @@
 """`cluster_ship --netns`: the simulated cluster, each raylet and the index in a network
 namespace with a shaped link (`benchmarks.netns`) and a disk of its own (`benchmarks.node_disks`).
 For each N, a fresh cluster per mode (per-node sync, ship): the time until every node is ready,
-what each link carried, the CPU the nodes used, and the ship's link and CPU bounds
-(`benchmarks.bounds`)."""
+what each link carried, the CPU the nodes used, and the ship's link bound and data-plane floor
+(`benchmarks.bounds`), the floor's figures measured on the same cluster after the ship
+(`benchmarks.data_plane`)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from typing import Any
 
 import ray
 
-from benchmarks import netns, node_disks
-from benchmarks.bounds import HostCpu, NodeCgroups, NodeCpu, cpu_bound, link_bound
+from benchmarks import data_plane, netns, node_disks
+from benchmarks.bounds import HostCpu, NodeCgroups, NodeCpu, data_plane_floor, link_bound
 from benchmarks.cluster_ship_report import summarize_netns
 from benchmarks.counting_index import CountingIndex
 from benchmarks.package_set import (
@@ -26,7 +27,7 @@ from benchmarks.package_set import (
     mirror_pypi,
     write_project,
 )
-from benchmarks.raylets import du, prepare, raylets, remove
+from benchmarks.raylets import Cluster, driver_env, du, prepare, raylets, remove
 from ray_uv_plugin.agent.uv import uv_version
 
 NODE_MBIT = 1000  # each simulated node's link, both ways
@@ -66,6 +67,7 @@ def netns_scenario(
             after = net.counters()
             served = index.served
             venv_sizes = [du(p) for p in work.glob("node*/venvs/*") if p.is_dir()]
+            floor = measure_floor(cluster, hosts, work, per_node) if ship else None
     finally:
         cgroups.remove()
     links = {
@@ -100,14 +102,53 @@ def netns_scenario(
         run["stream_bytes"] = stream
         run["first_build_seconds"] = first_build
         run["bound_seconds"] = link_bound(first_build, stream, NODE_MBIT)
-        # Each node's CPU seconds from the first build's end (the source node's first): the
-        # receivers' sum over the host's cores is the CPU bound (`benchmarks.bounds`).
-        run["node_cpu_seconds_after_build"] = after_build = node_cpu.used(first_build)
-        run["cpu_bound_seconds"] = cpu_bound(first_build, after_build[1:], os.cpu_count() or 1)
+        # Each node's CPU seconds from the first build's end (the source node's first): where
+        # the ship's time went, not a bound (it rises with the code's overheads).
+        run["node_cpu_seconds_after_build"] = node_cpu.used(first_build)
+        if floor:
+            run["data_plane"] = floor
+            run["floor_seconds"] = data_plane_floor(
+                first_build, nodes - 1, floor["pipe_seconds"], floor["send_cpu_seconds"],
+                floor["receive_cpu_seconds"], floor["worker_start_cpu_seconds"],
+                os.cpu_count() or 1,
+            )  # fmt: skip
         # How busy the host was after the first build: the ship's share of the run.
         run["host_cpu_busy_after_build"] = host_cpu.mean(first_build, ready)
     remove(work)
     return run
+
+
+def measure_floor(
+    cluster: Cluster, hosts: list[netns.Host], work: Path, per_node: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """The data plane's figures for this cluster (`benchmarks.data_plane`), after the ship: the
+    built venv's bytes piped from the source node to the first receiver's disk over their
+    links, and a plain actor's start on that receiver. None without a build and a receiver."""
+    built = [n for n in per_node if n["outcome"] == "built"]
+    shipped = [n for n in per_node if n["outcome"] == "shipped"]
+    if not built or not shipped:
+        return None
+    by_ip = {h.ip: i for i, h in enumerate(hosts)}
+    source, receiver = by_ip[built[0]["address"]], by_ip[shipped[0]["address"]]
+    dest = work / f"node{receiver}" / "data-plane-floor"
+    measured = data_plane.pipe(
+        work / f"node{source}" / "venvs" / built[0]["key"],
+        dest,
+        hosts[receiver].ip,
+        tuple(hosts[source].exec()),
+        tuple(hosts[receiver].exec()),
+    )
+    remove(dest)
+    node_id = shipped[0]["node_id"]
+    start = data_plane.worker_start(cluster.driver, cluster.gcs, node_id, driver_env())
+    return {
+        "pipe_bytes": measured.bytes,
+        "pipe_seconds": measured.seconds,
+        "send_cpu_seconds": measured.send_cpu_seconds,
+        "receive_cpu_seconds": measured.receive_cpu_seconds,
+        "worker_start_seconds": start["seconds"],
+        "worker_start_cpu_seconds": start["cpu_seconds"],
+    }
 
 
 def run_netns(args: argparse.Namespace) -> dict[str, Any]:
