@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ray_uv_plugin.store import holds, inventory, trust
+from ray_uv_plugin.store import holds, inventory, phases, trust
 from ray_uv_plugin.store.disk import DiskUsage, ReadyTrees, measure
 from ray_uv_plugin.store.inventory import BROKEN, BUILDING, INCOMPLETE, UNTRUSTED, Other, VenvEntry
 from ray_uv_plugin.store.layout import lock_path
@@ -271,6 +271,7 @@ def collect(
         report.garbage, failed = remove_garbage(root, inv.garbage)
         report.leftovers += failed
         holds.remove_dead(root)  # records of agents that died: they hold nothing
+        phases.remove_stale(root)  # phase records whose writer is gone
     gone = [p for d in report.removed for p in (d.entry.path, locks[d.entry.path])]
     kept = [p for d in report.kept for p in (d.entry.path, locks[d.entry.path])]
     stays = kept + near + [o.path for o in report.leftovers]

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ray_uv_plugin.store import build_slots, holds, trust
+from ray_uv_plugin.store import build_slots, holds, phases, trust
 from ray_uv_plugin.store.layout import (
     KEY_LENGTH,
     MARKER,
@@ -330,6 +330,8 @@ def _classify(root: Path, name: str, users: Mapping[str, set[int]], inv: Invento
         return  # ours, and no venv: a build's ticket or the budget's lock, never garbage
     if holds.is_record(name):
         return  # ours, and no venv: its venv counts it as a use; `gc` removes the dead ones
+    if phases.is_record(name):
+        return  # ours, and no venv: what a build does now; `gc` removes the stale ones
     if KEY_PATTERN.match(name):
         found = _venv(root, name, users)
         if isinstance(found, VenvEntry):

@@ -22,6 +22,8 @@ Layout under the venv dir (`RAY_UV_PLUGIN_VENV_DIR`, absolute, private to this u
     .budget.lock           held while a build makes room within the venv dir's budget (`budget`)
     .held-<key>-<pid>-<random>  a record that Ray's agent <pid> holds <key> for a live job
                            (`holds`): flocked while it does, then removed; `gc` keeps <key>
+    .phase-<key>           what the build or receive of <key> that holds its lock is doing now,
+                           or why the last one failed (`phases`), for the readiness view
 
 A ready venv is checked on every use (a few `stat`s): trusted, marker whole and naming its key,
 interpreter and site-packages present; if not, it is rebuilt.
@@ -53,6 +55,7 @@ SHIP_INFIX = ".ship-"  # `<key>.ship-XXXX`: a venv being received, never used as
 BUILD_TICKET_PREFIX = ".build-"  # `.build-<time>-<pid>-<random>`: a build's ticket
 BUDGET_LOCK = ".budget.lock"  # held while a build makes room within the budget
 HELD_PREFIX = ".held-"  # `.held-<key>-<pid>-<random>`: Ray's agent holds <key> for a job
+PHASE_PREFIX = ".phase-"  # `.phase-<key>`: what a build or receive of <key> does now (`phases`)
 DIST_INFO = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)\.dist-info$")
 
 

@@ -1,0 +1,137 @@
+"""Which nodes have an env ready, and what the others are doing: the readiness view.
+
+One zero-CPU task per node, pinned there (`NodeAffinitySchedulingStrategy`, hard) and run on
+the node's own Ray Python with the plugin, never in the env's venv: it makes the key there from
+the `uv_project` value as the node's plugin would for a request (`make_request`: the node's
+interpreter, uv and settings), then reads where that key stands in the node's venv dir
+(`store.setup_state`). Nothing is built, received or marked used. `ray-uv status` shows it;
+worker groups place ranks by it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ray_uv_plugin.cluster.connect import clean_error
+
+STATES = ("ready", "queued", "building", "receiving", "failed", "absent")
+
+
+class ReadinessError(RuntimeError):
+    """The view cannot be asked from this job; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class NodeSetup:
+    """Where one node stands with one env. `key`: the env's key on that node (None where it
+    could not be made there: `cause` says why)."""
+
+    node_id: str
+    address: str
+    key: str | None
+    state: str  # ready | queued | building | receiving | failed | absent
+    how: str | None = None  # ready: built, seeded or shipped
+    phase: str | None = None  # building, receiving: the phase now
+    seconds: float | None = None  # in that phase (or queued) so far
+    bytes: int | None = None  # so far
+    source: str | None = None  # receiving: the host it comes from
+    cause: str | None = None  # failed: why
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def as_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def setup_here(value: Mapping[str, Any] | None, key: str | None) -> dict[str, Any]:
+    """On a node: the key of `value` there (or `key` as given), and where it stands in the
+    venv dir, as `NodeSetup`'s fields less the node's. The runtime_env's working_dir, if any,
+    is this worker's cwd, as it is the plugin's project dir for a request."""
+    import ray
+
+    from ray_uv_plugin.store import trust
+    from ray_uv_plugin.store.layout import venv_root
+    from ray_uv_plugin.store.setup_state import read_setup
+
+    try:
+        if key is None:
+            key = _key_here(dict(value or {}), ray.get_runtime_context().runtime_env)
+    except Exception as e:  # noqa: BLE001 - the request would fail the same way: its cause
+        return {"key": None, "state": "failed", "cause": f"no key here: {e}"}
+    root = venv_root()
+    if not os.path.lexists(root):
+        return {"key": key, "state": "absent"}
+    trust.check_root(root)
+    return {"key": key, **read_setup(root, key).as_json()}
+
+
+def _key_here(value: dict[str, Any], runtime_env: Mapping[str, Any]) -> str:
+    from ray_uv_plugin.agent.project import load_project, resolve_project_dir
+    from ray_uv_plugin.agent.request import make_request
+    from ray_uv_plugin.agent.spec import parse_spec
+
+    spec = parse_spec(value)
+    uri = runtime_env.get("working_dir")
+    working_dir = os.getcwd() if uri else None
+    uploaded = spec.project is None and not str(uri).startswith("local://")
+    files = load_project(resolve_project_dir(spec, working_dir), uploaded=uploaded)
+    return make_request(spec, files, runtime_env.get("env_vars") or {}).key
+
+
+def node_setups(
+    uv_project: Mapping[str, Any] | None = None,
+    *,
+    key: str | None = None,
+    nodes: Iterable[str] | None = None,
+    timeout: float = 30.0,
+) -> dict[str, NodeSetup]:
+    """Where each node stands with the env of the `uv_project` value (a dict, `UvProject` or
+    `prepare.UvEnv`), or with `key` as given: node id -> its `NodeSetup`, for `nodes` (ids;
+    default every alive node). Needs a connected driver; the value's project is found on each
+    node as a request's is (the job's working_dir, or its `project` path). A node that does not
+    answer within `timeout` seconds, or cannot read its venv dir, is `failed` with why."""
+    import ray
+
+    from ray_uv_plugin.cluster.prepare import UvEnv, alive_nodes
+    from ray_uv_plugin.ship.launch import actors_env, pinned, refused_by_job
+
+    if (uv_project is None) == (key is None):
+        raise ValueError("node_setups: give a uv_project value or a key, one of them")
+    value = None if uv_project is None else dict(UvEnv.of(uv_project).value)  # checked here
+    if refused := refused_by_job():
+        raise ReadinessError(
+            f"node_setups cannot read the nodes from this job: {refused}. Ask from a driver "
+            "whose job has no uv_project of its own."
+        )
+    addresses = dict(alive_nodes())
+    wanted = list(addresses) if nodes is None else list(nodes)
+    task = ray.remote(num_cpus=0, max_retries=0)(setup_here)
+    env = actors_env(None)
+    refs = {
+        task.options(**pinned(node, env)).remote(value, key): node
+        for node in wanted
+        if node in addresses
+    }
+    done, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+    found: dict[str, NodeSetup] = {}
+    for node in wanted:
+        if node not in addresses:
+            found[node] = NodeSetup(node, "", None, "failed", cause="not an alive node")
+    for ref in pending:
+        ray.cancel(ref, force=True)
+        node = refs[ref]
+        cause = f"the node did not answer within {timeout:.0f}s"
+        found[node] = NodeSetup(node, addresses[node], None, "failed", cause=cause)
+    for ref in done:
+        node = refs[ref]
+        try:
+            fields = ray.get(ref)
+        except Exception as e:  # noqa: BLE001 - the node's error is its result
+            fields = {"key": None, "state": "failed", "cause": clean_error(e)}
+        found[node] = NodeSetup(node, addresses[node], **fields)
+    return {node: found[node] for node in wanted}

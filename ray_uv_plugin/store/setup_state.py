@@ -1,0 +1,86 @@
+"""Where one key stands in one venv dir: ready, queued, building, receiving, failed or absent.
+
+Read from the venv dir and the plugin's own records alone, never guessed: the venv's marker
+(`layout.check_ready`, without marking a use), the key's build lock (held while a build or a
+receive runs), the phase record its holder keeps (`phases`), and that holder's build-slot
+ticket. A record whose writer is gone (the lock free) says nothing, but a `failed` one, which
+its writer left as it gave up. `cluster.readiness` asks every node; `ray-uv status` shows it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ray_uv_plugin.store import phases
+from ray_uv_plugin.store.build_slots import TICKET, flock_held
+from ray_uv_plugin.store.layout import check_ready
+
+# The marker's `built.how` -> how a ready venv was made.
+MADE = {"full": "built", "seeded": "seeded", "shipped": "shipped"}
+
+
+@dataclass(frozen=True)
+class SetupState:
+    """One key in one venv dir. `seconds`: in the phase (or queued) so far, by the venv dir's
+    host clock; `bytes`: so far (a receive's stream, a build's downloads as uv reports them)."""
+
+    state: str  # ready | queued | building | receiving | failed | absent
+    how: str | None = None  # ready: built, seeded, shipped (or what an older marker says)
+    phase: str | None = None
+    seconds: float | None = None
+    bytes: int | None = None
+    source: str | None = None  # receiving: the host it comes from
+    cause: str | None = None  # failed: why; absent: what is wrong with a venv there
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def made_how(marker: Any) -> str | None:
+    """How a ready venv was made, from its marker's `built` (None: an older marker's)."""
+    built = marker.get("built") if isinstance(marker, dict) else None
+    how = built.get("how") if isinstance(built, dict) else None
+    return MADE.get(how, how) if isinstance(how, str) else None
+
+
+def read_setup(root: Path, key: str, now: float | None = None) -> SetupState:
+    """Where `key` stands in the venv dir `root`. Raises `trust`'s errors for a venv dir or
+    venv we must not read, as every use of it does."""
+    now = time.time() if now is None else now
+    ready = check_ready(root, key, use=False)
+    if ready:
+        return SetupState("ready", how=made_how(ready.marker))
+    record = phases.read_record(root, key)
+    if phases.writer_alive(root, key):
+        if record is None:  # being written, or its writer could not write one
+            return SetupState("building")
+        return _live(root, record, now)
+    if record is not None and record["state"] == "failed":
+        return SetupState("failed", phase=record.get("phase"), cause=str(record.get("cause")))
+    why = ready.why_not
+    return SetupState("absent", cause=None if why == "absent" else why)
+
+
+def _live(root: Path, record: dict[str, Any], now: float) -> SetupState:
+    """A live writer's record: a queued one only while its build-slot ticket is held."""
+    state = record["state"]
+    if state == "failed":  # failed, and the lock taken again since: a new try
+        return SetupState("building")
+    ticket = record.get("ticket")
+    queued = isinstance(ticket, str) and TICKET.match(ticket) and flock_held(root / ticket, False)
+    if state == "queued" and not queued:
+        state = "building"  # it got its slot: the builder writes its first phase next
+        record = {**record, "phase": None}
+    since = record.get("since")
+    amount = record.get("bytes")
+    source = record.get("source")
+    return SetupState(
+        state,
+        phase=record.get("phase") if isinstance(record.get("phase"), str) else None,
+        seconds=round(max(now - since, 0.0), 1) if isinstance(since, (int, float)) else None,
+        bytes=amount if isinstance(amount, int) else None,
+        source=source if isinstance(source, str) else None,
+    )
