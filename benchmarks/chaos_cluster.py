@@ -4,9 +4,11 @@ node's venv dir (and uv cache) on a small loop device, and a package index on a 
 Built from the pieces of `cluster_ship --netns` (`netns`, `node_disks`, its `CountingIndex`
 and PyPI mirror, its token), with one difference: a node can be restarted. A SIGKILLed raylet
 or runtime-env agent takes its node down (`ray start --block` then stops the rest), so the run
-starts that node's `ray start` again before the next round. Everything is stopped by the pids
-the run started (each `ray start --block` leads a process group) and by the namespaces, which
-only this run's processes can be in; `ray stop` is never used.
+starts that node's `ray start` again before the next round; a head restarted (a new GCS, with
+no fault tolerance: a cluster of its own) has the other nodes started again too. Node 1's
+processes read the wall clock through `clock_skew`'s library when it can be built. Everything
+is stopped by the pids the run started (each `ray start --block` leads a process group) and by
+the namespaces, which only this run's processes can be in; `ray stop` is never used.
 """
 
 from __future__ import annotations
@@ -17,17 +19,26 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import ray_uv_plugin
-from benchmarks import netns
+from benchmarks import clock_skew, netns
 from benchmarks.raylets import BIN, CLUSTER_AUTH, driver_env, free_ports
 
 NODES = 3
 LOOP_NODE = 2  # the node whose venv dir and uv cache sit on a small loop device
 NODE_MBIT = 200  # slow enough that a venv's stream lasts seconds: a window for ship faults
 BUILD_TIMEOUT_S = 240  # the nodes' RAY_UV_PLUGIN_BUILD_TIMEOUT_S: the bound for a held lock
+SKEWED_NODE = 1  # the node whose wall clock a clock_skew fault moves
+# The GCS counts a node dead after 5 failed health checks of 2 s every 2 s (about 20 s: Ray's
+# defaults take a minute, past a round's window); a raylet or driver that lost the GCS gives up
+# after 20 s (a restarted head is a new cluster: they cannot rejoin it).
+HEALTH = {
+    "RAY_health_check_period_ms": "2000", "RAY_health_check_timeout_ms": "2000",
+    "RAY_health_check_failure_threshold": "5", "RAY_gcs_rpc_server_reconnect_timeout_s": "20",
+}  # fmt: skip
 
 
 @dataclass
@@ -38,6 +49,8 @@ class Node:
     uv_cache: Path
     proc: subprocess.Popen | None = None
     starts: int = 0
+    extra_env: dict[str, str] = field(default_factory=dict)  # node 1's clock library
+    gcs: str = ""  # the GCS it joined at its last start
 
     @property
     def alive(self) -> bool:
@@ -53,6 +66,8 @@ class Node:
         env["RAY_UV_PLUGIN_BUILD_TIMEOUT_S"] = str(BUILD_TIMEOUT_S)
         env["UV_CACHE_DIR"] = str(self.uv_cache)
         env["UV_COMPILE_BYTECODE"] = "0"  # builds of seconds, not minutes, on 2 shared cores
+        env.update(HEALTH)
+        env.update(self.extra_env)
         return env
 
 
@@ -63,6 +78,7 @@ class ChaosCluster:
     temp: Path  # Ray's temp dir (the head's --temp-dir; short: socket paths)
     gcs: str = ""
     procs: list[subprocess.Popen] = field(default_factory=list)  # every `ray start` made
+    clock: clock_skew.Clock | None = None  # node 1's wall clock (None: cannot be made here)
 
     @property
     def driver_prefix(self) -> list[str]:
@@ -85,6 +101,7 @@ class ChaosCluster:
             args += ["--include-dashboard=false", f"--ray-client-server-port={p[7]}"]
         else:
             args += [f"--address={self.gcs}"]
+        node.gcs = self.gcs
         log = open(self.temp.parent / f"ray-start-{node.index}-{node.starts}.log", "w")  # noqa: SIM115
         node.proc = subprocess.Popen(
             args, env=node.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -108,22 +125,42 @@ class ChaosCluster:
         lines = out.stdout.strip().splitlines()
         return set(lines[-1].split()) if out.returncode == 0 and lines else None
 
+    def restart_head(self, keep: Iterable[int] = ()) -> None:
+        """The head's `ray start` stopped (its processes SIGKILLed) and started again: a new
+        GCS at a new address (`gcs`). The drivers (`keep`: their pids) live on, as on a real
+        head; the other nodes are left to `heal`."""
+        head = self.nodes[0]
+        if head.proc is not None:
+            _kill_group(head.proc, signal.SIGKILL)
+        self.stop(head, keep)
+        self.start(head)
+
     def heal(self, timeout: float = 300, grace: float = 20) -> list[int]:
-        """Start again every node whose `ray start` ended, or that the GCS has counted dead
+        """Start again the head if it is down, then every node whose `ray start` ended, that
+        joined another GCS than today's (a head restarted), or that the GCS has counted dead
         for `grace` seconds (a raylet it gave up on while it was stopped or cut off); wait until
-        the GCS counts every node alive. The head is never a target of a kill. Returns the
-        nodes restarted."""
-        if not self.nodes[0].alive:
-            raise RuntimeError("the head node is down: the run cannot go on")
+        the GCS counts every node alive. Returns the nodes restarted."""
         restarted: list[int] = []
+        if not self.nodes[0].alive:
+            self.stop(self.nodes[0])
+            self.start(self.nodes[0])
+            restarted.append(0)
         missing_since: dict[int, float] = {}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             ips = self.alive_ips()
             now = time.monotonic()
-            if ips is not None and all(n.host.ip in ips and n.alive for n in self.nodes):
+            if ips is not None and all(
+                n.host.ip in ips and n.alive and n.gcs == self.gcs for n in self.nodes
+            ):
                 return restarted
             for node in self.nodes[1:]:
+                if ips is not None and node.gcs != self.gcs:  # the new head answers
+                    self.stop(node)
+                    self.start(node)
+                    restarted.append(node.index)
+                    missing_since[node.index] = now + 180
+                    continue
                 if ips is not None and node.host.ip in ips and node.alive:
                     missing_since.pop(node.index, None)
                     continue
@@ -136,13 +173,14 @@ class ChaosCluster:
             time.sleep(2)
         raise RuntimeError(f"the cluster did not come back to {len(self.nodes)} nodes")
 
-    def stop(self, node: Node) -> None:
+    def stop(self, node: Node, keep: Iterable[int] = ()) -> None:
         """Stop what `node`'s `ray start` leads (its process group), and what is left in its
-        namespace of that start (a raylet's orphans)."""
+        namespace of that start (a raylet's orphans), but the sessions of `keep`'s pids."""
         if node.proc is not None:
             _kill_group(node.proc)
+        sessions = {_session(p) for p in keep}
         for pid in in_namespace(node.host):
-            if _ray_process(pid):
+            if _ray_process(pid) and _session(pid) not in sessions:
                 _signal(pid, signal.SIGKILL)
 
     def close(self) -> None:
@@ -158,8 +196,8 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGCONT, signal.SIGTERM):
+def _kill_group(proc: subprocess.Popen, last: int = signal.SIGTERM) -> None:
+    for sig in (signal.SIGCONT, last):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -172,6 +210,13 @@ def _kill_group(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
         proc.wait(timeout=20)
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
 
 
 def _ray_process(pid: int) -> bool:

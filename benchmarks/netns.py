@@ -159,6 +159,25 @@ def shape(ns: str, dev: str, mbit: int) -> None:
           "burst", BURST, "latency", QUEUE_LATENCY])  # fmt: skip
 
 
+@contextmanager
+def cut(a: Host, b: Host) -> Iterator[None]:
+    """`a` and `b` cannot reach each other (a blackhole route to the other in each namespace)
+    while the block runs; each still reaches every other host. This kernel has no netfilter
+    here (no iptables, nft): a route is what cuts one peer off."""
+    made = []
+    try:
+        for here, there in ((a, b), (b, a)):
+            _ip("-n", here.ns, "route", "add", "blackhole", f"{there.ip}/32")
+            made.append((here, there))
+        yield
+    finally:
+        for here, there in made:
+            subprocess.run(
+                ["ip", "-n", here.ns, "route", "del", "blackhole", f"{there.ip}/32"],
+                capture_output=True,
+            )
+
+
 def namespaces() -> list[str]:
     out = subprocess.run(["ip", "-j", "netns", "list"], capture_output=True, text=True)
     try:

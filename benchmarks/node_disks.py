@@ -65,9 +65,12 @@ def _unmount(path: Path) -> str | None:
 
 
 @contextmanager
-def mounted(paths: list[Path], images: Path, size: str = SIZE) -> Iterator[None]:
+def mounted(
+    paths: list[Path], images: Path, size: str = SIZE, reserved_percent: int = 5
+) -> Iterator[None]:
     """Each of `paths` (made here) the mount point of its own fresh ext4 of `size`, its image
-    in `images`; all unmounted and removed when the block ends."""
+    in `images`; all unmounted and removed when the block ends. `reserved_percent`: the blocks
+    kept for root (`mkfs.ext4 -m`; 0: a full disk is full for root too)."""
     made: list[tuple[Path, Path]] = []
     try:
         for path in paths:
@@ -76,7 +79,8 @@ def mounted(paths: list[Path], images: Path, size: str = SIZE) -> Iterator[None]
             with open(image, "xb") as f:
                 f.truncate(_bytes(size))
             made.append((path, image))
-            _run("mkfs.ext4", "-q", "-F", "-E", "nodiscard", str(image))
+            reserve = str(reserved_percent)
+            _run("mkfs.ext4", "-q", "-F", "-m", reserve, "-E", "nodiscard", str(image))
             _run("mount", "-o", "loop", str(image), str(path))
         yield
     finally:

@@ -1,0 +1,188 @@
+"""The chaos run's faults (`benchmarks.chaos_faults`) and what they are made with: the plan
+keeps nodes 1 and 2 up while builds, ships and fills are hit, a fill leaves root without room,
+a cut parts two hosts only, node 1's clock moves, a hardlink from uv's cache into a ready venv
+is found; and the report counts a fault only where it met its operation. The pieces that need
+root (a loop disk, namespaces) are skipped with the reason elsewhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import chaos, netns, node_disks
+from benchmarks.chaos_faults import (
+    DISK_STEPS,
+    KINDS,
+    LATE_S,
+    MEETS,
+    cache_link,
+    cold_starts,
+    fill,
+    node_killing,
+    plan,
+    root_cannot_write,
+)
+from benchmarks.clock_skew import Clock, loaded, probe
+from ray_uv_plugin.store.layout import MARKER
+
+DISKS = node_disks.unavailable()
+NETNS = netns.unavailable()
+
+
+def test_the_plan_is_the_seeds_alone_and_each_kind_says_what_it_must_meet() -> None:
+    first = [plan(7, r, 2 * len(KINDS), 40.0, 3) for r in range(5)]
+    assert first == [plan(7, r, 2 * len(KINDS), 40.0, 3) for r in range(5)]
+    assert first != [plan(8, r, 2 * len(KINDS), 40.0, 3) for r in range(5)]
+    assert set(MEETS) == set(KINDS)
+    for faults in first:
+        assert sorted(f.kind for f in faults) == sorted(2 * KINDS)
+        assert [f.offset_s for f in faults] == sorted(f.offset_s for f in faults)
+
+
+def test_node_killing_faults_come_after_every_other_and_never_take_the_head() -> None:
+    """Builds, ships and fills on nodes 1 and 2 are hit while both are up: whatever takes a
+    node down falls past the window (the head's restart last), the rest within it."""
+    for r in range(20):
+        faults = plan(3, r, 2 * len(KINDS), 40.0, 3)
+        killing = [f for f in faults if node_killing(f.kind, f.action)]
+        others = [f for f in faults if not node_killing(f.kind, f.action)]
+        assert killing and others
+        assert max(f.offset_s for f in others) <= 40.0 <= min(f.offset_s for f in killing)
+        assert max(f.offset_s for f in killing) <= 40.0 + LATE_S + 2
+        assert faults[-1].kind == "head_restart"
+        assert all(f.node != 0 for f in killing if f.kind != "head_restart")
+
+
+def test_sync_faults_aim_at_every_node_and_fills_at_every_step() -> None:
+    faults = [f for r in range(30) for f in plan(5, r, 2 * len(KINDS), 40.0, 3)]
+    assert {f.node for f in faults if f.kind == "uv_sync"} == {0, 1, 2}
+    assert {f.step for f in faults if f.kind == "disk_full"} == set(DISK_STEPS)
+    assert {f.node for f in faults if f.kind == "disk_full"} == {2}
+    assert all(f.skew_s != 0 and f.node == 1 for f in faults if f.kind == "clock_skew")
+    assert all(25 <= f.hold_s <= 35 for f in faults if f.kind == "gcs_partition")
+
+
+def test_each_fault_that_needs_an_operation_has_one_start_at_its_moment() -> None:
+    faults = plan(2, 0, 2 * len(KINDS), 40.0, 3)
+    starts = cold_starts(faults)
+    ships = [f for f in faults if f.kind in ("ship_sender", "ship_receiver") or f.step == "receive"]
+    builds = [
+        f for f in faults
+        if f.kind in ("uv_sync", "marker_kill", "gcs_partition")
+        or (f.kind == "disk_full" and f.step != "receive")
+    ]  # fmt: skip
+    assert starts == sorted([(f.offset_s, "cold_ship") for f in ships]
+                            + [(f.offset_s, "cold") for f in builds])  # fmt: skip
+    assert cold_starts([f for f in faults if f.kind in ("driver", "gc", "link_drop")]) == []
+
+
+@pytest.mark.skipif(DISKS is not None, reason=f"no loop mounts: {DISKS}")
+@pytest.mark.parametrize("reserved", [0, 5])
+def test_a_fill_leaves_root_without_room(tmp_path: Path, reserved: int) -> None:
+    """The filler before took `f_bavail`: on a default ext4 (5% kept for root) root still wrote
+    after it. `fill` takes the blocks kept for root as well."""
+    disk = tmp_path / "disk"
+    with node_disks.mounted([disk], tmp_path, size="64M", reserved_percent=reserved):
+        st = os.statvfs(disk)
+        old = disk / "old-filler"  # what the filler did before: root kept its reserve
+        with open(old, "wb") as f:
+            try:
+                os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - 4096)
+            except OSError:
+                pass
+        before = root_cannot_write(disk)
+        old.unlink()
+        if reserved:
+            assert before == "root still wrote 1048576 bytes"
+        size = fill(disk / "filler")
+        assert size > 50 << 20
+        assert root_cannot_write(disk) == "ENOSPC"
+        (disk / "filler").unlink()
+        assert root_cannot_write(disk) == "root still wrote 1048576 bytes"
+
+
+@pytest.mark.skipif(NETNS is not None, reason=f"no network namespaces: {NETNS}")
+def test_a_cut_parts_two_hosts_and_leaves_their_other_links() -> None:
+    def reaches(a: netns.Host, b: netns.Host) -> bool:
+        code = f"import socket; socket.create_connection(('{b.ip}', 9), timeout=1)"
+        out = subprocess.run([*a.exec(), sys.executable, "-c", code], capture_output=True,
+                             text=True)  # fmt: skip
+        return "refused" in out.stderr  # the host answered (nothing listens on port 9)
+
+    with netns.network() as net:
+        head, n1, n2 = (net.add_host(f"n{i}", 1000, 1000) for i in range(3))
+        assert reaches(n1, n2) and reaches(n2, n1)
+        with netns.cut(n1, n2):
+            assert not reaches(n1, n2) and not reaches(n2, n1)
+            assert reaches(n1, head) and reaches(n2, head) and reaches(head, n1)
+        assert reaches(n1, n2) and reaches(n2, n1)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler: no clock library")
+def test_the_clock_library_moves_the_wall_clock_of_its_processes_only(tmp_path: Path) -> None:
+    clock = Clock.make(tmp_path)
+    assert clock is not None
+    env = {**os.environ, **clock.env()}
+    assert abs(probe([], env)) < 2
+    clock.set(-900)
+    assert abs(probe([], env) + 900) < 2  # read at each call: no restart
+    assert abs(probe([], dict(os.environ))) < 2  # a process without it keeps the host's
+    sleeper = subprocess.Popen(["sleep", "5"], env=env)
+    try:
+        for _ in range(50):
+            if loaded(sleeper.pid):
+                break
+            subprocess.run(["sleep", "0.05"])
+        assert loaded(sleeper.pid) and not loaded(os.getpid())
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    clock.set(0)
+    assert abs(probe([], env)) < 2
+
+
+def test_a_file_of_uv_cache_hardlinked_into_a_ready_venv_is_found(tmp_path: Path) -> None:
+    venvs, cache = tmp_path / "venvs", tmp_path / "cache"
+    cached = cache / "archive-v0" / "abc" / "six.py"
+    cached.parent.mkdir(parents=True)
+    cached.write_text("x = 1\n")
+    venv = venvs / "0123456789abcdef"
+    site = venv / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    shutil.copy(cached, site / "six.py")  # a copy: nothing to write through
+    (venv / MARKER).write_text("{}")
+    assert cache_link(venvs, cache) is None
+    (site / "six.py").unlink()
+    os.link(cached, site / "six.py")
+    assert cache_link(venvs, cache) == (cached, site / "six.py")
+    (venv / MARKER).unlink()  # not ready: not the fault's target
+    assert cache_link(venvs, cache) is None
+
+
+def test_the_report_counts_a_fault_only_where_it_met_its_operation(tmp_path: Path) -> None:
+    def fault(kind: str, sent: bool, met: bool) -> dict:
+        return {"type": "fault", "kind": kind, "action": "kill", "target": {} if sent else None,
+                "sent": sent, "met": met}  # fmt: skip
+
+    lines = [
+        fault("uv_sync", True, True), fault("uv_sync", True, False), fault("uv_sync", False, False),
+        fault("disk_full", True, True),
+        {"type": "job", "job": "cold_ship", "rc": 0, "hung": False, "shipped": 2},
+        {"type": "round", "restarted": [1], "workers_started": 3, "violations": {}},
+    ]  # fmt: skip
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    text = chaos.report(path)
+    assert "| `uv_sync` | 3 | 2 | 1 |" in text
+    assert "| `disk_full` | 1 | 1 | 1 |" in text
+    assert "4 faults planned, 3 sent, 2 met; 2 venvs shipped" in text
+    assert "1 fills that left root without room" in text
+    summary = chaos.summarize([x for x in lines if x["type"] == "fault"], 1, [], chaos.Counter())
+    assert (summary["faults_sent"], summary["faults_met"]) == (3, 2)
+    assert summary["faults_met_per_kind"] == {"disk_full": 1, "uv_sync": 1}
