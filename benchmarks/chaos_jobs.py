@@ -10,9 +10,11 @@ ways a job asks for a venv, each a driver process in the head's namespace with a
   (`chaos_faults.cold_starts`): three builds, so that a sync fault finds a sync to hit;
   `cold_ship`: `prepare` with shipping on a fresh key, at a ship fault's moment.
 
-Every worker reports, as it starts, its `sys.prefix` and the venv's marker as it read it then
-(`chaos_invariants.ran_in_ready` checks them). A job's result is its exit status, its time,
-and what it printed after `RESULT `.
+Every worker reports, as it starts, its `sys.prefix`, `RAY_UV_PLUGIN_VENV`, the venv's marker as
+it read it then, the dist-info dirs of its site-packages, its Ray job and the `uv_project` value
+it was started with (`chaos_invariants.ran_in_ready` checks them). Each driver says, before it
+waits, how many workers it started (`STARTED `), so a worker that never reported is seen. A
+job's result is its exit status, its time, and what it printed after `RESULT `.
 """
 
 from __future__ import annotations
@@ -38,23 +40,35 @@ from tests.support.uvproject import write_project
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT_S = 420  # a job not ended by then hung (a build's bound, 240 s, and margin)
-GET_TIMEOUT_S = 360  # what a driver's ray.get waits before it says so
+# What a driver's ray.get waits: past the hang bound, so that a setup that hangs is killed by the
+# harness at JOB_TIMEOUT_S and counted as a hang, never given up on as a failed job first.
+GET_TIMEOUT_S = JOB_TIMEOUT_S + 120
 
 WORKER = textwrap.dedent(
     """\
-    import json, os, sys, time
+    import json, os, sys, sysconfig, time
 
     REPORTS = {reports!r}  # every worker's report, also of a job that fails
 
 
     def report():
+        import ray
         try:
             with open(os.path.join(sys.prefix, ".ray-uv-ready")) as f:
                 marker = json.load(f)
         except Exception as e:  # noqa: BLE001 - reported, then judged by the harness
             marker = f"unreadable: {e!r}"
+        try:
+            dist_infos = [d for d in os.listdir(sysconfig.get_paths()["purelib"])
+                          if d.endswith(".dist-info")]
+        except OSError as e:
+            dist_infos = [f"unreadable: {e!r}"]
+        context = ray.get_runtime_context()
+        runtime_env = context.runtime_env
         found = {"pid": os.getpid(), "prefix": sys.prefix, "marker": marker,
-                 "venv_env": os.environ.get("RAY_UV_PLUGIN_VENV"), "at": time.time()}
+                 "venv_env": os.environ.get("RAY_UV_PLUGIN_VENV"), "at": time.time(),
+                 "job_id": context.get_job_id(), "asked": runtime_env.get("uv_project"),
+                 "env_vars": runtime_env.get("env_vars") or {}, "dist_infos": dist_infos}
         with open(os.path.join(REPORTS, f"{os.getpid()}-{time.time_ns()}.json"), "w") as f:
             json.dump(found, f)
         return found
@@ -79,6 +93,9 @@ ACTORS = textwrap.dedent(
     ray.init(address=gcs, runtime_env={"working_dir": projects[0]}, logging_level="ERROR")
     from chaosworker import Pinger
     nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+    print("STARTED " + json.dumps({"job_id": ray.get_runtime_context().get_job_id(),
+                                   "workers": len(projects) * len(nodes), "project": projects[0]}),
+          flush=True)
     actors = []
     for project in projects:
         for node in nodes:
@@ -99,6 +116,8 @@ GROUP = textwrap.dedent(
     gcs, timeout, project = sys.argv[1], float(sys.argv[2]), sys.argv[3]
     ray.init(address=gcs, runtime_env={"working_dir": project}, logging_level="ERROR")
     ACTOR_ENVIRONMENT_REGISTRY["chaosworker.Pinger"] = {}
+    print("STARTED " + json.dumps({"job_id": ray.get_runtime_context().get_job_id(),
+                                   "workers": 3, "project": project}), flush=True)
     cluster = RayVirtualCluster([1] * 3, use_gpus=False)
     group = RayWorkerGroup(cluster, RayWorkerBuilder("chaosworker.Pinger"))
     reports = ray.get(group.run_all_workers_single_data("ping"), timeout=timeout)
@@ -110,11 +129,13 @@ GROUP = textwrap.dedent(
 
 UV_RUN = textwrap.dedent(
     """\
-    import json, sys
+    import json, os, sys
     import ray
     from chaosworker import Pinger
     gcs, timeout = sys.argv[1], float(sys.argv[2])
     ray.init(address=gcs, logging_level="ERROR")
+    print("STARTED " + json.dumps({"job_id": ray.get_runtime_context().get_job_id(),
+                                   "workers": 2, "project": os.getcwd()}), flush=True)
     actors = [ray.remote(Pinger).options(num_cpus=0).remote() for _ in range(2)]
     reports = ray.get([a.ping.remote() for a in actors], timeout=timeout)
     print("RESULT " + json.dumps({"reports": reports}))
@@ -131,12 +152,14 @@ class Job:
     env: dict[str, str]
     proc: subprocess.Popen | None = None
     started: float = 0.0
+    ended: float = 0.0
     log: Path | None = None
     result: dict[str, Any] = field(default_factory=dict)
     tag: str = ""  # tells apart a round's jobs of one kind (its log's name)
+    seen_pids: set[int] = field(default_factory=set)  # its drivers, as a fault looked for them
 
     def start(self, logs: Path) -> None:
-        self.log = logs / f"r{self.round:03d}-{self.kind}{self.tag}.log"
+        self.log = logs / f"r{self.round:03d}-{self.name}.log"
         out = open(self.log, "w")  # noqa: SIM115 - the job's own, closed with it
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
@@ -149,9 +172,14 @@ class Job:
         """The driver's Python process (below `uv run` for that kind) while it runs."""
         if self.proc is None or self.proc.poll() is not None:
             return []
-        if self.kind != "uv_run":
-            return [self.proc.pid]
-        return children(self.proc.pid) or [self.proc.pid]
+        found = [self.proc.pid] if self.kind != "uv_run" else children(self.proc.pid)
+        found = found or [self.proc.pid]
+        self.seen_pids.update(found)
+        return found
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}{self.tag}"
 
     def wait(self, deadline: float) -> None:
         """Until it ends or `deadline` (monotonic); past it, it hung: killed, and said so."""
@@ -162,16 +190,24 @@ class Job:
         except subprocess.TimeoutExpired:
             stop_group(self.proc)
             rc, hung = self.proc.wait(), True
+        self.ended = time.monotonic()
         text = self.log.read_text(errors="replace")
         found = [x for x in text.splitlines() if x.startswith("RESULT ")]
+        said = [json.loads(x[8:]) for x in text.splitlines() if x.startswith("STARTED ")]
         self.result = {
             "job": self.kind,
+            "name": self.name,
             "round": self.round,
             "rc": rc,
-            "seconds": round(time.monotonic() - self.started, 1),
+            "seconds": round(self.ended - self.started, 1),
             "hung": hung,
             "reports": json.loads(found[-1][7:]).get("reports", []) if found else [],
+            "pids": sorted(self.seen_pids | {self.proc.pid}),
         }
+        if said:
+            self.result["job_id"] = said[-1].get("job_id")
+            self.result["workers_started"] = said[-1].get("workers")
+            self.result["project"] = said[-1].get("project")
         if rc != 0:
             self.result["error"] = _last_error(text)
 
