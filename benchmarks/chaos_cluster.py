@@ -79,6 +79,7 @@ class ChaosCluster:
     gcs: str = ""
     procs: list[subprocess.Popen] = field(default_factory=list)  # every `ray start` made
     clock: clock_skew.Clock | None = None  # node 1's wall clock (None: cannot be made here)
+    head_restarted: bool = False  # by a fault since the last heal
 
     @property
     def driver_prefix(self) -> list[str]:
@@ -134,13 +135,16 @@ class ChaosCluster:
             _kill_group(head.proc, signal.SIGKILL)
         self.stop(head, keep)
         self.start(head)
+        self.head_restarted = True
 
     def heal(self, timeout: float = 300, grace: float = 20) -> list[int]:
         """Start again the head if it is down, then every node whose `ray start` ended, that
         joined another GCS than today's (a head restarted), or that the GCS has counted dead
         for `grace` seconds (a raylet it gave up on while it was stopped or cut off); wait until
-        the GCS counts every node alive. Returns the nodes restarted."""
-        restarted: list[int] = []
+        the GCS counts every node alive. Returns the nodes restarted (the head too if a fault
+        restarted it since the last heal)."""
+        restarted: list[int] = [0] if self.head_restarted else []
+        self.head_restarted = False
         if not self.nodes[0].alive:
             self.stop(self.nodes[0])
             self.start(self.nodes[0])

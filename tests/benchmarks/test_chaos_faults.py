@@ -9,18 +9,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from benchmarks import chaos, netns, node_disks
+from benchmarks.chaos_cluster import ChaosCluster, Node
 from benchmarks.chaos_faults import (
     DISK_STEPS,
     KINDS,
     LATE_S,
     MEETS,
+    Fault,
+    Injector,
     cache_link,
     cold_starts,
     fill,
@@ -186,3 +192,86 @@ def test_the_report_counts_a_fault_only_where_it_met_its_operation(tmp_path: Pat
     summary = chaos.summarize([x for x in lines if x["type"] == "fault"], 1, [], chaos.Counter())
     assert (summary["faults_sent"], summary["faults_met"]) == (3, 2)
     assert summary["faults_met_per_kind"] == {"disk_full": 1, "uv_sync": 1}
+
+
+def fake_cluster(net: netns.Network, base: Path) -> ChaosCluster:
+    """Three nodes in namespaces, each a `sleep` standing for its `ray start` (alive while it
+    runs), with venv dirs and uv caches under `base`; no Ray."""
+    nodes = []
+    for i in range(3):
+        host = net.add_host(f"n{i}", 1000, 1000)
+        node = Node(i, host, base / f"node{i}" / "venvs", base / f"node{i}" / "uv-cache")
+        node.venv_dir.mkdir(parents=True, exist_ok=True)
+        node.proc = subprocess.Popen([*host.exec(), "sleep", "120"])
+        nodes.append(node)
+    return ChaosCluster(net, nodes, base / "ray")
+
+
+def named(host: netns.Host, title: str) -> subprocess.Popen:
+    """A process in `host`'s namespace whose argv[0] is `title` (as Ray titles its own)."""
+    return subprocess.Popen([*host.exec(), "bash", "-c", f"exec -a '{title}' sleep 120"])
+
+
+@pytest.mark.skipif(NETNS is not None, reason=f"no network namespaces: {NETNS}")
+def test_marker_kill_kills_the_agent_as_a_fresh_marker_appears(tmp_path: Path) -> None:
+    with netns.network() as net:
+        cluster = fake_cluster(net, tmp_path)
+        agent = named(cluster.nodes[1].host, "ray::RuntimeEnvAgent")
+        other = named(cluster.nodes[2].host, "ray::RuntimeEnvAgent")
+        venv = cluster.nodes[1].venv_dir / "0123456789abcdef"
+        venv.mkdir()  # a build under way
+        injector = Injector(cluster, lambda: [], tmp_path / "reports")
+        (tmp_path / "reports").mkdir()
+        fault = Fault(0, "marker_kill", "kill", 1, 0.0, 5.0)
+        done = threading.Event()
+
+        def build() -> None:
+            time.sleep(1.0)
+            (venv / MARKER).write_text("{}")
+
+        threading.Thread(target=build).start()
+        record = injector.run(fault, time.monotonic(), done)
+        assert agent.wait(5) == -signal.SIGKILL
+        assert other.poll() is None  # node 2's agent untouched
+        assert record["sent"] and record["met"], record
+        assert record["target"]["venv"] == venv.name and "ms later" in record["what"]
+        # a worker already started in it: the kill came after the setup returned, not met
+        agent = named(cluster.nodes[1].host, "ray::RuntimeEnvAgent")
+        later = cluster.nodes[1].venv_dir / "fedcba9876543210"
+        later.mkdir()
+        (tmp_path / "reports" / "1.json").write_text(json.dumps({"prefix": str(later)}))
+        threading.Thread(
+            target=lambda: (time.sleep(1.0), (later / MARKER).write_text("{}"))
+        ).start()
+        record = injector.run(fault, time.monotonic(), done)
+        assert agent.wait(5) == -signal.SIGKILL
+        assert record["sent"] and not record["met"], record
+        other.kill()
+        for node in cluster.nodes:
+            node.proc.kill()
+
+
+@pytest.mark.skipif(NETNS is not None, reason=f"no network namespaces: {NETNS}")
+def test_a_process_fault_waits_for_its_operation_on_the_node_it_names(tmp_path: Path) -> None:
+    """A `uv sync` on another node is not what a sync fault on node 1 must meet; with none on
+    node 1 until the jobs end, it is neither sent nor met."""
+    with netns.network() as net:
+        cluster = fake_cluster(net, tmp_path)
+        elsewhere = subprocess.Popen(
+            [*cluster.nodes[2].host.exec(), "bash", "-c", "exec -a uv tail -F sync 2>/dev/null"]
+        )
+        injector = Injector(cluster, lambda: [])
+        done = threading.Event()
+        threading.Timer(1.0, done.set).start()
+        fault = Fault(0, "uv_sync", "kill", 1, 0.0, 1.0)
+        record = injector.run(fault, time.monotonic(), done)
+        assert not record["sent"] and not record["met"] and elsewhere.poll() is None
+        here = subprocess.Popen(
+            [*cluster.nodes[1].host.exec(), "bash", "-c", "exec -a uv tail -F sync 2>/dev/null"]
+        )
+        record = injector.run(fault, time.monotonic(), threading.Event())
+        assert record["met"] and record["target"]["node"] == 1
+        assert here.wait(5) == -signal.SIGKILL and elsewhere.poll() is None
+        elsewhere.kill()
+        for node in cluster.nodes:
+            node.proc.kill()
