@@ -275,3 +275,35 @@ def test_a_process_fault_waits_for_its_operation_on_the_node_it_names(tmp_path: 
         elsewhere.kill()
         for node in cluster.nodes:
             node.proc.kill()
+
+
+@pytest.mark.skipif(NETNS or DISKS, reason=f"no namespaces or loop mounts: {NETNS or DISKS}")
+def test_a_disk_fault_fills_at_its_step_and_is_met_when_root_cannot_write(tmp_path: Path) -> None:
+    with (
+        netns.network() as net,
+        node_disks.mounted([tmp_path / "node2"], tmp_path, size="64M", reserved_percent=0),
+    ):
+        cluster = fake_cluster(net, tmp_path)
+        injector = Injector(cluster, lambda: [])
+        venvs = cluster.nodes[2].venv_dir
+        fault = Fault(0, "disk_full", "fill", 2, 0.0, 0.5, step="marker")
+        done = threading.Event()
+        threading.Timer(1.0, done.set).start()
+        record = injector.run(fault, time.monotonic(), done)
+        assert not record["sent"]  # no build at that step: nothing filled
+        venv = venvs / "0123456789abcdef"
+        venv.mkdir()
+        (venv / f"{MARKER}.manifest").write_text("{}")  # the manifest written, no marker yet
+        record = injector.run(fault, time.monotonic(), threading.Event())
+        assert record["met"] and record["what"] == "marker: ENOSPC", record
+        assert record["target"]["filled_bytes"] > 50 << 20
+        assert root_cannot_write(venvs) == "root still wrote 1048576 bytes"  # removed after
+        syncing = subprocess.Popen(
+            [*cluster.nodes[2].host.exec(), "bash", "-c", "exec -a uv tail -F sync 2>/dev/null"]
+        )
+        linking = Fault(0, "disk_full", "fill", 2, 0.0, 0.5, step="uv_link")
+        record = injector.run(linking, time.monotonic(), threading.Event())
+        assert record["met"] and record["what"] == "uv_link: ENOSPC", record
+        syncing.kill()
+        for node in cluster.nodes:
+            node.proc.kill()
