@@ -38,6 +38,7 @@ from typing import Any, TextIO
 import ray
 
 from benchmarks import netns, node_disks
+from benchmarks.chaos_blame import blame, left_by_fault
 from benchmarks.chaos_cluster import (
     BUILD_TIMEOUT_S,
     LOOP_NODE,
@@ -47,7 +48,15 @@ from benchmarks.chaos_cluster import (
     Node,
 )
 from benchmarks.chaos_faults import KINDS, Injector, cold_starts, plan
-from benchmarks.chaos_invariants import leftovers, locks, ran_in_ready, whole
+from benchmarks.chaos_invariants import (
+    Checks,
+    asked_keys,
+    collect_garbage,
+    locks,
+    locks_at_end,
+    missing_workers,
+    ran_in_ready,
+)
 from benchmarks.chaos_jobs import (
     JOB_TIMEOUT_S,
     Job,
@@ -62,7 +71,7 @@ from benchmarks.package_set import WHEEL_CACHE, mirror_pypi
 from benchmarks.raylets import BIN, remove
 from ray_uv_plugin.agent.uv import find_uv, uv_version
 
-INVARIANTS = ("whole", "ran_in_ready", "locks", "leftovers", "no_hang", "next_round")
+INVARIANTS = ("whole", "ran_in_ready", "locks", "leftovers", "no_hang", "next_round", "blame")
 LOOP_SIZE = "3G"
 FIRST_ROUND_S = 240.0  # a round's length on this machine, until the first one is timed
 
@@ -71,28 +80,63 @@ def check_round(
     cluster: ChaosCluster,
     jobs: list[Job],
     verify: Job,
-    checked: set[tuple[int, str]],
+    checks: Checks,
     reports: list[dict[str, Any]],
-) -> dict[str, list[str]]:
-    """Every invariant's violations after a round (empty lists: it held). `reports`: what
-    every worker that started said of its venv (`chaos_jobs.WORKER`)."""
+    faults: list[dict[str, Any]],
+    restarted: list[int],
+    start: float,
+) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """Every invariant's violations after a round (empty lists: it held), and what the round
+    line says beside them: the faults blamed for each failed job, the leftovers a fault
+    explains. `reports`: what every worker that started said of its venv (`chaos_jobs.WORKER`);
+    `faults`: the round's fault records; `start`: the round's start (monotonic)."""
     dirs = [n.venv_dir for n in cluster.nodes]
+    for job in [*jobs, verify]:
+        job.result["started_s"] = round(job.started - start, 2)
+        job.result["ended_s"] = round(job.ended - start, 2)
+    ips = [n.host.ip for n in cluster.nodes]
+    blamed, unexplained = blame([j.result for j in jobs], faults, restarted, ips)
+    by_job = {str(j.result.get("job_id")): j.result for j in [*jobs, verify]}
+    requests = []
+    for r in reports:
+        asked = r.get("asked") if isinstance(r.get("asked"), dict) else {}
+        project = str(by_job.get(str(r.get("job_id")), {}).get("project", ""))
+        requests.append((asked, asked.get("project") or project, r.get("env_vars") or {}))
+    selected: dict[str, Any] = {}
+    for r, request, key in zip(
+        reports, requests, asked_keys(requests, cluster.nodes[0].env()), strict=True
+    ):
+        r["asked_key"] = key
+        if key not in selected:
+            selected[key] = checks.selected_for(request[0], request[1])
+    after = [r for r in reports if str(r.get("job_id")) == str(verify.result.get("job_id"))]
+    during = [r for r in reports if r not in after]
     found: dict[str, list[str]] = {
         "no_hang": [
-            f"{j.kind} hung past {JOB_TIMEOUT_S}s" for j in [*jobs, verify] if j.result["hung"]
+            f"{j.name} hung past {JOB_TIMEOUT_S}s" for j in [*jobs, verify] if j.result["hung"]
         ],
         "next_round": (
             [] if verify.result["rc"] == 0 and not verify.result["hung"]
             else [f"the requests after the faults failed: {verify.result.get('error', '')}"]
-        ),
-        "ran_in_ready": ran_in_ready(reports, dirs),
-        "whole": whole(dirs, checked),
+        ) + ran_in_ready(after, dirs, selected)
+        + missing_workers([verify.result], after, set()),
+        "ran_in_ready": ran_in_ready(during, dirs, selected)
+        + missing_workers([j.result for j in jobs], during, set(blamed)),
+        "whole": checks.whole(dirs),
         "locks": locks(dirs, BUILD_TIMEOUT_S),
+        "blame": unexplained,
+        "leftovers": [],
     }  # fmt: skip
-    found["leftovers"] = [
-        v for n in cluster.nodes for v in leftovers(n.venv_dir, n.env(), str(BIN / "ray-uv"))
-    ]
-    return found
+    left = []
+    for node in cluster.nodes:
+        for what in checks.leftovers(node.venv_dir):
+            why = left_by_fault(node.index, faults, restarted)
+            if why:
+                left.append(f"{what}, after {', '.join(why)}")
+            else:
+                found["leftovers"].append(what)
+        found["leftovers"] += collect_garbage(node.venv_dir, node.env(), str(BIN / "ray-uv"))
+    return found, {"blamed": blamed, "left": left}
 
 
 def one_round(
@@ -102,7 +146,7 @@ def one_round(
     projects: Projects,
     uv_project: Path,
     logs: Path,
-    checked: set[tuple[int, str]],
+    checks: Checks,
     out: TextIO,
 ) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
     prefix = cluster.driver_prefix
@@ -157,7 +201,7 @@ def one_round(
     verify.start(logs)
     verify.wait(time.monotonic() + JOB_TIMEOUT_S)
     reports = take_reports(projects.reports)
-    found = check_round(cluster, jobs, verify, checked, reports)
+    found, notes = check_round(cluster, jobs, verify, checks, reports, records, restarted, start)
     held = {name: not v for name, v in found.items()}
     for record in sorted(records, key=lambda r: r["offset_s"]):
         out.write(json.dumps({"type": "fault", **record, "invariants_held": held}) + "\n")
@@ -166,7 +210,7 @@ def one_round(
         out.write(json.dumps({"type": "job", **line, "workers": len(job.result["reports"])}) + "\n")
     out.write(json.dumps({"type": "round", "round": round_no, "restarted": restarted,
                           "seconds": round(time.monotonic() - start, 1),
-                          "workers_started": len(reports),
+                          "workers_started": len(reports), **notes,
                           "violations": {k: v for k, v in found.items() if v}}) + "\n")  # fmt: skip
     out.flush()
     return records, found
@@ -242,7 +286,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               "uv": uv_version(), "machine": f"{os.cpu_count()} CPUs",
                               "logs": str(logs), "loop_disk": LOOP_SIZE, "network": net.run_id,
                               "link_mbit": NODE_MBIT}) + "\n")  # fmt: skip
-        checked: set[tuple[int, str]] = set()
+        checks = Checks()
         interrupted = False
         try:
             while sum(f["target"] is not None for f in faults) < args.faults:
@@ -252,7 +296,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     break  # the next round would end past it
                 round_began = time.monotonic()
                 records, found = one_round(
-                    rounds, args, cluster, projects, uv_project, logs, checked, out
+                    rounds, args, cluster, projects, uv_project, logs, checks, out
                 )
                 faults += records
                 for name, items in found.items():
@@ -264,6 +308,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"round {rounds}: {hit} faults so far, {bad} invariants broken", flush=True)
         except KeyboardInterrupt:  # the rounds done so far are summed up; the teardown runs
             interrupted = True
+        if rounds and not interrupted:  # the last round's locks: judged once past their bound
+            held = locks_at_end([n.venv_dir for n in nodes], BUILD_TIMEOUT_S)
+            violations += [{"round": rounds - 1, "invariant": "locks", "what": v} for v in held]
+            out.write(json.dumps({"type": "locks_at_end", "violations": held}) + "\n")
         jobs.update(
             json.loads(line)["job"] + (":ok" if json.loads(line)["rc"] == 0 else ":failed")
             for line in out_path.read_text().splitlines()
