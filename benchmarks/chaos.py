@@ -1,21 +1,23 @@
 """Faults at random on a real multi-node cluster: does anything get lost?
 
 A 3-node `ray start` cluster in network namespaces, token auth on, node 2's venv dir and uv
-cache on a small loop device (`chaos_cluster`). Each round starts four jobs at once, each
-asking for a venv its own way (`chaos_jobs`: plain actors and `prepare` with shipping on fresh
-keys, a worker group and a `uv run` driver on warm ones; at each `uv_sync` fault's moment,
-actors on a fresh key, whose builds that fault can find, and `prepare` at a ship fault's), and
-meanwhile injects the round's
-faults at random moments (`chaos_faults`: SIGKILL, or SIGSTOP then SIGCONT, of a `uv sync`, a
-runtime-env agent, a raylet, a ship sender or receiver, a driver; a node's link dropped or
-delayed; the loop disk filled). Then it lets every fault go, starts again the nodes that went
-down, asks once more for every key of the round (an actor on each node), and checks the
-invariants (`chaos_invariants`).
+cache on a small loop device with no blocks kept for root (`chaos_cluster`). Each round starts
+four jobs at once, each asking for a venv its own way (`chaos_jobs`: plain actors and `prepare`
+with shipping on fresh keys, a worker group and a `uv run` driver on warm ones; at the moment
+of each fault that needs a build or a ship to meet, actors or a `prepare` on a fresh key), and
+meanwhile injects the round's faults at random moments (`chaos_faults`: SIGKILL, or SIGSTOP
+then SIGCONT, of a `uv sync`, an agent, a raylet, a ship sender or receiver, a driver; a link
+dropped or delayed; the loop disk filled for root at a chosen step; a GCS partition; nodes 1
+and 2 split; gc; a write through uv's cache; node 1's clock moved; then, past the window, what
+takes a node down: agents and raylets SIGKILLed, the agent killed after a fresh marker, the
+head restarted). A fault counts only where it met its operation (`met`, apart from `sent`).
+Then it lets every fault go, starts again the nodes that went down, asks once more for every
+key of the round (an actor on each node), and checks the invariants (`chaos_invariants`).
 
     uv run python -m benchmarks.chaos --seed 1 --faults 200 \\
         --out benchmarks/results/chaos-1.jsonl
 
-Writes one JSON line per fault (the planned fault, what it hit and when, the round's
+Writes one JSON line per fault (the planned fault, what it met and when, the round's
 invariants), one per job, and a last line with the summary. The plan depends on the seed alone.
 Needs root (namespaces, `tc`, a loop mount); everything it makes is removed however it ends.
 """
@@ -41,13 +43,15 @@ from benchmarks import netns, node_disks
 from benchmarks.chaos_blame import blame, left_by_fault
 from benchmarks.chaos_cluster import (
     BUILD_TIMEOUT_S,
+    HEALTH,
     LOOP_NODE,
     NODE_MBIT,
     NODES,
+    SKEWED_NODE,
     ChaosCluster,
     Node,
 )
-from benchmarks.chaos_faults import KINDS, Injector, cold_starts, plan
+from benchmarks.chaos_faults import KINDS, MEETS, Injector, cold_starts, plan
 from benchmarks.chaos_invariants import (
     Checks,
     asked_keys,
@@ -66,6 +70,7 @@ from benchmarks.chaos_jobs import (
     take_reports,
     verify_job,
 )
+from benchmarks.clock_skew import Clock
 from benchmarks.counting_index import CountingIndex
 from benchmarks.package_set import WHEEL_CACHE, mirror_pypi
 from benchmarks.raylets import BIN, remove
@@ -158,7 +163,9 @@ def one_round(
         for i, (_, kind) in enumerate(starts)
     ]
     jobs = [*first, *cold]
-    injector = Injector(cluster, lambda: [p for j in jobs for p in j.pids()])
+    injector = Injector(
+        cluster, lambda: [p for j in jobs for p in j.pids()], projects.reports, str(BIN / "ray-uv")
+    )
     done = threading.Event()
     records: list[dict[str, Any]] = []
     start = time.monotonic()
@@ -202,11 +209,17 @@ def one_round(
     verify.wait(time.monotonic() + JOB_TIMEOUT_S)
     reports = take_reports(projects.reports)
     found, notes = check_round(cluster, jobs, verify, checks, reports, records, restarted, start)
+    found["whole"] += [  # the venv was whole again by now: `whole` had to say so at the time
+        f"whole did not see a write through uv's cache into {r['target']['file']}"
+        for r in records
+        if r["kind"] == "cache_write" and r["met"] and not r.get("whole_saw_it")
+    ]
     held = {name: not v for name, v in found.items()}
     for record in sorted(records, key=lambda r: r["offset_s"]):
         out.write(json.dumps({"type": "fault", **record, "invariants_held": held}) + "\n")
     for job in [*jobs, verify]:
         line = {k: v for k, v in job.result.items() if k != "reports"}
+        line["shipped"] = shipped(job)
         out.write(json.dumps({"type": "job", **line, "workers": len(job.result["reports"])}) + "\n")
     out.write(json.dumps({"type": "round", "round": round_no, "restarted": restarted,
                           "seconds": round(time.monotonic() - start, 1),
@@ -216,18 +229,29 @@ def one_round(
     return records, found
 
 
+def shipped(job: Job) -> int:
+    """How many nodes a `prepare` job's venv was shipped to (its `--json` output, in its log)."""
+    if job.kind not in ("prepare", "cold_ship") or job.log is None or not job.log.exists():
+        return 0
+    return job.log.read_text(errors="replace").count('"outcome": "shipped"')
+
+
 def summarize(
     faults: list[dict[str, Any]], rounds: int, violations: list[dict[str, Any]], jobs: Counter
 ) -> dict[str, Any]:
-    hit = [f for f in faults if f["target"] is not None]
-    by_kind = Counter(f"{f['kind']}:{f['action']}" for f in hit)
+    """Faults planned, sent (carried out) and met (their operation was there), per kind."""
+    sent = [f for f in faults if f.get("sent", f["target"] is not None)]
+    met = [f for f in sent if f.get("met")]
+    by_kind = Counter(f"{f['kind']}:{f['action']}" for f in met)
     return {
         "type": "summary",
         "rounds": rounds,
-        "faults_injected": len(hit),
-        "faults_without_target": len(faults) - len(hit),
-        "faults_per_kind": dict(sorted(Counter(f["kind"] for f in hit).items())),
-        "faults_per_kind_action": dict(sorted(by_kind.items())),
+        "faults_planned": len(faults),
+        "faults_sent": len(sent),
+        "faults_met": len(met),
+        "faults_sent_per_kind": dict(sorted(Counter(f["kind"] for f in sent).items())),
+        "faults_met_per_kind": dict(sorted(Counter(f["kind"] for f in met).items())),
+        "faults_met_per_kind_action": dict(sorted(by_kind.items())),
         "invariants": list(INVARIANTS),
         "violations": violations,
         "jobs": dict(sorted(jobs.items())),
@@ -258,7 +282,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stack.callback(index.server.server_close)
         stack.callback(index.server.shutdown)
         loop_dir = base / f"node{LOOP_NODE}"
-        stack.enter_context(node_disks.mounted([loop_dir], base, size=LOOP_SIZE))
+        stack.enter_context(
+            node_disks.mounted([loop_dir], base, size=LOOP_SIZE, reserved_percent=0)
+        )  # no blocks kept for root: the nodes run as root, a full disk is full for them
         stack.callback(_kill_namespaces, net)  # before the unmount: nothing holds the disk
         nodes = [
             Node(i, h, base / f"node{i}" / "venvs", base / f"node{i}" / "uv-cache")
@@ -268,7 +294,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             n.venv_dir.mkdir(parents=True, exist_ok=True)
         temp = base / "ray"
         temp.mkdir()
-        cluster = ChaosCluster(net, nodes, temp)
+        os.environ.update(HEALTH)  # the drivers' too (`driver_env` copies it)
+        cluster = ChaosCluster(net, nodes, temp, clock=Clock.make(base / "clock"))
+        if cluster.clock is not None:
+            nodes[SKEWED_NODE].extra_env = cluster.clock.env()
         stack.callback(cluster.close)
         projects = Projects(base / "projects", index.url, hosts[0].exec())
         uv_project = projects.variant("uv-run")
@@ -289,8 +318,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         checks = Checks()
         interrupted = False
         try:
-            while sum(f["target"] is not None for f in faults) < args.faults:
+            while sum(bool(f.get("met")) for f in faults) < args.faults:
                 if args.minutes and time.monotonic() - began > args.minutes * 60:
+                    break
+                if args.rounds and rounds >= args.rounds:
                     break
                 if args.stop_at and time.time() + last_round > args.stop_at:
                     break  # the next round would end past it
@@ -303,9 +334,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     violations += [{"round": rounds, "invariant": name, "what": v} for v in items]
                 rounds += 1
                 last_round = time.monotonic() - round_began
-                hit = sum(f["target"] is not None for f in faults)
+                sent = sum(f["target"] is not None for f in faults)
+                met = sum(bool(f.get("met")) for f in faults)
                 bad = sum(bool(v) for v in found.values())
-                print(f"round {rounds}: {hit} faults so far, {bad} invariants broken", flush=True)
+                print(f"round {rounds}: {met} faults met, {sent} sent so far, "
+                      f"{bad} invariants broken", flush=True)  # fmt: skip
         except KeyboardInterrupt:  # the rounds done so far are summed up; the teardown runs
             interrupted = True
         if rounds and not interrupted:  # the last round's locks: judged once past their bound
@@ -325,39 +358,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def report(path: Path) -> str:
-    """A run's figures as markdown: faults per kind and action, jobs, rounds, violations."""
+    """A run's figures as markdown: per kind the faults planned, sent and met (and what a met
+    one met), jobs and the venvs they shipped, rounds, violations."""
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     faults = [x for x in lines if x["type"] == "fault"]
     summary = next((x for x in lines if x["type"] == "summary"), None)
-    rows = ["| kind | SIGKILL / drop / fill | SIGSTOP+SIGCONT / delay | no target |",
-            "| --- | ---: | ---: | ---: |"]  # fmt: skip
+    rows = ["| kind | planned | sent | met | met: what it met |",
+            "| --- | ---: | ---: | ---: | --- |"]  # fmt: skip
     for kind in KINDS:
         mine = [f for f in faults if f["kind"] == kind]
-        first = sum(
-            f["target"] is not None and f["action"] in ("kill", "drop", "fill") for f in mine
-        )
-        second = sum(f["target"] is not None and f["action"] in ("stop", "delay") for f in mine)
-        missed = sum(f["target"] is None for f in mine)
-        rows.append(f"| `{kind}` | {first} | {second} | {missed} |")
-    jobs = Counter(
-        (x["job"], "ok" if x["rc"] == 0 else ("hung" if x["hung"] else "failed"))
-        for x in lines
-        if x["type"] == "job"
+        sent = [f for f in mine if f.get("sent", f["target"] is not None)]
+        met = [f for f in sent if f.get("met")]
+        rows.append(f"| `{kind}` | {len(mine)} | {len(sent)} | {len(met)} | {MEETS[kind]} |")
+    jobs = [x for x in lines if x["type"] == "job"]
+    counts = Counter(
+        (x["job"], "ok" if x["rc"] == 0 else ("hung" if x["hung"] else "failed")) for x in jobs
     )
-    rows += [
-        "",
-        "| job | succeeded | failed | hung |",
-        "| --- | ---: | ---: | ---: |",
-    ]
+    rows += ["", "| job | succeeded | failed | hung |", "| --- | ---: | ---: | ---: |"]
     for job in ("actors", "group", "prepare", "uv_run", "cold", "cold_ship", "verify"):
-        rows.append(
-            f"| `{job}` | {jobs[(job, 'ok')]} | {jobs[(job, 'failed')]} | {jobs[(job, 'hung')]} |"
-        )
+        ok, failed, hung = (counts[(job, s)] for s in ("ok", "failed", "hung"))
+        rows.append(f"| `{job}` | {ok} | {failed} | {hung} |")
     rounds = [x for x in lines if x["type"] == "round"]
-    hit = sum(f["target"] is not None for f in faults)
+    sent = sum(f.get("sent", f["target"] is not None) for f in faults)
+    met = sum(bool(f.get("met")) for f in faults)
+    fills = sum(bool(f.get("met")) for f in faults if f["kind"] == "disk_full")
     rows += [
         "",
-        f"{len(rounds)} rounds, {hit} faults injected ({len(faults) - hit} found no target), "
+        f"{len(rounds)} rounds, {len(faults)} faults planned, {sent} sent, {met} met; "
+        f"{sum(x.get('shipped', 0) for x in jobs)} venvs shipped (nodes a `prepare` shipped "
+        f"to), {fills} fills that left root without room; "
         f"{sum(x.get('workers_started', 0) for x in rounds)} workers checked, "
         f"{sum(len(x['restarted']) for x in rounds)} node restarts, "
         f"{sum(len(v) for x in rounds for v in x['violations'].values())} violations"
@@ -391,10 +420,11 @@ def _epoch(hhmm: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--faults", type=int, default=200, help="stop once this many faults hit")
+    p.add_argument("--faults", type=int, default=200, help="stop once this many faults met")
     p.add_argument("--per-round", type=int, default=2 * len(KINDS), help="faults per round")
     p.add_argument("--window", type=float, default=40.0, help="seconds of a round faults fall in")
     p.add_argument("--minutes", type=float, default=0, help="stop after the round past this")
+    p.add_argument("--rounds", type=int, default=0, help="stop after this many rounds")
     p.add_argument(
         "--stop-at", type=_epoch, default=None,
         help="HH:MM (UTC, today): start no round that the last one's length would end past it",
