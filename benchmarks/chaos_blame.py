@@ -4,14 +4,15 @@ plugin's, and a violation ("unexplained failure", with the job's error line).
 A fault explains a failed job when it acted while the job ran (its window: from the moment it
 hit to the end of its hold, plus `GRACE_S` for what follows it: a build that fails, a node the
 GCS counts dead), on a node the job's error names (or any node, where it names none: every job
-asks on every node). A node taken down (a SIGKILLed agent or raylet, or one the round had to
-start again) stays down until the round's end. A driver fault explains only the job whose
+asks on every node). A node taken down (a SIGKILLed agent or raylet, an agent killed after a
+marker, a node cut from the GCS, one the round had to start again; every node, for a head
+restart) stays down until the round's end. A driver fault explains only the job whose
 driver it hit. Times are seconds from the round's start, as the fault records and the jobs'
 `started_s` and `ended_s` give them.
 
 A leftover (a temp dir, a ticket nobody holds) is explained by a SIGKILL on its node that left
-no process to clean up: of an agent, a raylet (its node's processes go with it) or a receiver,
-or by the node's restart.
+no process to clean up: of an agent (after a marker too), a raylet (its node's processes go
+with it), a receiver, the head's processes, or by the node's restart.
 """
 
 from __future__ import annotations
@@ -21,25 +22,40 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 GRACE_S = 30.0  # a fault's effects after it ends: a failing build, a node counted dead
-NODE_DOWN = ("agent", "raylet")  # a SIGKILL of one takes its node down until the round ends
-LEAVES_BEHIND = ("agent", "raylet", "ship_receiver")  # a SIGKILL leaves their temp files
+# A SIGKILL of one of these takes its node down until the round ends (its heal).
+NODE_DOWN = ("agent", "raylet")
+# These take a node down whatever their action: an agent killed after a marker, a node the
+# GCS counted dead, the head (and with it every node: a new GCS) restarted.
+DOWN_ANYWAY = ("marker_kill", "gcs_partition", "head_restart")
+EVERY_NODE = ("head_restart",)
+# A SIGKILL of these leaves their temp files (no process left to clean up).
+LEAVES_BEHIND = ("agent", "raylet", "ship_receiver", "marker_kill", "head_restart")
 
 
-def hit_node(fault: Mapping[str, Any]) -> int | None:
-    """The node a fault acted on; None if it found no target."""
+def hit_nodes(fault: Mapping[str, Any], nodes: int = 3) -> set[int]:
+    """The nodes a fault acted on (empty: it was not sent)."""
     target = fault.get("target")
     if not isinstance(target, Mapping):
-        return None
-    return int(target.get("node", fault["node"]))
+        return set()
+    if fault["kind"] in EVERY_NODE:
+        return set(range(nodes))
+    if isinstance(target.get("nodes"), list):  # a split: both ends
+        return {int(n) for n in target["nodes"]}
+    return {int(target.get("node", fault["node"]))}
+
+
+def takes_node_down(fault: Mapping[str, Any]) -> bool:
+    return fault["kind"] in DOWN_ANYWAY or (
+        fault["action"] == "kill" and fault["kind"] in NODE_DOWN
+    )
 
 
 def window(fault: Mapping[str, Any], restarted: Iterable[int]) -> tuple[float, float]:
     """(from, to) in seconds from the round's start: when the fault may have made a job fail."""
     begin = float(fault.get("at_s", fault["offset_s"]))
-    down = fault["action"] == "kill" and fault["kind"] in NODE_DOWN
-    if down or hit_node(fault) in set(restarted):
+    if takes_node_down(fault) or hit_nodes(fault) & set(restarted):
         return begin, math.inf
-    held = fault["hold_s"] if fault["action"] != "kill" else 0.0
+    held = fault.get("hold_s", 0.0) if fault["action"] != "kill" else 0.0
     return begin, begin + held + GRACE_S
 
 
@@ -47,16 +63,16 @@ def explains(
     fault: Mapping[str, Any], job: Mapping[str, Any], restarted: Iterable[int], ips: Sequence[str]
 ) -> bool:
     """Whether `fault` may have made `job` fail (module docstring)."""
-    node = hit_node(fault)
-    if node is None:
+    nodes = hit_nodes(fault, len(ips))
+    if not nodes:
         return False
     if fault["kind"] == "driver":
         return int(fault["target"].get("pid", -1)) in job.get("pids", ())
     begin, end = window(fault, restarted)
     if not (job["started_s"] <= end and begin <= job["ended_s"]):
         return False
-    named = [i for i, ip in enumerate(ips) if ip and ip in str(job.get("error", ""))]
-    return not named or node in named
+    named = {i for i, ip in enumerate(ips) if ip and ip in str(job.get("error", ""))}
+    return not named or bool(nodes & named)
 
 
 def failed(job: Mapping[str, Any]) -> bool:
@@ -90,7 +106,8 @@ def blame(
 
 
 def name(fault: Mapping[str, Any]) -> str:
-    return f"{fault['kind']}:{fault['action']}@{hit_node(fault)}+{fault.get('at_s', '?')}s"
+    nodes = ",".join(map(str, sorted(hit_nodes(fault))))
+    return f"{fault['kind']}:{fault['action']}@{nodes}+{fault.get('at_s', '?')}s"
 
 
 def left_by_fault(
@@ -102,5 +119,7 @@ def left_by_fault(
     return [
         name(f)
         for f in faults
-        if f["action"] == "kill" and f["kind"] in LEAVES_BEHIND and hit_node(f) == node
+        if f["kind"] in LEAVES_BEHIND
+        and (f["action"] == "kill" or f["kind"] in DOWN_ANYWAY)
+        and node in hit_nodes(f)
     ]

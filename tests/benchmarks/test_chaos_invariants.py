@@ -389,6 +389,13 @@ def test_blame_matches_each_failed_job_to_a_fault_by_node_and_window() -> None:
     assert "1 of 3 nodes failed: 10.0.0.1" in unexplained[1]
     _, later = blame([job("group", 50, 60, error="node 10.0.0.2")], faults, [1], IPS)
     assert later == []  # node 1 had to be restarted: down until the round's end
+    split = {**fault("node_split", "split", 1, 10.0), "target": {"nodes": [1, 2]}}
+    head = {**fault("head_restart", "restart", 0, 40.0), "target": {"node": 0}}
+    on_3 = job("cold2", 0, 20, error="not shipped: node 10.0.0.3: cut")
+    after = job("cold3", 45, 90, error="ActorDiedError: node 10.0.0.2")
+    blamed, unexplained = blame([on_3, after], [split, head], [], IPS)
+    assert blamed == {"cold2": ["node_split:split@1,2+10.0s"],
+                      "cold3": ["head_restart:restart@0,1,2+40.0s"]}  # fmt: skip
 
 
 # --- check_round: the wiring ----------------------------------------------------------------
