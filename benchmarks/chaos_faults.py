@@ -11,11 +11,11 @@ record says both, and what it met. A `uv sync` or a ship lasts seconds: so the f
 need one have it start at their moment (`cold_starts`: the round starts a job then that asks
 for a fresh key, by actors on every node or by `prepare` with shipping), and wait for it.
 
-The faults that take a node down (a SIGKILLed agent or raylet, a head restart, a GCS partition,
-a kill after the marker) fall after the others, in the round's last `LATE_S` seconds past the
-window: before, every node is up for the builds, ships and fills that the other faults hit on
-nodes 1 and 2 (the published run before this, seed 3, had nodes 1 and 2 down within seconds
-of nearly every round, and shipped 2 venvs in all).
+The faults that take a node down fall last: a kill after the marker and a GCS partition at the
+window's end (they wait for the build that their moment starts), SIGKILLs of agents and
+raylets past the window, a head restart last. Before, every node is up for the builds, ships
+and fills that the other faults hit on nodes 1 and 2 (the published run before this, seed 3,
+had nodes 1 and 2 down within seconds of nearly every round, and shipped 2 venvs in all).
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ MEETS = {
 HEAD_SAFE = ("agent", "raylet")
 DISK_STEPS = ("uv_link", "manifest", "marker", "receive")  # when a disk_full fault fills
 LATE_S = 12.0  # the node-killing faults' part of a round, past the window
+WAITS_S = 8.0  # marker_kill, gcs_partition: at the window's end, they wait for their build
 POLL_S = 0.2  # how often a process fault looks for its target
 SYNC_POLL_S = 0.05  # a `uv sync`: it may last under a second
 MARKER_POLL_S = 0.002  # marker_kill: how often it looks for a fresh marker
@@ -95,8 +96,10 @@ def node_killing(kind: str, action: str) -> bool:
 
 def plan(seed: int, round_no: int, per_round: int, window_s: float, nodes: int) -> list[Fault]:
     """The faults of one round: each kind once per `len(KINDS)` faults, in a random order, at
-    random moments of the first `window_s` seconds, those that take a node down in the
-    `LATE_S` after it (a head restart last). Depends only on (seed, round)."""
+    random moments of the first `window_s` seconds; of those that take a node down,
+    `marker_kill` and `gcs_partition` in its last `WAITS_S` (they wait for the build their
+    moment starts), SIGKILLs of agents and raylets in the second half of the `LATE_S` after
+    it, a head restart last. Depends only on (seed, round)."""
     rng = random.Random(f"{seed}-{round_no}")
     kinds: list[str] = []
     while len(kinds) < per_round:
@@ -125,8 +128,10 @@ def plan(seed: int, round_no: int, per_round: int, window_s: float, nodes: int) 
             hold_s = round(rng.uniform(*PARTITION_S), 2)
         if kind == "head_restart":
             offset = window_s + LATE_S + rng.uniform(0, 2)
+        elif kind in ("marker_kill", "gcs_partition"):  # their build begins at the moment
+            offset = rng.uniform(window_s - WAITS_S, window_s)
         elif node_killing(kind, action):
-            offset = rng.uniform(window_s, window_s + LATE_S)
+            offset = rng.uniform(window_s + LATE_S / 2, window_s + LATE_S)
         else:
             offset = rng.uniform(0, window_s)
         faults.append(
