@@ -11,12 +11,12 @@ the old key on this node. So a build (`builder`) runs:
 2. `take_bytecode`: from the nearest ready venv of the same interpreter (`choose`: the most
    distributions in common), the `.pyc` files of each distribution whose dist-info is the same
    there (name, version and `RECORD`, byte for byte but for console scripts, which name their
-   venv), for each module whose source has the size
-   and mtime the `.pyc`'s header checks; each is hardlinked (a `.pyc` is never written in
-   place), then checked against the seed's manifest: the linked inode itself, so a seed
-   changed before or during the link is caught, and the build falls back to a full one. The
-   inode is read and hashed unless the seed's index (`store.hashed`) proves it unchanged since
-   the seed's build hashed it;
+   venv), for each module whose source has the size and mtime the `.pyc`'s header checks;
+   each is hardlinked (a `.pyc` is never written in place), then checked against the seed's
+   manifest: the linked inode itself, so a seed changed before or during the link is caught,
+   and the build falls back to a full one. The inode is read and hashed unless the seed's index
+   (`store.hashed`) proves it unchanged since the seed's build hashed it. `THREADS` threads do
+   this kernel work (`lstat`, `mkdir`, `link` release the GIL), each on its own files;
 3. `bytecode.compile_missing`: the modules left without bytecode, the changed distributions',
    compiled as uv's bytecode step compiles them (uv's own step, a second `uv sync`, where that
    fails).
@@ -33,9 +33,12 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import threading
 from collections.abc import Collection, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from ray_uv_plugin.store import accounting, hashed, manifest
 from ray_uv_plugin.store.layout import DIST_INFO, MARKER, check_ready, read_marker, site_packages
@@ -43,6 +46,11 @@ from ray_uv_plugin.store.layout import DIST_INFO, MARKER, check_ready, read_mark
 CANDIDATES = 8  # the most recently built venvs of this interpreter that are weighed as seeds
 # Distributions in common below which a seed saves too little to be worth its checks.
 MIN_COMMON = 2
+# Threads for the seed's kernel work: `mkdir`, `link` and `lstat` release the GIL, and a
+# `__pycache__` mkdir costs ~250 us of the kernel's time (benchmarks/RESULTS.md, issue 43).
+THREADS = 8
+CHUNK = 256  # `.pyc` files (or dirs) per task
+T = TypeVar("T")
 
 
 class SeedError(ValueError):
@@ -214,12 +222,13 @@ def _sources(dist_info: Path) -> Iterator[str]:
 
 def _pycs(seed_site: str, source: str, listed: dict[str, dict[str, list[str]]]) -> list[str]:
     """The seed's bytecode files of one module, relative to site-packages; `listed` keeps each
-    `__pycache__` dir's `.pyc` names of this interpreter by module, listed once."""
+    `__pycache__` dir's `.pyc` names of this interpreter by module, listed once (twice at most,
+    where two threads ask at once)."""
     folder, _, filename = source.rpartition("/")
     cache = f"{folder}/__pycache__" if folder else "__pycache__"
     by_module = listed.get(cache)
     if by_module is None:
-        by_module = listed[cache] = {}
+        by_module = {}
         tag = f".{sys.implementation.cache_tag}."
         try:
             names = os.listdir(os.path.join(seed_site, cache))
@@ -229,6 +238,7 @@ def _pycs(seed_site: str, source: str, listed: dict[str, dict[str, list[str]]]) 
             module, found, _ = name.partition(tag)
             if found and name.endswith(".pyc"):
                 by_module.setdefault(module, []).append(f"{cache}/{name}")
+        listed[cache] = by_module  # whole, for another thread's distribution in the same dir
     return by_module.get(filename[:-3], [])
 
 
@@ -253,48 +263,84 @@ def take_bytecode(seed: Seed, venv: Path, recorded: accounting.Recorded) -> Take
     base = str(found.relative_to(venv))
     seed_base = str(seed.site.relative_to(seed.path))
     site, seed_site = str(found), str(seed.site)  # strings: ~44,000 files for 425 packages
-    wanted: list[tuple[str, str]] = []  # (.pyc, its source), relative to site-packages
     listed: dict[str, dict[str, list[str]]] = {}
-    for dist in seed.common:
-        for source in _sources(found / dist):
-            if _same_source(f"{site}/{source}", f"{seed_site}/{source}"):
-                wanted += (
-                    (pyc, source)
-                    for pyc in _pycs(seed_site, source, listed)
-                    if f"{base}/{pyc}" not in recorded.hashes
-                    and f"{seed_base}/{pyc}" not in seed.listed
-                )
-    for folder in sorted({rel.rpartition("/")[0] for rel, _ in wanted}):
-        try:
-            os.mkdir(f"{site}/{folder}", 0o755)  # a `__pycache__`: its package's dir is uv's
-        except FileExistsError:
-            pass
-    known: dict[str, tuple[int, manifest.Entry]] = {}
-    for rel, source in wanted:  # one thread: the per-file work holds the GIL, threads only queue
-        entry = seed.files.get(f"{seed_base}/{rel}")
-        if entry is None or entry.kind != "file":
-            raise SeedError(f"the nearest venv {seed.key} has {rel}, which its manifest lacks")
-        target = f"{site}/{rel}"
-        try:
-            os.link(f"{seed_site}/{rel}", target, follow_symlinks=False)
-        except (FileNotFoundError, FileExistsError):
-            continue  # removed meanwhile (gc): compiled in step 3 instead
-        st = os.lstat(target)
-        if seed.hashed is None or seed.hashed.sha256(st) != entry.content:
-            st, sha, head = manifest.read_file(target)  # not provably unchanged: read it
-            if not accounting.header_of(head, f"{site}/{source}"):
-                os.unlink(target)  # not bytecode Python takes for this source: compiled instead
-                continue
-        else:  # the bytes its build read, whose header it checked against the same source
-            sha = entry.content
-        if st.st_size != entry.size or sha != entry.content:
-            os.unlink(target)
-            raise SeedError(
-                f"the nearest venv {seed.key} has {rel} with other content than when it was built"
-            )
-        known[f"{base}/{rel}"] = (st.st_ino, entry)
+
+    def wanted_of(dist: str) -> list[tuple[str, str]]:
+        """(.pyc, its source) of one distribution, relative to site-packages."""
+        return [
+            (pyc, source)
+            for source in _sources(found / dist)
+            if _same_source(f"{site}/{source}", f"{seed_site}/{source}")
+            for pyc in _pycs(seed_site, source, listed)
+            if f"{base}/{pyc}" not in recorded.hashes and f"{seed_base}/{pyc}" not in seed.listed
+        ]
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        wanted = [pair for part in pool.map(wanted_of, seed.common) for pair in part]
+        folders = sorted({f"{site}/{rel.rpartition('/')[0]}" for rel, _ in wanted})
+        list(pool.map(_make_cache_dirs, _chunks(folders)))
+        link = _Linker(seed, site, seed_site, base, seed_base)
+        linked = list(pool.map(link, _chunks(wanted)))  # a SeedError of any chunk: raised here
+    known = {path: found for part in linked for path, found in part.items()}
     size = sum(entry.size for _, entry in known.values())
     return Taken(seed.key, len(seed.common), len(known), size, known, seed.hashed)
+
+
+def _chunks(items: list[T]) -> list[list[T]]:
+    """`items` in runs of `CHUNK`, one task each: neighbours, so threads rarely share a dir."""
+    return [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
+
+
+def _make_cache_dirs(folders: list[str]) -> None:
+    """`__pycache__` dirs for the seed's bytecode: their packages' dirs are uv's."""
+    for folder in folders:
+        try:
+            os.mkdir(folder, 0o755)
+        except FileExistsError:
+            pass
+
+
+class _Linker:
+    """Links one chunk of the seed's `.pyc` files into the new venv and checks each linked
+    inode against the seed's manifest (`take_bytecode`); called from several threads, which
+    share nothing but the seed's index (its count of bytes reused is kept under a lock)."""
+
+    def __init__(self, seed: Seed, site: str, seed_site: str, base: str, seed_base: str) -> None:
+        self.seed, self.site, self.seed_site = seed, site, seed_site
+        self.base, self.seed_base = base, seed_base
+        self.index_lock = threading.Lock()
+
+    def __call__(self, chunk: list[tuple[str, str]]) -> dict[str, tuple[int, manifest.Entry]]:
+        seed, site = self.seed, self.site
+        known: dict[str, tuple[int, manifest.Entry]] = {}
+        for rel, source in chunk:
+            entry = seed.files.get(f"{self.seed_base}/{rel}")
+            if entry is None or entry.kind != "file":
+                raise SeedError(f"the nearest venv {seed.key} has {rel}, which its manifest lacks")
+            target = f"{site}/{rel}"
+            try:
+                os.link(f"{self.seed_site}/{rel}", target, follow_symlinks=False)
+            except (FileNotFoundError, FileExistsError):
+                continue  # removed meanwhile (gc): compiled in step 3 instead
+            st = os.lstat(target)  # the linked inode itself
+            sha = None
+            if seed.hashed is not None:
+                with self.index_lock:
+                    sha = seed.hashed.sha256(st)
+            if sha != entry.content:  # not provably unchanged: read it
+                st, sha, head = manifest.read_file(target)
+                if not accounting.header_of(head, f"{site}/{source}"):
+                    os.unlink(target)  # not bytecode Python takes for this source: compiled
+                    continue
+            # else: the bytes its build read, whose header it checked against the same source
+            if st.st_size != entry.size or sha != entry.content:
+                os.unlink(target)
+                raise SeedError(
+                    f"the nearest venv {seed.key} has {rel} with other content than when it "
+                    "was built"
+                )
+            known[f"{self.base}/{rel}"] = (st.st_ino, entry)
+        return known
 
 
 def untrusted_seed(error: BaseException) -> bool:

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv import UvSyncError
-from ray_uv_plugin.store import freezing, gc, hashed, manifest
+from ray_uv_plugin.store import accounting, freezing, gc, hashed, manifest
 from ray_uv_plugin.store.layout import MARKER, read_marker, site_packages, write_marker
 from tests.support.uvproject import write_project, write_wheel
 
@@ -352,3 +353,101 @@ def test_a_seeded_venv_s_bytecode_is_read_only_and_uv_s_files_keep_their_mode(
         for found in site_packages(venv).rglob("*.pyc"):
             assert found.stat().st_mode & 0o222 == 0, found
     assert (site / "six.py").stat().st_mode & 0o200  # uv's: its cache's inode, as uv made it
+
+
+# --- the seed's kernel work in threads (issue 43) ----------------------------------------------
+
+SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+
+
+def _synthetic_seed(tmp_path: Path, packages: int = 40, modules: int = 10) -> seeding.Seed:
+    """A ready seed of `packages` distributions, without uv: its bytecode compiled by
+    `py_compile` (as its build's compile step does) and listed in its manifest."""
+    import py_compile
+
+    seed = tmp_path / "seed"
+    for p in range(packages):
+        (seed / SITE / f"pkg{p}").mkdir(parents=True)
+        rows = []
+        for m in range(modules):
+            rel = f"pkg{p}/m{m}.py"
+            (seed / SITE / rel).write_text(f"VALUE = {p * 1000 + m}\n")
+            py_compile.compile(str(seed / SITE / rel), doraise=True)
+            rows.append(f"{rel},,\n")
+        (seed / SITE / f"pkg{p}-1.0.dist-info").mkdir()
+        (seed / SITE / f"pkg{p}-1.0.dist-info" / "RECORD").write_text("".join(rows))
+    files: manifest.Files = {}
+    for pyc in (seed / SITE).rglob("*.pyc"):
+        st, sha, _ = manifest.read_file(str(pyc))
+        files[str(pyc.relative_to(seed))] = manifest.file_entry(st.st_mode, st.st_size, sha)
+    common = tuple(sorted(f"pkg{p}-1.0.dist-info" for p in range(packages)))
+    return seeding.Seed("seedkey", seed, seed / SITE, common, files)
+
+
+def _new_venv(seed: seeding.Seed, new: Path) -> Path:
+    """A new venv of the seed's distributions, without bytecode: each source and RECORD
+    hardlinked from the seed's (as uv links its cache's file into both)."""
+    for dirpath, _, filenames in os.walk(seed.site):
+        if os.path.basename(dirpath) == "__pycache__":
+            continue
+        into = new / SITE / os.path.relpath(dirpath, seed.site)
+        into.mkdir(parents=True, exist_ok=True)
+        for name in filenames:
+            os.link(os.path.join(dirpath, name), into / name)
+    return new
+
+
+def test_the_seed_s_links_and_dirs_are_made_in_threads_with_the_same_outcome(
+    tmp_path, monkeypatch
+) -> None:
+    """`mkdir` and `link` release the GIL: several threads make the `__pycache__` dirs and the
+    links, each checked as one thread checked it, and every `.pyc` is taken."""
+    seed = _synthetic_seed(tmp_path)
+    new = _new_venv(seed, tmp_path / "new")
+    monkeypatch.setattr(seeding, "CHUNK", 16, raising=False)
+    threads: dict[str, set[int]] = {"mkdir": set(), "link": set()}
+    real_mkdir, real_link = os.mkdir, os.link
+
+    def mkdir(path, *args, **kwargs):
+        threads["mkdir"].add(threading.get_ident())
+        return real_mkdir(path, *args, **kwargs)
+
+    def link(src, dst, *args, **kwargs):
+        threads["link"].add(threading.get_ident())
+        return real_link(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(os, "link", link)
+    taken = seeding.take_bytecode(seed, new, accounting.read_records(new))
+    monkeypatch.undo()
+    assert len(threads["mkdir"]) > 1 and len(threads["link"]) > 1, threads
+    assert threading.get_ident() not in threads["link"]
+    assert taken.files == len(seed.files) == 400
+    for rel, (inode, entry) in taken.known.items():
+        assert os.lstat(new / rel).st_ino == inode == os.lstat(seed.path / rel).st_ino
+        assert entry == seed.files[rel]
+    assert accepted(new) == []
+
+
+def test_a_changed_seed_file_in_any_thread_s_share_fails_the_take(tmp_path, monkeypatch) -> None:
+    """One seed `.pyc` of 400 that is not what its manifest says (its header still its
+    source's, so Python would load it) is a SeedError, whichever thread links it; one whose
+    header is not its source's is left to the compile step, as with one thread."""
+    seed = _synthetic_seed(tmp_path)
+    new = _new_venv(seed, tmp_path / "new")
+    monkeypatch.setattr(seeding, "CHUNK", 16, raising=False)
+    stale = seed.path / SITE / "pkg3" / "__pycache__" / f"m1.{TAG}.pyc"
+    data = bytearray(stale.read_bytes())
+    data[8] ^= 0xFF  # an mtime its source does not have: the manifest lists it as it is
+    stale.write_bytes(bytes(data))
+    st, sha, _ = manifest.read_file(str(stale))
+    seed.files[str(stale.relative_to(seed.path))] = manifest.file_entry(st.st_mode, st.st_size, sha)
+    taken = seeding.take_bytecode(seed, new, accounting.read_records(new))
+    assert taken.files == 399 and not (new / SITE / "pkg3" / "__pycache__" / stale.name).exists()
+    changed = seed.path / SITE / "pkg27" / "__pycache__" / f"m5.{TAG}.pyc"
+    data = bytearray(changed.read_bytes())
+    data[-1] ^= 0xFF
+    changed.write_bytes(bytes(data))
+    new = _new_venv(seed, tmp_path / "again")
+    with pytest.raises(seeding.SeedError, match=r"pkg27/__pycache__/m5\..*other content"):
+        seeding.take_bytecode(seed, new, accounting.read_records(new))
