@@ -1,4 +1,7 @@
-"""`uv_run_driver --after-change SPEC`: the first `uv run` session after a one-package change.
+"""The first `uv run` session after a one-package change: ours against Ray's hook.
+
+    uv run python -m benchmarks.uv_run_after_change --sets big --actors 1,8,32 --repeats 2 \
+        --change rich==14.3.0 --json benchmarks/results/uv-run-after-change.json
 
 Users iterate: they bump one package, re-lock, and `uv run` the driver again. Before every
 sample, the set's project is back at lock A: its `.venv` synced to A (what Ray's hook and the
@@ -14,8 +17,10 @@ ways (`benchmarks.uv_run_driver`):
 Each sample is timed from `uv run` to all N actors answered, as the matrix is. For ours, the
 plugin's share is the setup Ray's runtime-env agent logged for the job (`uv_project <key>: built
 in ...`, and the seeding line with what it took from A); the rest of the time after `ray.init`
-is Ray's: starting N workers through `setup_worker` and their first calls. B's changed package
-is fetched into the uv cache once beforehand (unmeasured), so that no sample downloads it.
+is Ray's: starting N workers through `setup_worker` and their first calls; the build's steps
+(`step <name> took <s>`: sync, seeding, compile, manifest, freeze) come from the same log. B's
+changed package is fetched into the uv cache once beforehand (unmeasured), so that no sample
+downloads it. The driver bench's options (`benchmarks.uv_run_driver`) apply, and `--change`.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -38,6 +44,9 @@ from benchmarks.report import machine
 from benchmarks.uv_run_driver import (
     Bench,
     Case,
+    console_for_output,
+    in_workdir,
+    parser,
     prepare_set,
     run_sample,
     sync_dot_venv,
@@ -48,6 +57,7 @@ from ray_uv_plugin.store.layout import KEY_LENGTH, read_marker
 
 WAYS = ("ours-change", "ray-hook")
 _DURATION = r"([\d.]+)(ms|s)"
+_STEP = re.compile(r"uv_project \w+: step (\w+) took ([\d.]+)s")
 
 
 def back_to_a(project: BenchProject, lock_a: str, venvs: Path, key_a: str) -> None:
@@ -66,8 +76,8 @@ def seconds(text: str) -> float:
 
 def plugin_share(sample: Sample) -> dict[str, Any]:
     """What the setup log says the plugin did for this job: the build's seconds (from the
-    agent's request to the venv ready), the seeding, compiling and manifest lines, and how the
-    venv was built."""
+    agent's request to the venv ready), its steps' seconds, the seeding, compiling and manifest
+    lines, and how the venv was built."""
     share: dict[str, Any] = {}
     for line in sample.setup_log:
         if found := re.search(rf"uv_project (\w+): (built|reused) in {_DURATION} ->", line):
@@ -76,6 +86,8 @@ def plugin_share(sample: Sample) -> dict[str, Any]:
                 share["setup_s"] = max(share.get("setup_s", 0.0), took)
             else:
                 share["reused"] = share.get("reused", 0) + 1
+        elif found := _STEP.search(line):
+            share.setdefault("steps_s", {})[found.group(1)] = float(found.group(2))
         elif "seeded from" in line:
             share["seeded"] = line.split("uv_project ", 1)[1]
         elif "modules the seed did not give" in line or "manifest of" in line:
@@ -94,7 +106,7 @@ def run(args: argparse.Namespace, sets: list[str], bench: Bench, console: Consol
     meta = machine()
     meta["args"] = {k: str(v) for k, v in vars(args).items()}
     console.print(
-        f"[bold]uv run driver after a one-package change ({args.after_change})[/bold] on "
+        f"[bold]uv run driver after a one-package change ({args.change})[/bold] on "
         f"{meta['cpus']} CPUs, load {meta['loadavg_start'][0]:.1f}"
     )
     write_counting_uv(bench)
@@ -104,11 +116,11 @@ def run(args: argparse.Namespace, sets: list[str], bench: Bench, console: Consol
     for set_name in sets:
         project = prepare_set(set_name, bench)  # lock A, its .venv
         lock_a = (project.path / "uv.lock").read_text()
-        b = changed_lock(project.path, args.after_change, bench.workdir / f"lock-b-{set_name}")
+        b = changed_lock(project.path, args.change, bench.workdir / f"lock-b-{set_name}")
         lock_b = (b / "uv.lock").read_text()
         shutil.rmtree(b)
         if lock_b == lock_a:
-            console.print(f"[red]{set_name}: {args.after_change} leaves the lock as it is[/red]")
+            console.print(f"[red]{set_name}: {args.change} leaves the lock as it is[/red]")
             return 2
         (project.path / "uv.lock").write_text(lock_b)
         sync_dot_venv(project)  # unmeasured: B's package into the uv cache
@@ -150,6 +162,23 @@ def run(args: argparse.Namespace, sets: list[str], bench: Bench, console: Consol
     return 0 if all(s.ok for s in samples) else 1
 
 
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    p.prog = "python -m benchmarks.uv_run_after_change"
+    p.description = __doc__.splitlines()[0]
+    p.add_argument(
+        "--change",
+        required=True,
+        metavar="SPEC",
+        help="the one-package change, as `uv lock --upgrade-package SPEC` takes it "
+        "(e.g. rich==14.3.0)",
+    )
+    args = p.parse_args(argv)
+    sets = [s for s in args.sets.split(",") if s]
+    console = console_for_output()
+    return in_workdir(args, lambda bench: run(args, sets, bench, console))
+
+
 def verdicts(rows: list[Any]) -> list[str]:
     """The issue's target at each N: ours (first session after the change) below Ray's hook."""
     by = {(r.set_name, r.actors, r.way): r.median for r in rows}
@@ -176,3 +205,7 @@ def write_json(
         "verdicts": verdicts(rows),
     }
     path.write_text(json.dumps(data, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

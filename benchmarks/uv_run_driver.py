@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -274,7 +275,8 @@ def wrong_env(sample: Sample, project: BenchProject, bench: Bench) -> str | None
     return None
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
+    """The options of a driver bench (`benchmarks.uv_run_after_change` adds its own)."""
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.uv_run_driver",
         description="A driver started with `uv run --extra <set>`, N plain actors: the floor, "
@@ -301,37 +303,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, help="write every sample, the rows and targets here")
     p.add_argument("--plot", type=Path, help="write a PNG chart here")
     p.add_argument("--markdown", action="store_true", help="also print the tables as Markdown")
-    p.add_argument(
-        "--after-change",
-        metavar="SPEC",
-        help="the first session after a one-package change (`uv lock --upgrade-package SPEC`, "
-        "e.g. rich==14.3.0): ours against Ray's hook (benchmarks.uv_run_after_change)",
-    )
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+def console_for_output() -> Console:
+    return Console() if sys.stdout.isatty() else Console(width=140)
+
+
+def in_workdir(args: argparse.Namespace, run: Callable[[Bench], int]) -> int:
+    """`run` with a Bench in `--workdir`, or in a new temp dir removed afterwards."""
+    # Short: Ray's socket paths live under it (RAY_TMPDIR) and must stay under 107 characters.
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rud-", dir="/tmp"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        return run(Bench(workdir, args.timeout, args.imports))
+    finally:
+        if args.workdir is None:
+            remove_tree(workdir)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console() if sys.stdout.isatty() else Console(width=140)
+    console = console_for_output()
     sets = [s for s in args.sets.split(",") if s]
     ways = [w for w in args.ways.split(",") if w]
     unknown = [s for s in sets if s not in PACKAGE_SETS] + [w for w in ways if w not in WAYS]
     if unknown:
         console.print(f"[red]unknown set(s) or way(s): {', '.join(unknown)}[/red]")
         return 2
-    # Short: Ray's socket paths live under it (RAY_TMPDIR) and must stay under 107 characters.
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rud-", dir="/tmp"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    try:
-        bench = Bench(workdir, args.timeout, args.imports)
-        if args.after_change:
-            from benchmarks import uv_run_after_change
-
-            return uv_run_after_change.run(args, sets, bench, console)
-        return _run(args, sets, ways, bench, console)
-    finally:
-        if args.workdir is None:
-            remove_tree(workdir)
+    return in_workdir(args, lambda bench: _run(args, sets, ways, bench, console))
 
 
 def _run(

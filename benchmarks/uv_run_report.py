@@ -20,7 +20,7 @@ WAY_LABELS = {
     "ours-ready": "ours, venv ready (2nd session on)",
     "ours-first": "ours, first session (builds the venv)",
     "ray-env": "a runtime_env without the plugin (.venv + working_dir)",
-    "ours-change": "ours, first session after a one-package change",  # --after-change
+    "ours-change": "ours, first session after a one-package change",  # uv_run_after_change
 }
 ORDER = (*WAYS, "ours-change")
 # The target: ours above the floor at most this share of Ray's hook's overhead.

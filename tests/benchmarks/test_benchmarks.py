@@ -398,7 +398,7 @@ def test_uv_run_driver_targets_read_off_the_medians() -> None:
 
 @pytest.mark.slow
 def test_uv_run_after_change_reads_the_plugins_share_and_the_verdict() -> None:
-    """`--after-change`: the plugin's setup seconds come from the agent's `built in` line (ms
+    """After a change: the plugin's setup seconds come from the agent's `built in` line (ms
     or s), the rest after `ray.init` is Ray's; ours is judged below Ray's hook at each N."""
     from benchmarks.uv_run_after_change import plugin_share, verdicts
     from benchmarks.uv_run_driver import Sample as DriverSample
@@ -407,6 +407,8 @@ def test_uv_run_after_change_reads_the_plugins_share_and_the_verdict() -> None:
     log = [
         "INFO ... uv_project 0123456789abcdef: seeded from fedcba9876543210: the bytecode of "
         "422 distributions (43862 files, 790 MB) in 11.70s",
+        "INFO ... uv_project 0123456789abcdef: step sync took 0.91s",
+        "INFO ... uv_project 0123456789abcdef: step seeding took 1.23s",
         "INFO ... uv_project 0123456789abcdef: built in 25.84s -> /v/0123456789abcdef",
         "INFO ... uv_project 0123456789abcdef: reused in 812.0ms -> /v/0123456789abcdef",
     ]
@@ -414,6 +416,7 @@ def test_uv_run_after_change_reads_the_plugins_share_and_the_verdict() -> None:
     share = plugin_share(ours)
     assert share["setup_s"] == 25.84 and share["ray_rest_s"] == 14.16 and share["reused"] == 1
     assert share["seeded"].startswith("0123456789abcdef: seeded from fedcba9876543210")
+    assert share["steps_s"] == {"sync": 0.91, "seeding": 1.23}
     assert plugin_share(DriverSample("big", "ray-hook", 8, 0, True, 50.0)) == {}
     rows = summarize_driver(
         [
@@ -429,6 +432,33 @@ def test_uv_run_after_change_reads_the_plugins_share_and_the_verdict() -> None:
         "big x8: ours 60.00s, Ray's hook 50.00s: missed",
         "big x32: ours 90.00s, Ray's hook 120.00s: met",
     ]
+
+
+def test_the_after_change_bench_is_its_own_entry_point_without_an_import_circle(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`benchmarks.uv_run_after_change` takes the driver bench's options and `--change`; the
+    driver bench no longer imports it back (issue 42)."""
+    import ast
+
+    import benchmarks.uv_run_driver as driver
+    from benchmarks.uv_run_after_change import main as after_change_main
+
+    imported = set()
+    for node in ast.walk(ast.parse(Path(driver.__file__).read_text())):
+        if isinstance(node, ast.ImportFrom):
+            imported |= {node.module or ""} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            imported |= {a.name for a in node.names}
+    assert not [name for name in imported if "uv_run_after_change" in name], imported
+    with pytest.raises(SystemExit) as e:
+        after_change_main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--change SPEC" in out and "--actors" in out
+    with pytest.raises(SystemExit) as e:
+        after_change_main(["--sets", "big"])  # no change named
+    assert e.value.code == 2
 
 
 def test_uv_run_driver_benchmark_runs(tmp_path: Path) -> None:
