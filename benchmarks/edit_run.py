@@ -13,7 +13,8 @@ compiled extensions. For each B, in one run (ratios; the machine is noisy):
 - `ready`: the same actor once B's venv is ready, in a new Ray session: what any way of making
   the venv adds its build to (Ray's worker start and the first call).
 
-Target (issue 31): `seeded` within 1.5 x `nocompile`, with complete bytecode.
+Target (issue 43): `seeded` within 3 x `nocompile`, with complete bytecode; each build's steps
+(`step <name> took <s>`: sync, seeding, compile, manifest, freeze) come from its setup log.
 
     uv run python -m benchmarks.edit_run --out benchmarks/results/edit-run.json
 """
@@ -24,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -83,7 +85,13 @@ class Probe:
 
 
 # The build's steps as the setup log says them: seeding, compiling, the manifest, the total.
-_STEPS = ("seeded from", "compiled the", "manifest of", "built in")
+_STEPS = ("seeded from", "compiled the", "manifest of", "built in", "step ")
+_STEP = re.compile(r"^\w+: step (\w+) took ([\d.]+)s$")
+
+
+def step_seconds(steps: list[str]) -> dict[str, float]:
+    """Each step's seconds (`step sync took 0.91s`) of a build's lines (`build_steps`)."""
+    return {m[1]: float(m[2]) for line in steps if (m := _STEP.match(line.strip()))}
 
 
 def build_steps() -> list[str]:
@@ -199,6 +207,8 @@ def main() -> None:
                 "seeded_over_nocompile": round(seeded / nocompile, 2),
                 "seeded_over_full": round(seeded / full, 2),
                 "built": built,
+                "seeded_steps_s": step_seconds(steps),
+                "full_steps_s": step_seconds(full_steps),
                 "seeded_steps": steps,
                 "full_steps": full_steps,
                 "seeded_differs_from_full": differ,

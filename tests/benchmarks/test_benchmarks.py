@@ -461,6 +461,20 @@ def test_the_after_change_bench_is_its_own_entry_point_without_an_import_circle(
     assert e.value.code == 2
 
 
+def test_edit_run_reads_each_build_step_s_seconds_from_the_setup_log() -> None:
+    """`benchmarks.edit_run` keeps a build's lines (`build_steps`: the plugin's message after
+    `uv_project `) and reads each step's seconds from them."""
+    from benchmarks.edit_run import step_seconds
+
+    lines = [
+        "0123456789abcdef: step sync took 0.91s",
+        "0123456789abcdef: seeded from fedcba9876543210: the bytecode of 422 distributions",
+        "0123456789abcdef: step seeding took 1.05s",
+        "0123456789abcdef: step freeze took 12.30s",
+    ]
+    assert step_seconds(lines) == {"sync": 0.91, "seeding": 1.05, "freeze": 12.3}
+
+
 def test_uv_run_driver_benchmark_runs(tmp_path: Path) -> None:
     """`benchmarks.uv_run_driver` for real: drivers started with `uv run --extra small`, one
     actor, one sample per way (about 45 s). Each sample checks where its workers ran."""
