@@ -5,6 +5,9 @@ every worker in the uv environment its class is registered for.
     cluster = RayVirtualCluster([2, 2], num_gpus_per_node=2)
     group = RayWorkerGroup(cluster, RayWorkerBuilder("my_rl.policy.PolicyWorker", lr=1e-5),
                            bundle_indices_list=[(0, [0, 1]), (1, [0, 1])])
+
+Placed where the env is ready (`readiness`: "prefer", the default, "require" or "ignore"),
+and no rank starts before its node's env is ready.
 """
 
 from worker_groups._helper_tasks import HELPER_PYTHON_ENV, HelperTaskError
@@ -23,6 +26,11 @@ from worker_groups.group import (
     RayWorkerGroup,
     UnknownWorkerMethodError,
     WorkerStartupTimeoutError,
+)
+from worker_groups.readiness import (
+    NoReadyNodeError,
+    placement_group_on_ready,
+    ready_node_selector,
 )
 from worker_groups.registry import (
     ACTOR_ENVIRONMENT_REGISTRY,
@@ -44,6 +52,7 @@ __all__ = [
     "InfeasibleClusterError",
     "MultiWorkerFuture",
     "NamedSharding",
+    "NoReadyNodeError",
     "PlacementGroupTimeoutError",
     "PluginNotLoadedError",
     "RayVirtualCluster",
@@ -55,5 +64,7 @@ __all__ = [
     "UnregisteredWorkerError",
     "WorkerStartupTimeoutError",
     "get_actor_uv_project",
+    "placement_group_on_ready",
+    "ready_node_selector",
     "register_actor_environment",
 ]

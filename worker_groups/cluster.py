@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ray
@@ -47,6 +47,12 @@ from worker_groups.feasibility import (
     ResourceInsufficientError,
     check_feasible,
     fmt,
+)
+from worker_groups.readiness import (
+    DEFAULT_READINESS,
+    bundle_labels,
+    check_readiness,
+    place_on_ready,
 )
 from worker_groups.topology import BundleInfo, sort_bundle_indices_by_topology
 
@@ -161,12 +167,18 @@ class RayVirtualCluster:
     # -- placement groups -------------------------------------------------------------------
 
     def _init_placement_groups(
-        self, strategy: str | None = None, use_unified_pg: bool = False
+        self,
+        strategy: str | None = None,
+        use_unified_pg: bool = False,
+        uv_project: Mapping[str, Any] | None = None,
+        readiness: str = DEFAULT_READINESS,
     ) -> list[PlacementGroup]:
         """Create the placement groups unless they exist: one ``PACK`` group per node, or one
         group of every bundle with ``strategy`` (default: the cluster's) when ``use_unified_pg``.
         Waits at most ``ready_timeout_s``; a request that the nodes alive now cannot hold fails
-        at once, unless nodes may still join (`_why_wait_for_nodes`)."""
+        at once, unless nodes may still join (`_why_wait_for_nodes`). With a `uv_project`
+        value, the bundles go on the nodes where its env is ready, as `readiness` asks
+        (`readiness.place_on_ready`); the first caller's env decides, for every group on them."""
         if self._shut_down:
             raise RuntimeError("this RayVirtualCluster was shut down: create a new one")
         if self._node_placement_groups is not None:
@@ -199,10 +211,25 @@ class RayVirtualCluster:
                 self.ready_timeout_s,
                 waiting_for,
             )
-        pgs = [
-            placement_group(bundles, strategy=s, name=f"{self.name}-{n}" if self.name else "")
-            for bundles, s, n in requests
-        ]
+
+        def make(selector: dict[str, str] | None) -> list[PlacementGroup]:
+            return [
+                placement_group(
+                    bundles,
+                    strategy=s,
+                    name=f"{self.name}-{n}" if self.name else "",
+                    **bundle_labels(selector, len(bundles)),
+                )
+                for bundles, s, n in requests
+            ]
+
+        if uv_project is None:
+            pgs = make(None)
+        else:
+            what = f"virtual cluster {self._bundle_ct_per_node_list}"
+            pgs = place_on_ready(
+                make, uv_project, check_readiness(readiness), self.ready_timeout_s, what
+            )
         self._wait_ready(pgs, waiting_for)
         self._node_placement_groups = pgs
         if use_unified_pg and self.use_gpus:
@@ -300,10 +327,14 @@ class RayVirtualCluster:
         self._nvlink_domain_per_bundle_index = tuple(i.nvlink_domain for i in infos)
         self._sorted_bundle_indices = sort_bundle_indices_by_topology(infos)
 
-    def get_placement_groups(self) -> list[PlacementGroup]:
-        """The placement groups (created on first call): one per node that has bundles, in node
-        order, or the single unified one."""
-        return [pg for pg in self._init_placement_groups() if pg.bundle_specs]
+    def get_placement_groups(
+        self, uv_project: Mapping[str, Any] | None = None, readiness: str = DEFAULT_READINESS
+    ) -> list[PlacementGroup]:
+        """The placement groups (created on first call, where `uv_project`'s env is ready as
+        `readiness` asks): one per node that has bundles, in node order, or the single unified
+        one."""
+        pgs = self._init_placement_groups(uv_project=uv_project, readiness=readiness)
+        return [pg for pg in pgs if pg.bundle_specs]
 
     def world_size(self) -> int:
         return self._world_size

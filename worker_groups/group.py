@@ -36,6 +36,7 @@ from worker_groups.cluster import RayVirtualCluster
 from worker_groups.dispatch import check_layout_covers
 from worker_groups.group_dispatch import UnknownWorkerMethodError, WorkerDispatch
 from worker_groups.placement import bundles_from_workers_per_node, check_bundle_indices
+from worker_groups.readiness import DEFAULT_READINESS, WaitLines, check_readiness, wait_line
 from worker_groups.sharding import NamedSharding
 from worker_groups.worker_env import (
     PluginNotLoadedError,
@@ -83,6 +84,7 @@ class RayWorkerGroup(WorkerDispatch):
         *,
         startup_timeout_s: float | None = DEFAULT_STARTUP_TIMEOUT_S,
         runtime_env_config: dict[str, Any] | None = None,
+        readiness: str = DEFAULT_READINESS,
     ) -> None:
         if not isinstance(remote_worker_builder, RayWorkerBuilder):
             raise TypeError(
@@ -99,6 +101,7 @@ class RayWorkerGroup(WorkerDispatch):
             raise ValueError(f"startup_timeout_s must be > 0 or None, got {startup_timeout_s}")
         self.startup_timeout_s = startup_timeout_s
         self.runtime_env_config = check_runtime_env_config(runtime_env_config)
+        self.readiness = check_readiness(readiness)
         self.cluster = cluster
         self.name_prefix = name_prefix
         self.sharding_annotations = sharding_annotations
@@ -108,7 +111,15 @@ class RayWorkerGroup(WorkerDispatch):
         self._initializer_pool: dict[int, ActorHandle] = {}
         self.dp_leader_worker_indices: list[int] = []
         self.worker_to_tied_group_index: dict[int, int] = {}
-        counts = [pg.bundle_count for pg in cluster.get_placement_groups()]
+        group_env: dict[str, Any] = {"env_vars": {**driver_env_vars(), **env_vars}}
+        if self.runtime_env_config is not None:
+            group_env["config"] = dict(self.runtime_env_config)
+        base = remote_worker_builder.worker_options({"runtime_env": group_env})  # may refuse
+        self._uv_project = base["runtime_env"].get("uv_project") or job_default_uv_project(
+            base["runtime_env"]
+        )
+        pgs = cluster.get_placement_groups(self._uv_project, self.readiness)
+        counts = [pg.bundle_count for pg in pgs]
         if bundle_indices_list is None:
             bundle_indices_list = bundles_from_workers_per_node(counts, workers_per_node)
         else:
@@ -118,22 +129,18 @@ class RayWorkerGroup(WorkerDispatch):
             if not isinstance(sharding_annotations, NamedSharding):
                 raise TypeError("sharding_annotations must be a NamedSharding")
             check_layout_covers(sharding_annotations, self.world_size)
-        self._create_workers_from_bundle_indices(
-            remote_worker_builder, bundle_indices_list, env_vars
-        )
+        self._create_workers_from_bundle_indices(remote_worker_builder, bundle_indices_list, base)
 
     def _create_workers_from_bundle_indices(
         self,
         remote_worker_builder: RayWorkerBuilder,
         bundle_indices_list: list[tuple[int, list[int]]],
-        env_vars: dict[str, str] | None = None,
+        base: dict[str, Any],
     ) -> None:
-        """Create every worker at once (one initializer per node), then wait for all of them."""
+        """Create every worker at once (one initializer per node), once the env is ready on
+        all their nodes (`_prepare_env`), then wait for all of them. `base`: the workers'
+        options (`RayWorkerBuilder.worker_options`)."""
         pgs = self.cluster.get_placement_groups()
-        group_env = {"env_vars": {**driver_env_vars(), **(env_vars or {})}}
-        if self.runtime_env_config is not None:
-            group_env["config"] = dict(self.runtime_env_config)
-        base = remote_worker_builder.worker_options({"runtime_env": group_env})  # may refuse
         self._prepare_env(base["runtime_env"], pgs)
         self.master_address, self.master_port = self.cluster.get_master_address_and_port()
         pairs = [(node, b) for node, bundles in bundle_indices_list for b in bundles]
@@ -215,36 +222,43 @@ class RayWorkerGroup(WorkerDispatch):
         )
 
     def _prepare_env(self, runtime_env: dict[str, Any], pgs: list) -> None:
-        """Before any worker starts: build the workers' uv_project env on one of the group's
-        nodes and ship it to the others (`ray_uv_plugin.cluster.prepare`), as `ray-uv prepare` does.
-        Nodes that have it already cost one small task each; off with RAY_UV_PLUGIN_SHIP=0.
-        Workers without a uv_project of their own under a `uv run` driver run in the job's
-        default env (`job_default_uv_project`): that one is prepared then."""
+        """The gate, before any worker starts: build the workers' uv_project env on one of the
+        group's nodes and ship it to the others (`ray_uv_plugin.cluster.prepare`), as `ray-uv
+        prepare` does; with RAY_UV_PLUGIN_SHIP=0 each node builds its own. Nodes that have it
+        already cost one small task each. Workers without a uv_project of their own under a
+        `uv run` driver run in the job's default env (`job_default_uv_project`): that one is
+        prepared then. While it waits, a line per node not ready (`WaitLines`); if the
+        startup timeout runs out first, `WorkerStartupTimeoutError` names each node still on
+        its way and what it is doing, and no rank has started: none waits in a rendezvous
+        for ranks whose env is still building."""
         from ray.util import placement_group_table
 
         from ray_uv_plugin.cluster.prepare import outcome_counts, prepare_nodes
-        from ray_uv_plugin.ship.transfer import shipping_enabled
 
-        value = runtime_env.get("uv_project") or job_default_uv_project(runtime_env)
-        if value is None or not shipping_enabled():
+        value = self._uv_project
+        if value is None:
             return
         node_ids = {
             n for pg in pgs for n in placement_group_table(pg)["bundles_to_node_id"].values()
         }
         if len(node_ids) < 2:
-            return  # one node builds it once anyway
+            return  # one node builds it once, for all its ranks
         addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         nodes = [(n, addresses.get(n, n[:8])) for n in sorted(node_ids)]
         what = self.name_prefix or "worker group"
+        timeout = self.startup_timeout_s or DEFAULT_STARTUP_TIMEOUT_S
         start = time.perf_counter()
-        results = prepare_nodes(
-            value,
-            nodes,
-            self.startup_timeout_s or DEFAULT_STARTUP_TIMEOUT_S,
-            on_result=lambda r: logger.info("%s: uv_project env: %s: %s", what, r.label, r.summary),
-            runtime_env=helper_runtime_env(),
-            probe_env={**runtime_env, "uv_project": value},
-        )
+        with WaitLines(what, value, node_ids).said() as lines:
+            results = prepare_nodes(
+                value,
+                nodes,
+                timeout,
+                on_result=lambda r: logger.info(
+                    "%s: uv_project env: %s: %s", what, r.label, r.summary
+                ),
+                runtime_env=helper_runtime_env(),
+                probe_env={**runtime_env, "uv_project": value},
+            )
         logger.info(
             "%s: uv_project env ready on %d of %d nodes in %.2fs (%s)",
             what,
@@ -253,6 +267,18 @@ class RayWorkerGroup(WorkerDispatch):
             time.perf_counter() - start,
             outcome_counts(results),
         )
+        failed = [r.node_id for r in results if not r.ok]
+        # A node whose build failed is left to its workers, whose error is the build's own.
+        on_its_way = lines.not_ready(failed) if failed else []
+        if on_its_way:
+            raise WorkerStartupTimeoutError(
+                f"{self.world_size} workers of {self.ray_actor_class_fqn} not started: their "
+                f"uv_project env was not ready on {len(on_its_way)} of {len(nodes)} nodes "
+                f"after {timeout:g}s: "
+                + "; ".join(wait_line(setup) for setup in on_its_way)
+                + ". No rank was started. Warm the nodes with `ray-uv prepare`, or raise "
+                "startup_timeout_s."
+            )
 
     def _remaining(self, start: float) -> float | None:
         if self.startup_timeout_s is None:

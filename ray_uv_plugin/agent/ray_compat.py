@@ -30,6 +30,9 @@ from typing import Any
 # both true.
 OLDEST_RAY = "2.44.1"
 LOCKED_RAY = "2.60.0"
+# The first Ray whose placement groups take a label selector per bundle (every node carries
+# `ray.io/node-id`): worker groups place by readiness from it, and on older Rays only gate.
+LABEL_SELECTORS_SINCE = "2.50"
 
 
 class RayInternalsChanged(RuntimeError):
@@ -98,6 +101,15 @@ def _takes(*names: str, coroutine: bool = False) -> Callable[[Any], str | None]:
         if found[: len(names)] != list(names):
             return f"takes ({', '.join(found)}), not ({', '.join(names)}, ...)"
         return None
+
+    return check
+
+
+def _has_parameter(name: str) -> Callable[[Any], str | None]:
+    """A check that a function takes a parameter `name` (anywhere in its signature)."""
+
+    def check(func: Any) -> str | None:
+        return None if name in _parameters(func) else f"has no parameter {name!r}"
 
     return check
 
@@ -283,6 +295,13 @@ DRIVER: tuple[RayInternal, ...] = (
         "the autoscaler's status key, which worker groups read to say why a group waits",
         _is(str),
     ),
+    RayInternal(
+        "ray.util.placement_group.placement_group",
+        "placement_group(bundle_label_selector=[{'ray.io/node-id': 'in(...)'}]): worker groups "
+        "place their bundles on the nodes whose env is ready",
+        _has_parameter("bundle_label_selector"),
+        since=LABEL_SELECTORS_SINCE,
+    ),
 )
 
 
@@ -293,6 +312,12 @@ def _older(version: str, than: str) -> bool:
         return Version(version) < Version(than)
     except InvalidVersion:
         return False
+
+
+def has_label_selectors(ray_version: str) -> bool:
+    """Whether a Ray places bundles by label (`LABEL_SELECTORS_SINCE`); DRIVER checks that
+    such a Ray still takes `bundle_label_selector`."""
+    return not _older(ray_version, LABEL_SELECTORS_SINCE)
 
 
 def problems(internals: Sequence[RayInternal], ray_version: str) -> list[str]:

@@ -22,8 +22,9 @@ import signal
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
+from threading import Event
 from time import sleep
-from typing import Any, NoReturn
+from typing import Any
 
 from ray_uv_plugin.cluster import prepare
 from ray_uv_plugin.cluster.connect import clean_error
@@ -63,11 +64,17 @@ def _alive_ids() -> set[str]:
 
 
 def watch_nodes(
-    env: UvEnv, seen: Sequence[NodeResult], options: WatchOptions, reporter: WatchReporter
-) -> NoReturn:
+    env: UvEnv,
+    seen: Sequence[NodeResult],
+    options: WatchOptions,
+    reporter: WatchReporter,
+    stop: Event | None = None,
+) -> None:
     """Prepare each node that joins (connected already), reporting each, until a
-    KeyboardInterrupt ends it. `seen`: the results of the nodes prepared before (the sources to
-    ship from). Before each round, `reporter.round(nodes, source)`: the nodes that joined, and
+    KeyboardInterrupt ends it, or `stop` is set (a worker group that waits for its placement
+    runs it in a thread: `worker_groups.readiness`). `seen`: the results of the nodes known
+    before (those with the env ready are the sources to ship from; the others are not
+    prepared). Before each round, `reporter.round(nodes, source)`: the nodes that joined, and
     the node they are shipped from (None: they build). `options.timeout` bounds each round."""
     import ray
 
@@ -84,7 +91,10 @@ def watch_nodes(
         reporter.result(result)
 
     while True:
-        sleep(options.interval)
+        if stop is None:
+            sleep(options.interval)
+        elif stop.wait(options.interval):
+            return
         nodes = prepare.alive_nodes()
         new = [n for n in nodes if n[0] not in results]
         if not new:

@@ -25,7 +25,8 @@ from ray.cluster_utils import Cluster
 from ray_uv_plugin.cluster.prepare import NodeResult, alive_nodes
 from ray_uv_plugin.store.layout import check_ready, read_marker
 from tests.ship.test_ship import run_on
-from tests.support.uvproject import CountingUv, write_project
+from tests.support.raylets import Raylet
+from tests.support.uvproject import write_project
 
 RAY_UV = str(Path(sys.executable).parent / "ray-uv")
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,18 +158,6 @@ def test_bad_watch_options_are_clear_errors(args: list[str], message: str) -> No
 
 
 # --- a running cluster that grows ------------------------------------------------------------
-
-
-class Raylet:
-    """One node's venv dir and uv (which counts its `uv sync` runs); uv's cache is the
-    machine's, shared: only the syncs tell a build from a receive."""
-
-    def __init__(self, base: Path) -> None:
-        self.venvs = base / "venvs"
-        self.uv = CountingUv(base / "uv")
-
-    def env(self) -> dict[str, str]:
-        return {"RAY_UV_PLUGIN_VENV_DIR": str(self.venvs), "RAY_UV_PLUGIN_UV": str(self.uv.path)}
 
 
 @pytest.fixture(scope="module")

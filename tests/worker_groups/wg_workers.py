@@ -97,3 +97,15 @@ class DecoratedWorker:
             "config": dict(config),
             "node_id": ray.get_runtime_context().get_node_id(),
         }
+
+
+class StartedWorker(EchoWorker):
+    """An `EchoWorker` that knows when its `__init__` ran: where a rank would enter its
+    rendezvous."""
+
+    def __init__(self, tag: str = "", **init_kwargs: Any) -> None:
+        super().__init__(tag, **init_kwargs)
+        self.started = time.time()
+
+    def started_at(self) -> float:
+        return self.started

@@ -1,0 +1,240 @@
+"""Placement by readiness and the gate (issue 41): where a group's env is ready decides where it
+is placed (Ray 2.50+), a node that joins while a group waits is prepared and used, and no rank
+starts before its env is ready on every node, with a line per node while it waits and a
+timeout that names the node and what it is doing.
+
+Real Ray: raylets added to the package's cluster, each a simulated machine with its own venv
+dir and uv (`tests.support.raylets`), and a resource of their own (`RDY`) that the groups'
+bundles ask for, so that they land on these nodes only. Node B's uv sleeps `SLOW_S` before each
+sync: its build is that much slower than A's."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from ray_uv_plugin.cluster.prepare import prepare_nodes
+from ray_uv_plugin.cluster.readiness import NodeSetup
+from ray_uv_plugin.store.layout import read_marker
+from tests.support.raylets import Raylet
+from tests.support.uvproject import write_project
+from tests.worker_groups.conftest import WORKER_ENV, alive_actors
+from worker_groups import (
+    ACTOR_ENVIRONMENT_REGISTRY,
+    RayVirtualCluster,
+    RayWorkerBuilder,
+    RayWorkerGroup,
+    WorkerStartupTimeoutError,
+)
+from worker_groups import readiness as placement
+from worker_groups.readiness import (
+    check_readiness,
+    label_selectors,
+    node_id_selector,
+    placement_group_on_ready,
+    ready_node_selector,
+    wait_line,
+)
+
+pytestmark = pytest.mark.timeout(600)
+
+STARTED = "wg_workers.StartedWorker"
+RDY = {"wg_rdy": 1}
+SLOW_S = 40
+needs_label_selectors = pytest.mark.skipif(
+    not label_selectors(), reason=f"Ray {ray.__version__} places no bundle by label: gate only"
+)
+
+
+# --- pure ------------------------------------------------------------------------------------
+
+
+def test_the_modes_are_checked() -> None:
+    assert check_readiness("require") == "require"
+    with pytest.raises(ValueError, match="use 'prefer' .* 'require' .* or 'ignore'"):
+        check_readiness("ready")
+
+
+def test_a_selector_names_the_nodes() -> None:
+    assert node_id_selector(["b2", "a1"]) == {"ray.io/node-id": "in(a1,b2)"}
+
+
+def test_a_wait_line_says_what_the_node_does() -> None:
+    building = NodeSetup(
+        "3f2a9c1d" + "0" * 48, "10.0.0.3", "k", "building", phase="flash-attn", seconds=432.5
+    )
+    assert wait_line(building) == "node 10.0.0.3 (3f2a9c1d): building flash-attn 7m12s"
+    receiving = NodeSetup(
+        "ab" * 28, "10.0.0.4", "k", "receiving", seconds=3, bytes=3 * 2**20, source="10.0.0.3"
+    )
+    assert wait_line(receiving).startswith("node 10.0.0.4 (abababab): receiving 3s 3")
+    assert wait_line(receiving).endswith("from 10.0.0.3")
+    failed = NodeSetup("cd" * 28, "10.0.0.5", None, "failed", cause="no key here: boom")
+    assert wait_line(failed) == "node 10.0.0.5 (cdcdcdcd): failed: no key here: boom"
+
+
+# --- real Ray ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def nodes(two_node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Nodes A and B (B's builds `SLOW_S` slower), one CPU and one `RDY` each; `join()` adds
+    a node C like A, removed at the end."""
+    base = tmp_path_factory.mktemp("readiness")
+    raylets = {name: Raylet(base / name) for name in "abc"}
+    slow = {"SLOW_UV_SECONDS": str(SLOW_S)}
+    added = {
+        "a": two_node_cluster.add_node(num_cpus=1, resources=RDY, env_vars=raylets["a"].env()),
+        "b": two_node_cluster.add_node(
+            num_cpus=1, resources=RDY, env_vars={**raylets["b"].env(), **slow}
+        ),
+    }
+    two_node_cluster.wait_for_nodes()
+
+    def join() -> str:
+        added["c"] = two_node_cluster.add_node(
+            num_cpus=1, resources=RDY, env_vars=raylets["c"].env()
+        )
+        return added["c"].node_id
+
+    try:
+        yield SimpleNamespace(
+            **{f"{n}_id": node.node_id for n, node in added.items()}, raylets=raylets, join=join
+        )
+    finally:
+        for node in added.values():
+            two_node_cluster.remove_node(node)
+
+
+def new_project(tmp_path: Path) -> Path:
+    return write_project(tmp_path / "proj", ["six"], name=f"ready{time.monotonic_ns()}")
+
+
+def group_of(project: Path, monkeypatch: pytest.MonkeyPatch, counts: list[int], **kw: Any):
+    monkeypatch.setitem(ACTOR_ENVIRONMENT_REGISTRY, STARTED, {"project": str(project)})
+    cluster = RayVirtualCluster(
+        counts, use_gpus=False, node_resource_constraints=[RDY] * len(counts)
+    )
+    try:
+        group = RayWorkerGroup(cluster, RayWorkerBuilder(STARTED), env_vars=WORKER_ENV, **kw)
+    except BaseException:
+        cluster.shutdown()
+        raise
+    return cluster, group
+
+
+def worker_nodes(group: RayWorkerGroup) -> list[str]:
+    return [info["node_id"] for info in ray.get([w.info.remote() for w in group.workers])]
+
+
+def test_no_rank_starts_before_every_node_has_its_env(
+    nodes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each node builds its own (shipping off), B `SLOW_S` later than A: the gate holds A's
+    rank until B's env is ready too, so both enter their `__init__` (where a rendezvous
+    starts) within seconds of each other, and the driver says what B is doing meanwhile."""
+    monkeypatch.setenv("RAY_UV_PLUGIN_SHIP", "0")
+    project = new_project(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="worker_groups.readiness"):
+        cluster, group = group_of(project, monkeypatch, [1, 1])
+    try:
+        assert sorted(worker_nodes(group)) == sorted([nodes.a_id, nodes.b_id])
+        started = ray.get([w.started_at.remote() for w in group.workers])
+        assert max(started) - min(started) < 5, started
+        lines = [r.getMessage() for r in caplog.records]
+        about_b = [line for line in lines if f"({nodes.b_id[:8]}): " in line]
+        assert about_b, lines
+    finally:
+        group.shutdown()
+        cluster.shutdown()
+
+
+def test_a_timeout_names_the_node_and_what_it_is_doing(
+    nodes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B's build outlasts the startup timeout: the error names B and its state, not A (ready),
+    and no rank was started."""
+    monkeypatch.setenv("RAY_UV_PLUGIN_SHIP", "0")
+    project = new_project(tmp_path)
+    with pytest.raises(WorkerStartupTimeoutError) as caught:
+        group_of(project, monkeypatch, [1, 1], startup_timeout_s=SLOW_S / 2)
+    message = str(caught.value)
+    assert f"({nodes.b_id[:8]}): " in message, message
+    assert any(f"({nodes.b_id[:8]}): {state}" in message for state in ("queued", "building"))
+    assert nodes.a_id[:8] not in message
+    assert "No rank was started" in message
+    assert not alive_actors("StartedWorker")
+
+
+@needs_label_selectors
+def test_prefer_places_on_the_ready_node_and_builds_nothing(
+    nodes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The env is ready on A only: a one-bundle group lands there (B, free too, is not
+    ready), with no build anywhere; a user's own placement group and task too."""
+    project = new_project(tmp_path)
+    value = {"project": str(project)}
+    (ready,) = prepare_nodes(value, [(nodes.a_id, "a")], 300)
+    assert ready.ok, ready
+    syncs = {n: r.uv.syncs() for n, r in nodes.raylets.items()}
+
+    assert ready_node_selector(value) == node_id_selector([nodes.a_id])
+    pg = placement_group_on_ready([{"CPU": 1, **RDY}], value, readiness="require", timeout_s=60)
+    try:
+        table = ray.util.placement_group_table(pg)
+        assert set(table["bundles_to_node_id"].values()) == {nodes.a_id}
+    finally:
+        ray.util.remove_placement_group(pg)
+
+    cluster, group = group_of(project, monkeypatch, [1])
+    try:
+        assert worker_nodes(group) == [nodes.a_id]
+    finally:
+        group.shutdown()
+        cluster.shutdown()
+    assert {n: r.uv.syncs() for n, r in nodes.raylets.items()} == syncs
+
+
+@needs_label_selectors
+def test_a_node_that_joins_while_a_group_waits_is_prepared_and_used(
+    nodes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "require" with the env ready on A only: a two-bundle group waits; node C joins, is sent
+    the env from A (no build there), and the group is placed again, on A and C."""
+    monkeypatch.setattr(placement, "POLL_S", 1.0)
+    project = new_project(tmp_path)
+    (ready,) = prepare_nodes({"project": str(project)}, [(nodes.a_id, "a")], 300)
+    assert ready.ok, ready
+    made: dict[str, Any] = {}
+
+    def make() -> None:  # the wait: in a thread, as a node is added from the main one only
+        try:
+            made["group"] = group_of(project, monkeypatch, [1, 1], readiness="require")
+        except BaseException as e:  # noqa: BLE001 - raised below
+            made["error"] = e
+
+    waiting = threading.Thread(target=make)
+    waiting.start()
+    time.sleep(5.0)
+    assert waiting.is_alive(), made  # one ready node cannot hold two bundles
+    joined = nodes.join()
+    waiting.join(timeout=400)
+    assert "group" in made, made
+    cluster, group = made["group"]
+    try:
+        assert sorted(worker_nodes(group)) == sorted([nodes.a_id, joined])
+    finally:
+        group.shutdown()
+        cluster.shutdown()
+    c = nodes.raylets["c"]
+    assert c.uv.syncs() == 0
+    assert read_marker(c.venvs / ready.key)["shipped_from"]
