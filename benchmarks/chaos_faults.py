@@ -11,11 +11,10 @@ record says both, and what it met. A `uv sync` or a ship lasts seconds: so the f
 need one have it start at their moment (`cold_starts`: the round starts a job then that asks
 for a fresh key, by actors on every node or by `prepare` with shipping), and wait for it.
 
-The faults that take a node down fall last: a kill after the marker and a GCS partition at the
-window's end (they wait for the build that their moment starts), SIGKILLs of agents and
-raylets past the window, a head restart last. Before, every node is up for the builds, ships
-and fills that the other faults hit on nodes 1 and 2 (the published run before this, seed 3,
-had nodes 1 and 2 down within seconds of nearly every round, and shipped 2 venvs in all).
+The faults that take a node down fall past the window (`plan`), a head restart last. Before,
+every node is up for the builds, ships and fills that the other faults hit on nodes 1 and 2
+(the published run before this, seed 3, had nodes 1 and 2 down within seconds of nearly every
+round, and shipped 2 venvs in all).
 """
 
 from __future__ import annotations
@@ -65,8 +64,7 @@ MEETS = {
 # A SIGKILLed raylet or agent takes its node down: never the head's (the GCS lives there).
 HEAD_SAFE = ("agent", "raylet")
 DISK_STEPS = ("uv_link", "manifest", "marker", "receive")  # when a disk_full fault fills
-LATE_S = 12.0  # the node-killing faults' part of a round, past the window
-WAITS_S = 8.0  # marker_kill, gcs_partition: at the window's end, they wait for their build
+LATE_S = 10.0  # the node-killing faults come in steps of this, past the window
 POLL_S = 0.2  # how often a process fault looks for its target
 SYNC_POLL_S = 0.05  # a `uv sync`: it may last under a second
 MARKER_POLL_S = 0.002  # marker_kill: how often it looks for a fresh marker
@@ -96,10 +94,10 @@ def node_killing(kind: str, action: str) -> bool:
 
 def plan(seed: int, round_no: int, per_round: int, window_s: float, nodes: int) -> list[Fault]:
     """The faults of one round: each kind once per `len(KINDS)` faults, in a random order, at
-    random moments of the first `window_s` seconds; of those that take a node down,
-    `marker_kill` and `gcs_partition` in its last `WAITS_S` (they wait for the build their
-    moment starts), SIGKILLs of agents and raylets in the second half of the `LATE_S` after
-    it, a head restart last. Depends only on (seed, round)."""
+    random moments of the first `window_s` seconds; those that take a node down after it, when
+    the window's ships have had time to end: `marker_kill` and `gcs_partition` (they wait for
+    the build their moment starts) 5-10 s past it, SIGKILLs of agents and raylets 20-30 s past
+    it, a head restart 30-32 s past it. Depends only on (seed, round)."""
     rng = random.Random(f"{seed}-{round_no}")
     kinds: list[str] = []
     while len(kinds) < per_round:
@@ -127,11 +125,11 @@ def plan(seed: int, round_no: int, per_round: int, window_s: float, nodes: int) 
         if kind == "gcs_partition":
             hold_s = round(rng.uniform(*PARTITION_S), 2)
         if kind == "head_restart":
-            offset = window_s + LATE_S + rng.uniform(0, 2)
+            offset = window_s + 3 * LATE_S + rng.uniform(0, 2)
         elif kind in ("marker_kill", "gcs_partition"):  # their build begins at the moment
-            offset = rng.uniform(window_s - WAITS_S, window_s)
-        elif node_killing(kind, action):
             offset = rng.uniform(window_s + LATE_S / 2, window_s + LATE_S)
+        elif node_killing(kind, action):
+            offset = rng.uniform(window_s + 2 * LATE_S, window_s + 3 * LATE_S)
         else:
             offset = rng.uniform(0, window_s)
         faults.append(
@@ -203,6 +201,8 @@ class Injector:
         self.ray_uv = ray_uv
         self.stopped: set[int] = set()
         self.lock = threading.Lock()
+        self.head_lock = threading.Lock()
+        self.cuts = {pair: threading.Lock() for pair in ((0, 1), (0, 2), (1, 2))}
         self.loop_dir = cluster.nodes[LOOP_NODE].venv_dir.parent
 
     def processes(self, kind: str, node: int) -> list[int]:
@@ -373,12 +373,16 @@ class Injector:
             filler.unlink(missing_ok=True)
 
     def _head_restart(self, fault: Fault, record, done, until, start) -> None:
-        head = self.cluster.nodes[0]
-        up = head.alive
-        self._mark(record, start, {"node": 0, "gcs_before": self.cluster.gcs})
-        self.cluster.restart_head(keep=self.driver_pids())
-        record["target"]["gcs_after"] = self.cluster.gcs
-        record["met"], record["what"] = up, "the head was up" if up else "the head was down"
+        """Restarts the head once its GCS answers (a head restarted a moment ago is not up)."""
+        with self.head_lock:
+            up = False
+            while not up and time.monotonic() < until:
+                up = self.cluster.nodes[0].alive and self.cluster.alive_ips() is not None
+            self._mark(record, start, {"node": 0, "gcs_before": self.cluster.gcs})
+            self.cluster.restart_head(keep=self.driver_pids())
+            record["target"]["gcs_after"] = self.cluster.gcs
+        record["met"] = up
+        record["what"] = "the head's GCS answered" if up else "the head's GCS did not answer"
 
     def _gcs_partition(self, fault: Fault, record, done, until, start) -> None:
         """Node `fault.node` cut from the head (a blackhole route each way: the index and the
@@ -393,8 +397,8 @@ class Injector:
         busy = self._wait(ready, done, until, SYNC_POLL_S)
         if busy is None:
             return
-        self._mark(record, start, {"node": fault.node})
-        with netns.cut(node.host, head.host):
+        with self.cuts[(0, fault.node)], netns.cut(node.host, head.host):
+            self._mark(record, start, {"node": fault.node})
             deadline = time.monotonic() + fault.hold_s
             dead = False
             while not dead and time.monotonic() < deadline - 3:
@@ -408,8 +412,8 @@ class Injector:
 
     def _node_split(self, fault: Fault, record, done, until, start) -> None:
         a, b = self.cluster.nodes[1], self.cluster.nodes[2]
-        self._mark(record, start, {"nodes": [1, 2]})
-        with netns.cut(a.host, b.host):
+        with self.cuts[(1, 2)], netns.cut(a.host, b.host):
+            self._mark(record, start, {"nodes": [1, 2]})
             time.sleep(min(fault.hold_s, 2.0))
             alive = self.cluster.alive_ips() or set()
             both = a.host.ip in alive and b.host.ip in alive
