@@ -189,7 +189,7 @@ def place_on_ready(
     wait = PREFER_WAIT_S if readiness == "prefer" else timeout_s
     deadline = time.perf_counter() + wait
     with joining_nodes_prepared(uv_project, alive, setups):
-        pgs = make(node_id_selector(ready))
+        pgs = make(node_id_selector(ready)) if ready else []  # "require": none ready yet
         asked = _asked(pgs)
         if readiness == "prefer" and not _fits(asked, ready):
             _remove(pgs)
@@ -199,10 +199,13 @@ def place_on_ready(
                 len(ready),
             )
             return make(None)
-        placed = [pg.ready() for pg in pgs]
+        placed = pending = [pg.ready() for pg in pgs]
         while True:
-            _, pending = ray.wait(placed, num_returns=len(placed), timeout=POLL_S)
-            if not pending:
+            if placed:
+                _, pending = ray.wait(placed, num_returns=len(placed), timeout=POLL_S)
+            else:
+                time.sleep(POLL_S)
+            if pgs and not pending:
                 logger.info("%s: placed on nodes with its env ready (%d ready)", what, len(ready))
                 return pgs
             if time.perf_counter() > deadline:
@@ -216,9 +219,10 @@ def place_on_ready(
                         wait,
                     )
                     return make(None)
+                held = f" ({fmt(asked)})" if asked else ""
                 raise PlacementGroupTimeoutError(
                     f"{what}: readiness='require' and the {len(ready)} node(s) with its env "
-                    f"ready could not hold its bundles ({fmt(asked)}) within {wait:g}s. "
+                    f"ready could not hold its bundles{held} within {wait:g}s. "
                     "Make the env ready on more nodes (`ray-uv prepare`, or `ray-uv prepare "
                     "--watch` for nodes that join), free those nodes, or use readiness='prefer'."
                 )
@@ -232,7 +236,7 @@ def place_on_ready(
                 _remove(pgs)
                 ready = now_ready  # alive ones only: a selector names no node that left
                 pgs = make(node_id_selector(ready))
-                placed = [pg.ready() for pg in pgs]
+                asked, placed = _asked(pgs), [pg.ready() for pg in pgs]
 
 
 @contextmanager

@@ -23,13 +23,19 @@ import ray
 from ray.cluster_utils import Cluster
 
 from ray_uv_plugin.cluster.prepare import prepare_nodes
-from ray_uv_plugin.cluster.readiness import NodeSetup
+from ray_uv_plugin.cluster.readiness import NodeSetup, node_setups
 from ray_uv_plugin.store.layout import read_marker
 from tests.support.raylets import Raylet
 from tests.support.uvproject import write_project
-from tests.worker_groups.conftest import WORKER_ENV, alive_actors
+from tests.worker_groups.conftest import (
+    WORKER_ENV,
+    alive_actors,
+    live_placement_groups,
+    wait_until,
+)
 from worker_groups import (
     ACTOR_ENVIRONMENT_REGISTRY,
+    PlacementGroupTimeoutError,
     RayVirtualCluster,
     RayWorkerBuilder,
     RayWorkerGroup,
@@ -202,6 +208,26 @@ def test_prefer_places_on_the_ready_node_and_builds_nothing(
         group.shutdown()
         cluster.shutdown()
     assert {n: r.uv.syncs() for n, r in nodes.raylets.items()} == syncs
+
+
+@needs_label_selectors
+def test_require_with_no_ready_node_says_so_after_the_wait(
+    nodes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = new_project(tmp_path)
+    monkeypatch.setitem(ACTOR_ENVIRONMENT_REGISTRY, STARTED, {"project": str(project)})
+    cluster = RayVirtualCluster([1], use_gpus=False, node_resource_constraints=[RDY])
+    cluster.ready_timeout_s = 4.0
+    started = time.monotonic()
+    with pytest.raises(PlacementGroupTimeoutError) as caught:
+        RayWorkerGroup(cluster, RayWorkerBuilder(STARTED), readiness="require")
+    assert time.monotonic() - started >= 4.0
+    message = str(caught.value)
+    assert "readiness='require' and the 0 node(s) with its env ready" in message, message
+    assert "`ray-uv prepare`" in message
+    assert not any(s.state == "ready" for s in node_setups({"project": str(project)}).values())
+    wait_until(lambda: not live_placement_groups(), what="the pending group removed")
+    cluster.shutdown()
 
 
 @needs_label_selectors
