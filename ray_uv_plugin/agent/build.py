@@ -19,6 +19,7 @@ from pathlib import Path
 from ray_uv_plugin.agent import bytecode, image, seeding
 from ray_uv_plugin.agent.build_record import Bytecode, write_manifest, write_marker_of
 from ray_uv_plugin.agent.cache_split import cache_split_note
+from ray_uv_plugin.agent.phase_events import PhaseEvents
 from ray_uv_plugin.agent.project import ProjectError, check_ray_pin, check_request
 from ray_uv_plugin.agent.request import VenvRequest, interpreter_tag, withheld_from_uv
 from ray_uv_plugin.agent.uv import UvResult, UvSyncError, UvTimeout, find_uv, run_uv, sync_failure
@@ -37,8 +38,11 @@ def no_space(venv: Path, doing: str = "building") -> str:
     )
 
 
-def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout: float) -> float:
-    """Build the venv (under the caller's lock); returns uv's time. Leaves nothing on failure."""
+def build_venv(
+    request: VenvRequest, venv: Path, logger: logging.Logger, timeout: float, events: PhaseEvents
+) -> float:
+    """Build the venv (under the caller's lock), telling `events` each phase; returns uv's
+    time. Leaves nothing on failure."""
     import ray
 
     files, spec = request.files, request.spec
@@ -72,14 +76,19 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
         logger.warning("uv_project %s: %s.", venv.name, split)
     deadline = time.monotonic() + timeout
 
+    def said(line: str) -> None:
+        logger.info("uv: %s", line)
+        events.uv_line(line)
+
     def sync(sync_env: Mapping[str, str]) -> UvResult:
         left = max(deadline - time.monotonic(), 1.0)
+        events.enter("download")
         try:
             result = run_uv(
                 args,
                 sync_env,
                 cwd=files.path,
-                on_line=lambda s: logger.info("uv: %s", s),
+                on_line=said,
                 timeout=left,
             )
         except UvTimeout:
@@ -105,7 +114,9 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
     try:
         if spec.from_image:  # made first, so that a build without isolation sees the image
             _layered_venv(venv, env, files.path, deadline)
-        result, recorded, compiled, listed = _sync_and_compile(venv, env, sync, logger, deadline)
+        result, recorded, compiled, listed = _sync_and_compile(
+            venv, env, sync, logger, deadline, events
+        )
         if spec.from_image:  # the image's packages: seen, left out, checked (`agent.image`)
             image.write_pth(venv, image.site_dirs())
             site_dir = site_packages(venv)
@@ -122,6 +133,7 @@ def build_venv(request: VenvRequest, venv: Path, logger: logging.Logger, timeout
                 "`uv lock`."
             )
         locked = accounting.locked_distributions(_lock_used(request, project_dir))
+        events.enter("manifest")
         made = write_manifest(venv, logger, recorded, compiled, locked, listed)
         try:  # the venv is whole but for its marker: what it adds to the venv dir is known
             budget.make_room(
@@ -171,6 +183,7 @@ def _sync_and_compile(
     sync: Callable[[Mapping[str, str]], UvResult],
     logger: logging.Logger,
     deadline: float,
+    events: PhaseEvents,
 ) -> tuple[UvResult, accounting.Recorded, Bytecode, tree.Tree]:
     """`uv sync` into `venv` without bytecode, the bytecode of the nearest ready venv where one
     may give it (`agent.seeding`), then the modules still without bytecode compiled
@@ -184,6 +197,7 @@ def _sync_and_compile(
     recorded = accounting.read_records(venv)  # uv wrote each as it installed; compiling adds none
     if not compiles:
         return result, recorded, Bytecode("none", frozenset()), tree.collect(venv)
+    events.enter("bytecode")
     taken = None
     if seeding.has_candidates(venv.parent, venv.name, interpreter_tag()):
         taken = _seed(venv, recorded, logger)

@@ -20,6 +20,7 @@ from typing import Any
 from ray_uv_plugin.agent import failed_builds
 from ray_uv_plugin.agent.build import build_venv
 from ray_uv_plugin.agent.cache_split import cache_split_note
+from ray_uv_plugin.agent.phase_events import PhaseEvents
 from ray_uv_plugin.agent.project import ProjectFiles
 from ray_uv_plugin.agent.request import VenvRequest, make_request
 from ray_uv_plugin.agent.spec import ParsedUvProject
@@ -83,7 +84,13 @@ async def ensure_venv_async(
         return ready
     root = trust.make_root(root)  # resolved: the lock, the build and the path handed out
     lock = BuildLock(lock_path(root, key))
-    await lock.acquire_async(lock_timeout, request.what)
+
+    def say(line: str) -> None:
+        logger.info("uv_project %s: %s", key, line)
+
+    if not lock.try_acquire():  # the holder's phase record says what it does meanwhile
+        say(f"phase: lock wait (another build or receive of this key: {lock.holder()})")
+        await lock.acquire_async(lock_timeout, request.what)
     try:
         ready = check_ready(root, key)  # another process may have built it meanwhile
         why = ready.why_not
@@ -101,13 +108,18 @@ async def ensure_venv_async(
         raise failed
     if why != "absent":
         logger.info("uv_project %s: rebuilding: %s", key, why)
+    events = PhaseEvents(root, key, say)
     try:  # a build, and only a build, takes one of the venv dir's slots (`build_slots`)
         slot = BuildSlot(root)
         budget.venv_dir_budget()  # a bad setting fails before the build, not after
-        waited = await slot.acquire_async(  # counted against `timeout`
-            timeout, request.what, lambda line: logger.info("uv_project %s: %s", key, line)
-        )
-    except BaseException:
+
+        def queued(line: str) -> None:  # its first line: the request must wait for a slot
+            say(line)
+            events.enter("build-slot queue", "queued", ticket=slot.name)
+
+        waited = await slot.acquire_async(timeout, request.what, queued)  # counted in `timeout`
+    except BaseException as e:
+        events.failed(str(e)) if isinstance(e, Exception) else events.clear()  # cancelled
         lock.release()
         raise
     loop = asyncio.get_running_loop()
@@ -124,9 +136,11 @@ async def ensure_venv_async(
     def build() -> None:
         result, error = None, None
         try:
-            result = build_venv(request, root / key, logger, timeout - waited)
+            result = build_venv(request, root / key, logger, timeout - waited, events)
+            events.clear()
         except BaseException as e:  # noqa: BLE001 - handed to the awaiting request
             error = e
+            events.failed(str(e))
             if isinstance(e, UvSyncError) and not e.transient:
                 failed_builds.remember(root / key, sync_inputs, str(e))
         finally:

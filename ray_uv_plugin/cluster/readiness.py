@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ray_uv_plugin.cluster.connect import clean_error
+from ray_uv_plugin.store.units import format_bytes
 
 STATES = ("ready", "queued", "building", "receiving", "failed", "absent")
 
@@ -44,8 +45,38 @@ class NodeSetup:
     def ready(self) -> bool:
         return self.state == "ready"
 
+    @property
+    def detail(self) -> str:
+        """What the state says beyond its name: `building pyyaml==6.0.2 for 1m12s`, `shipped`."""
+        if self.state == "ready":
+            return self.how or "-"
+        if self.state in ("failed", "absent"):
+            return self.cause or "-"
+        parts = [self.phase or self.state]
+        if self.seconds is not None:
+            parts.append(f"for {elapsed(self.seconds)}")
+        if self.bytes:
+            parts.append(format_bytes(self.bytes))
+        if self.source:
+            parts.append(f"from {self.source}")
+        return " ".join(parts)
+
+    def line(self) -> str:
+        """`node 10.0.0.3 (8f2a01c4): building: building flash-attn==2.7.4 for 7m12s`."""
+        return f"node {self.address} ({self.node_id[:8]}): {self.state}: {self.detail}"
+
     def as_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def elapsed(seconds: float) -> str:
+    """`45s`, `7m12s`, `2h05m`: a phase's time so far."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
 def setup_here(value: Mapping[str, Any] | None, key: str | None) -> dict[str, Any]:
@@ -117,7 +148,9 @@ def node_setups(
         for node in wanted
         if node in addresses
     }
-    done, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+    done, pending = (
+        ray.wait(list(refs), num_returns=len(refs), timeout=timeout) if refs else ([], [])
+    )
     found: dict[str, NodeSetup] = {}
     for node in wanted:
         if node not in addresses:

@@ -21,6 +21,7 @@ from ray_uv_plugin import PLUGINS_ENV, plugins_setting
 from ray_uv_plugin.ops.cli_common import CliError, UsageError, add_selection
 from ray_uv_plugin.ops.cli_envs import cmd_check, cmd_demo, cmd_prepare
 from ray_uv_plugin.ops.cli_help import HelpFormatter, VersionAction, docs_line
+from ray_uv_plugin.ops.cli_status import add_status
 from ray_uv_plugin.ops.cli_venvs import cmd_gc, cmd_list
 
 # --- plugin-config ---------------------------------------------------------------------------
@@ -194,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="with --watch: look for new nodes every S seconds (default 10, at least 2)",
     )
+
+    add_status(sub, _command)
 
     p = _command(
         sub,

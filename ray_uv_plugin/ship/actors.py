@@ -19,6 +19,7 @@ from typing import Any
 import ray
 
 from ray_uv_plugin.agent.build import no_space
+from ray_uv_plugin.agent.phase_events import PhaseEvents
 from ray_uv_plugin.agent.request import KeyInputs
 from ray_uv_plugin.agent.uv_env import sync_environment
 from ray_uv_plugin.ship import archive, delta, unpack
@@ -163,6 +164,7 @@ class VenvReceiver:
         self.lock: BuildLock | None = None
         self.unpacker: unpack.Unpacker | None = None
         self.source: Offer | None = None  # the offer taken
+        self.events: PhaseEvents | None = None  # the receive's phases, for the readiness view
         self.start = time.monotonic()
         self.gave_up: str | None = None
         self._guard = threading.RLock()
@@ -170,7 +172,7 @@ class VenvReceiver:
         self._unpack_failed: BaseException | None = None
 
     def _fail(self, step: str, e: BaseException) -> ShipError:
-        self.abort()
+        self.abort(f"{step}: {e}")
         return ShipError(f"node {_where()}: {step}: {e}")
 
     def offer(self, source: Any, settings: ShipSettings) -> OfferAnswer:
@@ -233,6 +235,8 @@ class VenvReceiver:
         if check_ready(self.root, key):  # built while we looked
             self.abort()
             return OfferAnswer("reused")
+        self.events = PhaseEvents(self.root, key)
+        self.events.enter("ship bytes", "receiving", source=source.host)
         remove_leftovers(self.root, key)
         self.unpacker = unpack.Unpacker(self.root, key, source.host, sender_venv=source.venv)
         self.unpacker.staged = delta.stage(self.root, self.unpacker.tmp, key, source)
@@ -275,7 +279,7 @@ class VenvReceiver:
                 f"({BUILD_TIMEOUT_ENV}, as long as a build may hold it): the receive is too "
                 "slow, or the driver stalled"
             )
-            self.abort()
+            self.abort(self.gave_up)
 
     def _receiving(self, step: str) -> unpack.Unpacker:
         if self.unpacker is None:
@@ -290,6 +294,8 @@ class VenvReceiver:
                 unpacker.add(index, sha256, data)
             except Exception as e:
                 raise self._fail(f"receiving chunk {index}", e) from e
+            if self.events is not None:
+                self.events.add_bytes(len(data))
 
     @ray.method(num_returns=2)
     def relay(
@@ -313,7 +319,8 @@ class VenvReceiver:
         with self._guard:
             unpacker, source = self._receiving("finishing"), self.source
             try:
-                assert source is not None  # taken with the unpacker
+                assert source is not None and self.events is not None  # taken with the unpacker
+                self.events.enter("install", "receiving")
                 tree = unpacker.finish(chunks, total, whole_sha256)
                 meta = {
                     **source.marker,
@@ -327,14 +334,21 @@ class VenvReceiver:
             except Exception as e:
                 raise self._fail("installing the received venv", e) from e
             self.unpacker = None
+            self.events.clear()  # ready: its marker says how it came
+            self.events = None
             seconds = time.monotonic() - self.start
             self.abort()  # releases the lock; nothing is left to remove
             return Installed(total, seconds)
 
-    def abort(self) -> None:
-        """Remove what this receive made and release the lock. (A receiver that dies cannot:
-        the kernel releases its lock, and the next receive or build removes its tree.)"""
+    def abort(self, cause: str = "the receive was stopped") -> None:
+        """Remove what this receive made, record why (`cause`, for the readiness view) and
+        release the lock. (A receiver that dies cannot: the kernel releases its lock, the next
+        receive or build removes its tree, and its phase record says nothing once the lock is
+        free.)"""
         with self._guard:
+            if self.events is not None:
+                events, self.events = self.events, None
+                events.failed(cause)
             if self.unpacker is not None:
                 unpacker, self.unpacker = self.unpacker, None
                 unpacker.abort()

@@ -9,6 +9,8 @@ its writer left as it gave up. `cluster.readiness` asks every node; `ray-uv stat
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,8 +18,12 @@ from typing import Any
 
 from ray_uv_plugin.store import phases
 from ray_uv_plugin.store.build_slots import TICKET, flock_held
-from ray_uv_plugin.store.layout import check_ready
+from ray_uv_plugin.store.layout import KEY_LENGTH, PHASE_PREFIX, check_ready
 
+# The names that show a key in a venv dir: its venv, its lock, its phase record.
+KEYED = re.compile(
+    rf"^(?:{re.escape(PHASE_PREFIX)})?(?P<key>[0-9a-f]{{{KEY_LENGTH}}})(?:\.lock)?$"
+)
 # The marker's `built.how` -> how a ready venv was made.
 MADE = {"full": "built", "seeded": "seeded", "shipped": "shipped"}
 
@@ -32,7 +38,7 @@ class SetupState:
     phase: str | None = None
     seconds: float | None = None
     bytes: int | None = None
-    source: str | None = None  # receiving: the host it comes from
+    source: str | None = None  # receiving, or ready and shipped: the host it comes from
     cause: str | None = None  # failed: why; absent: what is wrong with a venv there
 
     def as_json(self) -> dict[str, Any]:
@@ -52,7 +58,15 @@ def read_setup(root: Path, key: str, now: float | None = None) -> SetupState:
     now = time.time() if now is None else now
     ready = check_ready(root, key, use=False)
     if ready:
-        return SetupState("ready", how=made_how(ready.marker))
+        built = ready.marker.get("built") if ready.marker else None
+        shipped = built if isinstance(built, dict) and built.get("how") == "shipped" else {}
+        sent, source = shipped.get("bytes"), shipped.get("from")
+        return SetupState(
+            "ready",
+            how=made_how(ready.marker),
+            bytes=sent if isinstance(sent, int) else None,  # a shipped one's: the stream's
+            source=source if isinstance(source, str) else None,
+        )
     record = phases.read_record(root, key)
     if phases.writer_alive(root, key):
         if record is None:  # being written, or its writer could not write one
@@ -84,3 +98,22 @@ def _live(root: Path, record: dict[str, Any], now: float) -> SetupState:
         bytes=amount if isinstance(amount, int) else None,
         source=source if isinstance(source, str) else None,
     )
+
+
+def read_all(root: Path, now: float | None = None) -> dict[str, SetupState]:
+    """Where every key the venv dir `root` shows (a venv, a lock or a phase record) stands,
+    but the absent ones: what the node's setup metrics export. Empty where `root` is not
+    there yet; a key that cannot be read (untrusted) is left out."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return {}
+    found: dict[str, SetupState] = {}
+    for key in sorted({m["key"] for m in map(KEYED.match, names) if m}):
+        try:
+            state = read_setup(root, key, now)
+        except OSError:  # trust's refusals, a venv removed while we looked
+            continue
+        if state.state != "absent":
+            found[key] = state
+    return found

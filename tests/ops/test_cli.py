@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 RAY_UV = str(Path(sys.executable).parent / "ray-uv")
 ROOT = Path(__file__).resolve().parents[2]
-COMMANDS = ["plugin-config", "prepare", "list", "gc", "demo"]
+COMMANDS = ["plugin-config", "prepare", "status", "list", "gc", "demo"]
 
 
 def ray_uv(*args: str, env: dict[str, str] | None = None, timeout: float = 120):
@@ -77,6 +77,7 @@ def test_every_command_has_help(command: str) -> None:
     expected = {
         "plugin-config": "--shell",
         "prepare": "--extra X",
+        "status": "--key KEY",
         "list": "--json",
         "gc": "--older-than DAYS",
         "demo": "--project DIR",

@@ -41,6 +41,7 @@ def venv_dir(tmp_path: Path) -> dict[str, str]:
         ["check", "--project", DEMO, "--dry-run", "--extra", "a", "--all-extras"],
         ["check", "--project", DEMO, "--dry-run", "--only-group", "g", "--group", "h"],
         ["gc", "--all", "--max-size", "1"],
+        ["status", "--key", "0123456789abcdef", "--extra", "a"],  # a key is the env itself
     ],
 )
 def test_a_wrong_command_line_exits_2(tmp_path: Path, args: list[str]) -> None:

@@ -16,7 +16,7 @@ from ray_uv_plugin.store import phases
 from ray_uv_plugin.store.build_lock import BuildLock
 from ray_uv_plugin.store.build_slots import BuildSlot
 from ray_uv_plugin.store.layout import MARKER, MARKER_FORMAT, lock_path
-from ray_uv_plugin.store.setup_state import SetupState, read_setup
+from ray_uv_plugin.store.setup_state import SetupState, read_all, read_setup
 
 KEY = "0123456789abcdef"
 
@@ -55,7 +55,8 @@ def test_a_ready_venv_says_how_it_was_made(tmp_path: Path, built: dict | None, h
     ready_venv(tmp_path, KEY, built)
     marker = tmp_path / KEY / MARKER
     before = marker.stat().st_mtime_ns
-    assert read_setup(tmp_path, KEY) == SetupState("ready", how=how)
+    state = read_setup(tmp_path, KEY)
+    assert (state.state, state.how) == ("ready", how)
     assert marker.stat().st_mtime_ns == before  # only read: not a use for gc
 
 
@@ -141,3 +142,21 @@ def test_a_failure_stays_until_the_next_try(tmp_path: Path) -> None:
         assert read_setup(tmp_path, KEY).state == "building"
     finally:
         held.release()
+
+
+def test_a_shipped_venv_says_from_where_and_how_many_bytes(tmp_path: Path) -> None:
+    ready_venv(tmp_path, KEY, {"how": "shipped", "from": "node-a", "bytes": 4096})
+    assert read_setup(tmp_path, KEY) == SetupState(
+        "ready", how="shipped", bytes=4096, source="node-a"
+    )
+
+
+def test_every_key_the_venv_dir_shows_but_the_absent(tmp_path: Path, lock) -> None:
+    other = "f" * 16
+    ready_venv(tmp_path, other, {"how": "full"})
+    phases.write_record(tmp_path, KEY, {"state": "building", "phase": "install", "since": 0})
+    (tmp_path / f"{'e' * 16}.lock").write_text("")  # a lock nobody holds: absent
+    found = read_all(tmp_path)
+    assert sorted(found) == [KEY, other]
+    assert (found[KEY].phase, found[other].how) == ("install", "built")
+    assert read_all(tmp_path / "nowhere") == {}
