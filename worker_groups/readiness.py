@@ -318,11 +318,13 @@ class WaitLines:
         self.last: dict[str, NodeSetup] = {}
         self._stop = threading.Event()
 
-    def read(self) -> dict[str, NodeSetup]:
-        """The setups of the nodes not ready yet, read now."""
-        waiting = self.nodes - {n for n, s in self.last.items() if s.state == "ready"}
+    def read(self, nodes: Iterable[str] | None = None) -> dict[str, NodeSetup]:
+        """The setups of `nodes` (default: those not ready yet), read now; none where they
+        cannot be read (a job whose own runtime_env has uv_project)."""
+        if nodes is None:
+            nodes = self.nodes - {n for n, s in self.last.items() if s.state == "ready"}
         try:
-            setups = read_setups(self.value, waiting)
+            setups = read_setups(self.value, nodes)
         except Exception as e:  # noqa: BLE001 - a line not said costs nothing; a raise would
             logger.debug("%s: could not read the nodes' setups: %s", self.what, e)
             return {}
@@ -348,6 +350,5 @@ class WaitLines:
     def not_ready(self, nodes: Iterable[str]) -> list[NodeSetup]:
         """The setups of `nodes` whose env is still on its way (queued, building, receiving),
         read now: a wait that ran out, not a failure."""
-        setups = read_setups(self.value, nodes)
-        self.last.update(setups)
-        return [s for s in setups.values() if s.state in ("queued", "building", "receiving")]
+        setups = self.read(nodes).values()
+        return [s for s in setups if s.state in ("queued", "building", "receiving")]
