@@ -78,13 +78,10 @@ class Hashed:
             self.inodes[st.st_ino] = (st.st_size, st.st_mtime_ns, sha256)
 
     def _canonical(self) -> bytes:
-        doc = {
-            "format": FORMAT,
-            "clock_ns": self.clock_ns,
-            "dev": self.dev,
-            "inodes": {str(ino): list(v) for ino, v in self.inodes.items()},
-        }
-        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+        # In the order hashed, unsorted: its sha256 is of the bytes written, never recomputed
+        # from the values (json writes an inode's int key as the string `load` reads).
+        doc = {"format": FORMAT, "clock_ns": self.clock_ns, "dev": self.dev, "inodes": self.inodes}
+        return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def write(venv: Path, hashed: Hashed) -> str:
