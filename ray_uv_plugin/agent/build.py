@@ -109,6 +109,7 @@ def build_venv(
                     transient=True,
                 )
             raise error
+        _took(logger, venv, "sync", result.seconds)
         return result
 
     try:
@@ -134,7 +135,9 @@ def build_venv(
             )
         locked = accounting.locked_distributions(_lock_used(request, project_dir))
         events.enter("manifest")
+        manifest_start = time.perf_counter()
         made = write_manifest(venv, logger, recorded, compiled, locked, listed)
+        _took(logger, venv, "manifest", time.perf_counter() - manifest_start)
         try:  # the venv is whole but for its marker: what it adds to the venv dir is known
             budget.make_room(
                 venv, lambda line: logger.info("uv_project %s: %s", venv.name, line), deadline
@@ -144,7 +147,9 @@ def build_venv(
         except budget.BudgetBusy as e:  # the next try may find the lock free
             raise UvSyncError(str(e), transient=True) from None
         # Its own bytecode read-only (a seed's is linked into other venvs), never uv's files.
+        freeze_start = time.perf_counter()
         immutable = freezing.freeze(venv, compiled.paths - recorded.hashes.keys(), listed)
+        _took(logger, venv, "freeze", time.perf_counter() - freeze_start)
         if os.geteuid() == 0 and not immutable:
             logger.warning("uv_project %s: %s.", venv.name, freezing.unfrozen_note())
         taken = compiled.taken
@@ -200,7 +205,9 @@ def _sync_and_compile(
     events.enter("bytecode")
     taken = None
     if seeding.has_candidates(venv.parent, venv.name, interpreter_tag()):
+        seeding_start = time.perf_counter()
         taken = _seed(venv, recorded, logger)
+        _took(logger, venv, "seeding", time.perf_counter() - seeding_start)
         if taken is None and not os.path.lexists(venv):  # an untrusted seed: from the start
             second = sync(no_bytecode)
             result = replace(second, seconds=result.seconds + second.seconds)
@@ -220,6 +227,7 @@ def _sync_and_compile(
         paths.update(taken.known)
     try:
         bytecode.compile_sources(site, sources, env, max(deadline - time.monotonic(), 1.0))
+        _took(logger, venv, "compile", time.perf_counter() - start)
     except bytecode.CompileError as e:
         logger.warning("uv_project %s: %s; uv compiles instead.", venv.name, e)
         second = sync(env)  # uv's bytecode step: the same sources, and the venv's `.pth` files
@@ -271,6 +279,12 @@ def _seed(
         time.perf_counter() - start,
     )
     return taken
+
+
+def _took(logger: logging.Logger, venv: Path, step: str, seconds: float) -> None:
+    """One step of a build with its seconds, a line of the setup log each (sync, seeding,
+    compile, manifest, freeze): where a build's time went (`benchmarks.edit_run` reads them)."""
+    logger.info("uv_project %s: step %s took %.2fs", venv.name, step, seconds)
 
 
 def _lock_used(request: VenvRequest, project_dir: Path) -> bytes:

@@ -118,6 +118,10 @@ def test_a_seeded_venv_is_what_a_fresh_sync_with_bytecode_gives(locks, tmp_path,
     assert compiled and 0 < int(compiled[1]) < 20, caplog.text
     read = re.search(r"manifest of \d+ entries \((\d+) MB, (\d+) MB of them read", caplog.text)
     assert read, caplog.text
+    # Where its time went: one line per step, with its seconds (issue 43).
+    for step in ("sync", "seeding", "compile", "manifest", "freeze"):
+        line = rf"uv_project {seeded.key}: step {step} took \d+\.\d\ds"
+        assert len(re.findall(line, caplog.text)) == 1, (step, caplog.text)
     assert hashed.load(seeded.path, marker["hashed"]) is not None
     fresh = build(b, tmp_path / "fresh")  # a venv dir with nothing to seed from
     assert read_marker(fresh.path)["built"] == {"how": "full"}
