@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -78,6 +79,7 @@ from ray_uv_plugin.agent.uv import find_uv, uv_version
 
 INVARIANTS = ("whole", "ran_in_ready", "locks", "leftovers", "no_hang", "next_round", "blame")
 LOOP_SIZE = "3G"
+SHIPPED = re.compile(r"^\S+ \(\w+\): uv_project \w+: shipped ", re.M)
 FIRST_ROUND_S = 240.0  # a round's length on this machine, until the first one is timed
 
 
@@ -230,10 +232,12 @@ def one_round(
 
 
 def shipped(job: Job) -> int:
-    """How many nodes a `prepare` job's venv was shipped to (its `--json` output, in its log)."""
+    """How many nodes a `prepare` job's venv was shipped to: its line per node in its log
+    (`<address> (<node>): uv_project <key>: shipped <size> in <time>`), also of a `prepare`
+    that failed on another node (no `--json` output then)."""
     if job.kind not in ("prepare", "cold_ship") or job.log is None or not job.log.exists():
         return 0
-    return job.log.read_text(errors="replace").count('"outcome": "shipped"')
+    return len(SHIPPED.findall(job.log.read_text(errors="replace")))
 
 
 def summarize(

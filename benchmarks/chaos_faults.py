@@ -64,7 +64,10 @@ MEETS = {
 # A SIGKILLed raylet or agent takes its node down: never the head's (the GCS lives there).
 HEAD_SAFE = ("agent", "raylet")
 DISK_STEPS = ("uv_link", "manifest", "marker", "receive")  # when a disk_full fault fills
-LATE_S = 10.0  # the node-killing faults come in steps of this, past the window
+# The node-killing faults: `LATE_S` past the window (a `prepare` there took 60-90 s on 2 busy
+# cores: at 10-30 s past it, every ship of a round of seed 12 was cut), in steps of `STEP_S`.
+LATE_S = 30.0
+STEP_S = 8.0
 POLL_S = 0.2  # how often a process fault looks for its target
 SYNC_POLL_S = 0.05  # a `uv sync`: it may last under a second
 MARKER_POLL_S = 0.002  # marker_kill: how often it looks for a fresh marker
@@ -96,8 +99,8 @@ def plan(seed: int, round_no: int, per_round: int, window_s: float, nodes: int) 
     """The faults of one round: each kind once per `len(KINDS)` faults, in a random order, at
     random moments of the first `window_s` seconds; those that take a node down after it, when
     the window's ships have had time to end: `marker_kill` and `gcs_partition` (they wait for
-    the build their moment starts) 5-10 s past it, SIGKILLs of agents and raylets 20-30 s past
-    it, a head restart 30-32 s past it. Depends only on (seed, round)."""
+    the build their moment starts) in the `STEP_S` from `LATE_S` past it, then SIGKILLs of
+    agents and raylets, then a head restart. Depends only on (seed, round)."""
     rng = random.Random(f"{seed}-{round_no}")
     kinds: list[str] = []
     while len(kinds) < per_round:
@@ -124,12 +127,13 @@ def plan(seed: int, round_no: int, per_round: int, window_s: float, nodes: int) 
             node = rng.randrange(nodes)
         if kind == "gcs_partition":
             hold_s = round(rng.uniform(*PARTITION_S), 2)
+        late = window_s + LATE_S
         if kind == "head_restart":
-            offset = window_s + 3 * LATE_S + rng.uniform(0, 2)
+            offset = late + 2 * STEP_S + rng.uniform(0, 2)
         elif kind in ("marker_kill", "gcs_partition"):  # their build begins at the moment
-            offset = rng.uniform(window_s + LATE_S / 2, window_s + LATE_S)
+            offset = rng.uniform(late, late + STEP_S)
         elif node_killing(kind, action):
-            offset = rng.uniform(window_s + 2 * LATE_S, window_s + 3 * LATE_S)
+            offset = rng.uniform(late + STEP_S, late + 2 * STEP_S)
         else:
             offset = rng.uniform(0, window_s)
         faults.append(

@@ -25,6 +25,7 @@ from benchmarks.chaos_faults import (
     KINDS,
     LATE_S,
     MEETS,
+    STEP_S,
     Fault,
     Injector,
     cache_link,
@@ -34,6 +35,7 @@ from benchmarks.chaos_faults import (
     plan,
     root_cannot_write,
 )
+from benchmarks.chaos_jobs import Job
 from benchmarks.clock_skew import Clock, loaded, probe
 from ray_uv_plugin.store.layout import MARKER
 
@@ -61,10 +63,11 @@ def test_node_killing_faults_come_after_every_other_and_never_take_the_head() ->
         waiting = [f for f in faults if f.kind in ("marker_kill", "gcs_partition")]
         sigkills = [f for f in faults if f.kind in ("agent", "raylet") and f.action == "kill"]
         others = [f for f in faults if not node_killing(f.kind, f.action)]
+        late = 40.0 + LATE_S
         assert max(f.offset_s for f in others) <= 40.0
-        assert all(40.0 + LATE_S / 2 <= f.offset_s <= 40.0 + LATE_S for f in waiting)
-        assert all(40.0 + 2 * LATE_S <= f.offset_s <= 40.0 + 3 * LATE_S for f in sigkills)
-        assert faults[-1].kind == "head_restart" and faults[-1].offset_s >= 40.0 + 3 * LATE_S
+        assert all(late <= f.offset_s <= late + STEP_S for f in waiting)
+        assert all(late + STEP_S <= f.offset_s <= late + 2 * STEP_S for f in sigkills)
+        assert faults[-1].kind == "head_restart" and faults[-1].offset_s >= late + 2 * STEP_S
         assert all(f.node != 0 for f in [*waiting, *sigkills])
 
 
@@ -310,3 +313,18 @@ def test_a_disk_fault_fills_at_its_step_and_is_met_when_root_cannot_write(tmp_pa
         syncing.kill()
         for node in cluster.nodes:
             node.proc.kill()
+
+
+def test_the_venvs_a_prepare_shipped_are_counted_from_its_lines_also_when_it_failed(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "r000-cold_ship3.log"
+    log.write_text(
+        "198.18.0.2 (68e1d3c0): uv_project 5a1eb6aa538248df: built in 22.94s\n"
+        "198.18.0.3 (f86361bc): uv_project 5a1eb6aa538248df: shipped 212.4MiB in 9.10s\n"
+        "198.18.0.4 (b59118f3): failed: The task is not schedulable\n"
+        "error: 1 of 3 nodes failed: 198.18.0.4 (b59118f3)\n"
+    )
+    job = Job("cold_ship", 0, [], tmp_path, {}, log=log)
+    assert chaos.shipped(job) == 1
+    assert chaos.shipped(Job("cold", 0, [], tmp_path, {}, log=log)) == 0
