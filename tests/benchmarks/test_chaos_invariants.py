@@ -398,6 +398,22 @@ def test_blame_matches_each_failed_job_to_a_fault_by_node_and_window() -> None:
                       "cold3": ["head_restart:restart@0,1,2+40.0s"]}  # fmt: skip
 
 
+def test_an_error_that_names_its_cause_is_blamed_only_on_a_fault_of_that_kind() -> None:
+    """A full disk is no link's doing, and a restart of node 2 after a full disk does not keep
+    the fill acting to the round's end (a fill cannot get a node counted dead)."""
+    fill = fault("disk_full", "fill", 2, 10.0, hold_s=5.0)
+    drop = fault("link_drop", "drop", 2, 12.0, hold_s=5.0)
+    full = job("cold0", 0, 30, error="error: failed to create directory ...: No space left")
+    blamed, _ = blame([full], [fill, drop], [2], IPS)
+    assert blamed == {"cold0": ["disk_full:fill@2+10.0s"]}
+    late = job("cold1", 50, 90, error="ActorDiedError: node 10.0.0.3")  # past the fill's 45 s
+    blamed, unexplained = blame([late], [fill, drop], [2], IPS)
+    assert blamed == {"cold1": ["link_drop:drop@2+12.0s"]}  # a link can get it counted dead
+    gone = job("cold2", 0, 30, error="error: failed: No space left on device")
+    _, unexplained = blame([gone], [drop], [], IPS)
+    assert len(unexplained) == 1 and "No space left" in unexplained[0]
+
+
 # --- check_round: the wiring ----------------------------------------------------------------
 
 
