@@ -25,10 +25,11 @@ from ray_uv_plugin.agent.project import ProjectFiles
 from ray_uv_plugin.agent.request import VenvRequest, make_request
 from ray_uv_plugin.agent.spec import ParsedUvProject
 from ray_uv_plugin.agent.uv import UvSyncError
-from ray_uv_plugin.store import budget, trust
+from ray_uv_plugin.store import budget, outcomes, trust
 from ray_uv_plugin.store.build_lock import LOCK_MARGIN, BuildLock, build_timeout
 from ray_uv_plugin.store.build_slots import BuildSlot
-from ray_uv_plugin.store.layout import check_ready, lock_path, venv_root
+from ray_uv_plugin.store.layout import check_ready, lock_path, read_marker, venv_root
+from ray_uv_plugin.store.setup_state import made_how
 
 __all__ = ["Outcome", "cache_split_note", "ensure_venv", "ensure_venv_async", "lookup"]
 
@@ -81,6 +82,7 @@ async def ensure_venv_async(
     except FileNotFoundError:  # no venv dir yet
         ready = None
     if ready is not None:
+        outcomes.record(ready.path.parent, key, "reused")
         return ready
     root = trust.make_root(root)  # resolved: the lock, the build and the path handed out
     lock = BuildLock(lock_path(root, key))
@@ -102,9 +104,11 @@ async def ensure_venv_async(
         raise
     if why is None:
         lock.release()
+        outcomes.record(root, key, "reused")
         return Outcome(key, root / key, False, time.perf_counter() - start, marker=ready.marker)
     if failed is not None:
         lock.release()
+        outcomes.record(root, key, "failed")
         raise failed
     if why != "absent":
         logger.info("uv_project %s: rebuilding: %s", key, why)
@@ -120,6 +124,8 @@ async def ensure_venv_async(
         waited = await slot.acquire_async(timeout, request.what, queued)  # counted in `timeout`
     except BaseException as e:
         events.failed(str(e)) if isinstance(e, Exception) else events.clear()  # cancelled
+        if isinstance(e, Exception):
+            outcomes.record(root, key, "failed")
         lock.release()
         raise
     loop = asyncio.get_running_loop()
@@ -138,9 +144,11 @@ async def ensure_venv_async(
         try:
             result = build_venv(request, root / key, logger, timeout - waited, events)
             events.clear()
+            outcomes.record(root, key, made_how(read_marker(root / key)) or "built")
         except BaseException as e:  # noqa: BLE001 - handed to the awaiting request
             error = e
             events.failed(str(e))
+            outcomes.record(root, key, "failed")
             if isinstance(e, UvSyncError) and not e.transient:
                 failed_builds.remember(root / key, sync_inputs, str(e))
         finally:

@@ -17,6 +17,9 @@ endpoint (`ray start --metrics-export-port`), each name prefixed `ray_`:
 - `uv_project_shipped_bytes{key, source}`: the bytes a ready venv was shipped in, and from
   which host.
 - `uv_project_venvs{how}`: the node's ready venvs, by how each was made.
+- `uv_project_setups_total{key, outcome}`: a counter of the setups that ended on the node,
+  by outcome (reused, built, seeded, shipped, failed), from the venv dir's `.outcomes`
+  (`store.outcomes`); `uv_project_received_bytes_total{key}`: the bytes received for them.
 
 `export_setup_metrics()` starts the actors (once per node: a second call finds them).
 """
@@ -83,10 +86,19 @@ class SetupMetrics:
     that an export no longer has is set to 0 once, so that a panel shows it end."""
 
     def __init__(self, interval: float = DEFAULT_INTERVAL) -> None:
-        from ray.util.metrics import Gauge
+        from ray.util.metrics import Counter, Gauge
 
         self.interval = interval
         self.gauges = {n: Gauge(n, DESCRIPTIONS[n], TAGS[n]) for n in DESCRIPTIONS}
+        self.setups = Counter(
+            "uv_project_setups",
+            "setups that ended on this node, by outcome",
+            ("key", "outcome"),
+        )
+        self.received = Counter(
+            "uv_project_received_bytes", "bytes received for shipped venvs", ("key",)
+        )
+        self.offset = 0  # in the venv dir's `.outcomes`
         self.last: Samples = {}
         self.exports = 0
         threading.Thread(target=self._run, name="setup metrics", daemon=True).start()
@@ -101,12 +113,21 @@ class SetupMetrics:
 
     def export(self) -> int:
         """One read and export; how many series it set."""
-        from ray_uv_plugin.store import trust
+        from ray_uv_plugin.store import outcomes, trust
         from ray_uv_plugin.store.layout import venv_root
         from ray_uv_plugin.store.setup_state import read_all
 
         root = venv_root()
-        now = samples(read_all(trust.check_root(root)) if root.exists() else {})
+        if not root.exists():
+            return 0
+        root = trust.check_root(root)
+        counts, received, self.offset = outcomes.read_from(root, self.offset)
+        for (key, outcome), n in counts.items():
+            self.setups.inc(n, {"key": key, "outcome": outcome})
+        for key, n in received.items():
+            if n:
+                self.received.inc(n, {"key": key})
+        now = samples(read_all(root))
         for (name, tags), value in {**dict.fromkeys(self.last, 0.0), **now}.items():
             self.gauges[name].set(value, dict(tags))
         self.last = now

@@ -27,7 +27,7 @@ from ray_uv_plugin.ship.build_target import build_target, local_builds, target_d
 from ray_uv_plugin.ship.install import install_received
 from ray_uv_plugin.ship.messages import ChunkMeta, Installed, Offer, OfferAnswer, ShipSettings
 from ray_uv_plugin.ship.offer import ShipError, check_offer
-from ray_uv_plugin.store import trust
+from ray_uv_plugin.store import outcomes, trust
 from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, BuildLock, build_timeout, hold_shared
 from ray_uv_plugin.store.disk import venv_size
 from ray_uv_plugin.store.layout import (
@@ -335,6 +335,7 @@ class VenvReceiver:
                 raise self._fail("installing the received venv", e) from e
             self.unpacker = None
             self.events.clear()  # ready: its marker says how it came
+            outcomes.record(self.root, source.key, "shipped", total)
             self.events = None
             seconds = time.monotonic() - self.start
             self.abort()  # releases the lock; nothing is left to remove

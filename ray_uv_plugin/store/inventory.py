@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ray_uv_plugin.store import build_slots, holds, phases, trust
+from ray_uv_plugin.store import build_slots, holds, outcomes, phases, trust
 from ray_uv_plugin.store.layout import (
     KEY_LENGTH,
     MARKER,
@@ -332,6 +332,8 @@ def _classify(root: Path, name: str, users: Mapping[str, set[int]], inv: Invento
         return  # ours, and no venv: its venv counts it as a use; `gc` removes the dead ones
     if phases.is_record(name):
         return  # ours, and no venv: what a build does now; `gc` removes the stale ones
+    if outcomes.is_record(name):
+        return  # ours, and no venv: the setups' outcomes, which the metrics exporter rotates
     if KEY_PATTERN.match(name):
         found = _venv(root, name, users)
         if isinstance(found, VenvEntry):

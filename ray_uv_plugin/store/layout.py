@@ -24,6 +24,8 @@ Layout under the venv dir (`RAY_UV_PLUGIN_VENV_DIR`, absolute, private to this u
                            (`holds`): flocked while it does, then removed; `gc` keeps <key>
     .phase-<key>           what the build or receive of <key> that holds its lock is doing now,
                            or why the last one failed (`phases`), for the readiness view
+    .outcomes              a line per setup that ended (reused, built, seeded, shipped, failed),
+                           appended; the node's setup metrics count and rotate it (`outcomes`)
 
 A ready venv is checked on every use (a few `stat`s): trusted, marker whole and naming its key,
 interpreter and site-packages present; if not, it is rebuilt.

@@ -21,9 +21,7 @@ from ray_uv_plugin.store.build_slots import TICKET, flock_held
 from ray_uv_plugin.store.layout import KEY_LENGTH, PHASE_PREFIX, check_ready
 
 # The names that show a key in a venv dir: its venv, its lock, its phase record.
-KEYED = re.compile(
-    rf"^(?:{re.escape(PHASE_PREFIX)})?(?P<key>[0-9a-f]{{{KEY_LENGTH}}})(?:\.lock)?$"
-)
+KEYED = re.compile(rf"^(?:{re.escape(PHASE_PREFIX)})?(?P<key>[0-9a-f]{{{KEY_LENGTH}}})(?:\.lock)?$")
 # The marker's `built.how` -> how a ready venv was made.
 MADE = {"full": "built", "seeded": "seeded", "shipped": "shipped"}
 

@@ -8,6 +8,7 @@ import asyncio
 import subprocess
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import make_request
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv import UvSyncError, find_uv
-from ray_uv_plugin.store import phases
+from ray_uv_plugin.store import outcomes, phases
 from ray_uv_plugin.store.build_lock import BuildLock
 from ray_uv_plugin.store.build_slots import MAX_BUILDS_ENV, BuildSlot
 from ray_uv_plugin.store.layout import lock_path
@@ -160,6 +161,9 @@ def test_a_long_source_build_shows_its_package_and_time_live(tmp_path: Path) -> 
     assert any(line.startswith("phase: building slow") for line in said), said
     assert "phase: install" in said
     assert phases.read_record(root, key) is None  # ready: the record went
+    # each setup's outcome, for the node's metrics (`store.outcomes`): this build, then a reuse
+    ensure_venv(parse_spec({}), load_project(project), root=root)
+    assert outcomes.read_from(root, 0)[0] == Counter({(key, "built"): 1, (key, "reused"): 1})
     assert time.monotonic() - start >= 4.0
 
 
@@ -171,6 +175,7 @@ def test_a_failed_build_leaves_its_cause_for_the_view(tmp_path: Path) -> None:
     state = read_setup(root, key_of(project))
     assert state.state == "failed" and state.phase.startswith("building slow")
     assert "never builds" in state.cause
+    assert outcomes.read_from(root, 0)[0] == Counter({(key_of(project), "failed"): 1})
 
 
 def test_a_build_waiting_for_a_slot_is_queued_and_one_waiting_for_the_lock_says_so(

@@ -16,7 +16,7 @@ import pytest
 import ray
 
 from ray_uv_plugin.cluster.setup_metrics import export_setup_metrics, samples
-from ray_uv_plugin.store import phases
+from ray_uv_plugin.store import outcomes, phases
 from ray_uv_plugin.store.build_lock import BuildLock
 from ray_uv_plugin.store.layout import lock_path
 from tests.store.test_setup_state import ready_venv
@@ -110,6 +110,21 @@ def test_the_nodes_endpoint_shows_each_keys_setup(ray_with_metrics: int) -> None
         assert float(line.rsplit(" ", 1)[1]) >= 30
         phases.write_record(root, building, {"state": "building", "phase": "install", "since": 0})
         scrape_until(port, r'^ray_uv_project_setup_phase_seconds\{.*phase="install".*\} \S+')
+        for outcome in ("built", "reused", "reused"):
+            outcomes.record(root, ready, outcome)
+        outcomes.record(root, ready, "shipped", 1000)
+        found = [
+            scrape_until(
+                port, rf'^ray_uv_project_setups\w*\{{.*key="{ready}".*outcome="{o}".*\}} {n}$'
+            )
+            for o, n in (("reused", r"2(\.0)?"), ("built", r"1(\.0)?"), ("shipped", r"1(\.0)?"))
+        ]
+        found.append(
+            scrape_until(
+                port, rf'^ray_uv_project_received_bytes\w*\{{.*key="{ready}".*\}} 1000(\.0)?$'
+            )
+        )
+        print("\n".join(found))  # the names as this Ray exports them
     finally:
         lock.release()
         phases.remove_record(root, building)

@@ -23,7 +23,7 @@ from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import make_request
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv import UV_ENV_VAR
-from ray_uv_plugin.store import build_slots
+from ray_uv_plugin.store import build_slots, outcomes
 from ray_uv_plugin.store.build_lock import BuildLock
 from ray_uv_plugin.store.build_slots import (
     MAX_BUILDS_ENV,
@@ -32,6 +32,7 @@ from ray_uv_plugin.store.build_slots import (
     usable_cores,
 )
 from ray_uv_plugin.store.layout import VENV_DIR_ENV, VenvDirError, lock_path
+from ray_uv_plugin.store.setup_state import read_setup
 from tests.support.uvproject import CountingUv, project_variants, write_project
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -232,8 +233,13 @@ def test_the_wait_for_a_slot_counts_against_the_build_timeout(
     assert f"1 builds at once run in the venv dir {root}" in message
     assert MAX_BUILDS_ENV in message and "ray-uv prepare" in message
     assert slow_uv.syncs() == 0
-    left = [p.name for p in root.iterdir() if p.name not in tickets(root)]
-    assert left == [f"{project_key(project)}.lock"]  # and the killed holder's ticket
+    key = project_key(project)
+    records = {f".phase-{key}", outcomes.OUTCOMES}  # why it failed, and that it did
+    left = [p.name for p in root.iterdir() if p.name not in {*tickets(root), *records}]
+    assert left == [f"{key}.lock"]  # and the killed holder's ticket
+    failed = read_setup(root, key)
+    assert (failed.state, failed.phase) == ("failed", "build-slot queue")
+    assert "waited 3s for a build slot" in (failed.cause or "")
 
 
 def project_key(project: Path) -> str:
