@@ -75,3 +75,14 @@ def test_gc_removes_records_whose_writer_is_gone_and_keeps_a_recent_failure(tmp_
     finally:
         lock.release()
     assert phases.remove_stale(tmp_path) == 1  # its writer let go without a failure
+
+
+def test_ray_uv_gc_removes_a_record_whose_writer_is_gone(tmp_path: Path) -> None:
+    from ray_uv_plugin.store import gc
+
+    tmp_path.chmod(0o700)
+    phases.write_record(tmp_path, KEY, {"state": "building", "phase": "install"})
+    gc.collect(tmp_path, dry_run=True)
+    assert phases.record_path(tmp_path, KEY).exists()  # a dry run removes nothing
+    gc.collect(tmp_path)
+    assert not phases.record_path(tmp_path, KEY).exists()
