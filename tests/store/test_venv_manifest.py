@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ray_uv_plugin.agent import bytecode
 from ray_uv_plugin.agent.build_record import Bytecode, write_manifest
 from ray_uv_plugin.agent.builder import ensure_venv, lookup
 from ray_uv_plugin.agent.project import load_project
@@ -87,6 +88,36 @@ def test_a_build_writes_the_manifest_of_every_file_and_its_marker_names_it(built
     compiles = os.environ.get("UV_COMPILE_BYTECODE") != "0"  # tests/conftest.py: off
     assert marker["accounted"] == {"bytecode": "plugin" if compiles else "none"}
     assert "not_as_recorded" not in marker
+
+
+def test_a_compiled_build_lists_every_entry_it_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build lists its venv once (`store.tree`) and, after its compile step, lists again only
+    the `__pycache__` dirs that step wrote into: its manifest is still entry for entry what a
+    walk finds, for a full build, a seeded one, and one whose bytecode uv's own step made
+    (which runs the venv's `.pth` files, so the venv is listed anew)."""
+    root = tmp_path / "venvs"
+
+    def built(name: str, idna: str) -> dict:
+        project = write_project(tmp_path / name, ["six==1.16.0", f"idna=={idna}"])
+        env = {"UV_COMPILE_BYTECODE": "1"}
+        venv = ensure_venv(parse_spec({}), load_project(project), env, root=root).path
+        marker = read_marker(venv)
+        files = manifest.load(venv, marker["manifest"])
+        assert {path: tuple(entry) for path, entry in files.items()} == walk(venv), name
+        assert any(path.endswith(".pyc") for path in files), name
+        return marker
+
+    assert built("full", "3.7")["built"] == {"how": "full"}
+    assert built("seeded", "3.6")["built"]["how"] == "seeded"
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise bytecode.CompileError("a compile worker exited with 1: planted")
+
+    monkeypatch.setattr(bytecode, "compile_sources", fail)
+    marker = built("by-uv", "3.5")
+    assert marker["built"]["how"] == "seeded" and marker["accounted"]["bytecode"] == "uv"
 
 
 def test_reusing_a_ready_venv_reads_no_manifest(
