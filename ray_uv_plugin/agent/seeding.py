@@ -46,9 +46,10 @@ from ray_uv_plugin.store.layout import DIST_INFO, MARKER, check_ready, read_mark
 CANDIDATES = 8  # the most recently built venvs of this interpreter that are weighed as seeds
 # Distributions in common below which a seed saves too little to be worth its checks.
 MIN_COMMON = 2
-# Threads for the seed's kernel work: `mkdir`, `link` and `lstat` release the GIL, and a
-# `__pycache__` mkdir costs ~250 us of the kernel's time (benchmarks/RESULTS.md, issue 43).
-THREADS = 8
+# Threads for the seed's kernel work (`lstat`, `mkdir`, `link` release the GIL): one per CPU
+# this process may use, at most 8. More than the CPUs was slower on a loaded 2-core host
+# (benchmarks/seed_work.py, RESULTS.md).
+THREADS = min(8, len(os.sched_getaffinity(0)) or 1)
 CHUNK = 256  # `.pyc` files (or dirs) per task
 T = TypeVar("T")
 

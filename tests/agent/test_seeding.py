@@ -409,6 +409,7 @@ def test_the_seed_s_links_and_dirs_are_made_in_threads_with_the_same_outcome(
     seed = _synthetic_seed(tmp_path)
     new = _new_venv(seed, tmp_path / "new")
     monkeypatch.setattr(seeding, "CHUNK", 16, raising=False)
+    monkeypatch.setattr(seeding, "THREADS", 4, raising=False)  # whatever the host's CPUs
     threads: dict[str, set[int]] = {"mkdir": set(), "link": set()}
     real_mkdir, real_link = os.mkdir, os.link
 

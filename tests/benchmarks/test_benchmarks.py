@@ -475,6 +475,26 @@ def test_edit_run_reads_each_build_step_s_seconds_from_the_setup_log() -> None:
     assert step_seconds(lines) == {"sync": 0.91, "seeding": 1.05, "freeze": 12.3}
 
 
+def test_seed_work_s_new_venv_is_the_seed_s_own_inodes_less_bytecode(tmp_path: Path) -> None:
+    """`benchmarks.seed_work` stands a hardlink copy of the seed, less its `__pycache__` dirs
+    and the plugin's files, for uv's sync: the same inodes, as uv links them from its cache."""
+    from benchmarks.seed_work import without_bytecode
+
+    seed = tmp_path / "seed"
+    (seed / "lib" / "pkg" / "__pycache__").mkdir(parents=True)
+    (seed / "lib" / "pkg" / "m.py").write_text("X = 1\n")
+    (seed / "lib" / "pkg" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"pyc")
+    (seed / ".ray-uv-ready").write_text("{}")
+    (seed / "bin").mkdir()
+    (seed / "bin" / "python").symlink_to("/usr/bin/python3")
+    new = tmp_path / "new"
+    without_bytecode(seed, new)
+    found = sorted(str(p.relative_to(new)) for p in new.rglob("*"))
+    assert found == ["bin", "bin/python", "lib", "lib/pkg", "lib/pkg/m.py"]
+    assert (new / "lib/pkg/m.py").stat().st_ino == (seed / "lib/pkg/m.py").stat().st_ino
+    assert (new / "bin" / "python").readlink() == Path("/usr/bin/python3")
+
+
 def test_uv_run_driver_benchmark_runs(tmp_path: Path) -> None:
     """`benchmarks.uv_run_driver` for real: drivers started with `uv run --extra small`, one
     actor, one sample per way (about 45 s). Each sample checks where its workers ran."""
