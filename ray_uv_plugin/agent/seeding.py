@@ -282,7 +282,9 @@ def take_bytecode(seed: Seed, venv: Path, recorded: accounting.Recorded) -> Take
         list(pool.map(_make_cache_dirs, _chunks(folders)))
         link = _Linker(seed, site, seed_site, base, seed_base)
         linked = list(pool.map(link, _chunks(wanted)))  # a SeedError of any chunk: raised here
-    known = {path: found for part in linked for path, found in part.items()}
+    known: dict[str, tuple[int, manifest.Entry]] = {}
+    for part in linked:
+        known.update(part)
     size = sum(entry.size for _, entry in known.values())
     return Taken(seed.key, len(seed.common), len(known), size, known, seed.hashed)
 
