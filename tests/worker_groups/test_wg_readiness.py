@@ -211,6 +211,31 @@ def test_prefer_places_on_the_ready_node_and_builds_nothing(
 
 
 @needs_label_selectors
+def test_prefer_places_anywhere_when_too_few_nodes_are_ready(
+    nodes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The env is ready on A only and the group needs two nodes: it is placed at once on A
+    and B, and the gate sends B the env from A (no build there)."""
+    project = new_project(tmp_path)
+    (ready,) = prepare_nodes({"project": str(project)}, [(nodes.a_id, "a")], 300)
+    assert ready.ok, ready
+    syncs = nodes.raylets["b"].uv.syncs()
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="worker_groups.readiness"):
+        cluster, group = group_of(project, monkeypatch, [1, 1])
+    try:
+        assert sorted(worker_nodes(group)) == sorted([nodes.a_id, nodes.b_id])
+    finally:
+        group.shutdown()
+        cluster.shutdown()
+    said = [r.getMessage() for r in caplog.records]
+    assert any("the 1 node(s) with its env ready cannot hold it" in line for line in said), said
+    assert time.monotonic() - started < SLOW_S  # B received it: no slow build
+    assert nodes.raylets["b"].uv.syncs() == syncs
+    assert read_marker(nodes.raylets["b"].venvs / ready.key)["shipped_from"]
+
+
+@needs_label_selectors
 def test_require_with_no_ready_node_says_so_after_the_wait(
     nodes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
