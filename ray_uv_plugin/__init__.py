@@ -25,6 +25,7 @@ EXCEPTIONS = {
     "PluginNotLoadedError": "ray_uv_plugin.registration",  # this driver's Ray lacks the plugin
     "PrepareError": "ray_uv_plugin.cluster.prepare",  # `prepare_env` could not start
     "ProjectError": "ray_uv_plugin.agent.project",  # the project cannot give the env asked for
+    "ReadinessError": "ray_uv_plugin.cluster.readiness",  # `node_setups` cannot ask from this job
     "SlotTimeout": "ray_uv_plugin.store.build_slots",  # no build slot in time
     "TokenAuthError": "ray_uv_plugin.cluster.auth",  # the cluster's token is missing or wrong
     "UntrustedPathError": "ray_uv_plugin.store.trust",  # a venv dir path we must not touch
@@ -44,6 +45,8 @@ __all__ = [
     "UvProjectPlugin",
     "plugin_config",
     "plugins_setting",
+    "NodeSetup",
+    "node_setups",
     "prepare_env",
     "setup_driver",
     # the errors (`EXCEPTIONS`, which a test keeps equal to these)
@@ -52,6 +55,7 @@ __all__ = [
     "PluginNotLoadedError",
     "PrepareError",
     "ProjectError",
+    "ReadinessError",
     "SlotTimeout",
     "TokenAuthError",
     "UntrustedPathError",
@@ -74,6 +78,7 @@ if TYPE_CHECKING:
     from ray_uv_plugin.cluster.auth import TokenAuthError
     from ray_uv_plugin.cluster.connect import ConnectError
     from ray_uv_plugin.cluster.prepare import PrepareError, prepare_env
+    from ray_uv_plugin.cluster.readiness import NodeSetup, ReadinessError, node_setups
     from ray_uv_plugin.registration import PluginNotLoadedError
     from ray_uv_plugin.store.build_lock import LockTimeout
     from ray_uv_plugin.store.build_slots import SlotTimeout
@@ -145,6 +150,10 @@ def __getattr__(name: str) -> Any:
         from ray_uv_plugin.cluster.prepare import prepare_env
 
         return prepare_env
+    if name in ("node_setups", "NodeSetup"):  # where each node's setup of an env stands
+        from ray_uv_plugin.cluster import readiness
+
+        return getattr(readiness, name)
     if name == "UvProject":  # the builder that also checks that the driver's Ray loads us
         from ray_uv_plugin.registration import UvProject
 
