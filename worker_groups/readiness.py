@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
+from ray_uv_plugin.cluster.readiness import elapsed
 from worker_groups.feasibility import PlacementGroupTimeoutError, fmt
 
 if TYPE_CHECKING:
@@ -279,16 +280,6 @@ def joining_nodes_prepared(
         stop.set()  # a round under way finishes: its node is then ready for later groups
 
 
-def _clock(seconds: float) -> str:
-    """`12s`, `7m12s`, `2h03m`: a wait line's elapsed time."""
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
 def wait_line(setup: NodeSetup) -> str:
     """`node 10.0.0.3 (3f2a9c1d): building flash-attn 7m12s`: what a node is doing for an env
     (the id's start tells apart raylets that share a host)."""
@@ -298,7 +289,7 @@ def wait_line(setup: NodeSetup) -> str:
     if setup.phase:
         words.append(setup.phase)
     if setup.seconds is not None:
-        words.append(_clock(setup.seconds))
+        words.append(elapsed(setup.seconds))
     if setup.bytes:
         words.append(format_bytes(setup.bytes))
     if setup.source:
