@@ -19,7 +19,7 @@ from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv import UV_ENV_VAR, UvNotFoundError, UvResult, UvSyncError, sync_failure
 from ray_uv_plugin.store.layout import VENV_DIR_ENV, VenvDirError, venv_root
 from ray_uv_plugin.store.trust import UntrustedPathError
-from tests.support.uvproject import RAY_PIN, CountingUv, write_project
+from tests.support.uvproject import RAY_PIN, CountingUv, left_in, write_project
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_a_full_disk_says_which_dir_and_how_much_is_free(project, small_disk, mo
     message = str(info.value)
     assert f"the disk of the venv dir {root} is full" in message and "MiB free" in message
     assert "Nothing half-built was kept" in message
-    assert [p.name for p in root.iterdir() if not p.name.endswith(".lock")] == []
+    assert [name for name in left_in(root) if not name.endswith(".lock")] == []
 
 
 # uv's words (0.13) for each kind of failure; a network one may succeed when tried again.

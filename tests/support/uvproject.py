@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -181,3 +182,13 @@ def write_wheel(
             archive.writestr(path, data)
         archive.writestr(f"{info}/RECORD", record + f"{info}/RECORD,,\n")
     return wheel
+
+
+def left_in(root: Path) -> list[str]:
+    """What the venv dir `root` holds beside the plugin's records of its setups (a key's
+    `.phase-<key>`, which keeps a failure's cause for the readiness view, and `.outcomes`, which
+    the node's metrics count): a failed or refused setup leaves nothing else."""
+    from ray_uv_plugin.store import outcomes, phases
+
+    names = os.listdir(root)
+    return sorted(n for n in names if not (phases.is_record(n) or outcomes.is_record(n)))
