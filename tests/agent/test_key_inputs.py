@@ -23,7 +23,7 @@ from ray_uv_plugin.agent.request import make_request
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv import UvSyncError, find_uv
 from tests.agent.test_request import write_with_mylib
-from tests.support.uvproject import tamper_hashes, write_project
+from tests.support.uvproject import left_in, tamper_hashes, write_project
 
 NOBODY_LISTENS = "http://127.0.0.1:9/simple"  # the discard port: connection refused at once
 # uv tries every request 3 more times by default; once is enough to know nothing is there.
@@ -216,7 +216,7 @@ def test_a_job_cannot_turn_off_the_locks_hash_check(tmp_path):
     root = tmp_path / "venvs"
     with pytest.raises(UvSyncError, match="does not have the hash that uv.lock records"):
         ensure_venv(parse_spec({}), load_project(project), {"UV_NO_VERIFY_HASHES": "1"}, root=root)
-    assert [p.suffix for p in root.iterdir()] == [".lock"]  # nothing half-built
+    assert [Path(name).suffix for name in left_in(root)] == [".lock"]  # nothing half-built
 
 
 def _snapshot(directory: Path) -> dict[str, bytes]:

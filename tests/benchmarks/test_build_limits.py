@@ -24,7 +24,13 @@ from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv import UV_ENV_VAR, UvSyncError, find_uv
 from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, LockTimeout
 from ray_uv_plugin.store.layout import VENV_DIR_ENV
-from tests.support.uvproject import CountingUv, tamper_hashes, unreachable_index, write_project
+from tests.support.uvproject import (
+    CountingUv,
+    left_in,
+    tamper_hashes,
+    unreachable_index,
+    write_project,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +63,7 @@ def test_a_build_past_its_timeout_is_killed_and_leaves_nothing(projects, tmp_pat
     assert time.monotonic() - start < 30
     assert "synced" in hung.log.read_text()  # the venv had been written...
     # Only the key's lock: the build's ticket for its slot (`.build-...`) went with it.
-    assert [p.name for p in root.iterdir()] == [f"{p.name}" for p in root.glob("*.lock")]
+    assert left_in(root) == [f"{p.name}" for p in root.glob("*.lock")]
     time.sleep(0.5)
     assert processes_running("sleep 47.25") == []  # ...and uv's whole process group is gone
 
@@ -156,7 +162,7 @@ def test_a_failed_build_is_answered_from_memory_for_a_while(tmp_path, monkeypatc
     assert again.value.first == str(first.value)  # what Ray's own retries show
     assert "uv was not run again for this request" in str(again.value)
     assert "same build settings failed 0s ago with the error above" in str(again.value)
-    assert [p.suffix for p in root.iterdir()] == [".lock"]  # nothing half-built
+    assert [Path(name).suffix for name in left_in(root)] == [".lock"]  # nothing half-built
     with pytest.raises(UvSyncError, match=hint):  # another venv dir: its own build
         ensure_venv(parse_spec({}), files, root=tmp_path / "other-venvs")
     assert counting.syncs() == 2
