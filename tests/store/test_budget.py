@@ -38,7 +38,7 @@ from ray_uv_plugin.store.layout import (
 from ray_uv_plugin.store.trust import UntrustedPathError
 from ray_uv_plugin.store.units import format_bytes
 from tests.store.test_build_slots import hold_slot, kill
-from tests.support.uvproject import CountingUv, project_variants, write_project
+from tests.support.uvproject import CountingUv, left_in, project_variants, write_project
 
 GIB = 1024**3
 
@@ -157,7 +157,7 @@ def test_a_venv_in_use_or_just_used_stays_and_the_build_that_needs_its_room_fail
     assert message.endswith("The new venv was not kept.")
     assert a.exists() and b.exists()
     c = make_request(parse_spec({}), load_project(new), {}).key
-    left = sorted(p.name for p in root.iterdir() if p.name != BUDGET_LOCK)
+    left = sorted(name for name in left_in(root) if name != BUDGET_LOCK)
     assert left == sorted([a.name, f"{a.name}.lock", b.name, f"{b.name}.lock", f"{c}.lock"])
     assert counting_uv.syncs() == 3
 
