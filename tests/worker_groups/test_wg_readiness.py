@@ -220,7 +220,6 @@ def test_prefer_places_anywhere_when_too_few_nodes_are_ready(
     (ready,) = prepare_nodes({"project": str(project)}, [(nodes.a_id, "a")], 300)
     assert ready.ok, ready
     syncs = nodes.raylets["b"].uv.syncs()
-    started = time.monotonic()
     with caplog.at_level(logging.INFO, logger="worker_groups.readiness"):
         cluster, group = group_of(project, monkeypatch, [1, 1])
     try:
@@ -230,8 +229,7 @@ def test_prefer_places_anywhere_when_too_few_nodes_are_ready(
         cluster.shutdown()
     said = [r.getMessage() for r in caplog.records]
     assert any("the 1 node(s) with its env ready cannot hold it" in line for line in said), said
-    assert time.monotonic() - started < SLOW_S  # B received it: no slow build
-    assert nodes.raylets["b"].uv.syncs() == syncs
+    assert nodes.raylets["b"].uv.syncs() == syncs  # B received it: no (slow) build there
     assert read_marker(nodes.raylets["b"].venvs / ready.key)["shipped_from"]
 
 
