@@ -219,7 +219,6 @@ def test_prefer_places_anywhere_when_too_few_nodes_are_ready(
     project = new_project(tmp_path)
     (ready,) = prepare_nodes({"project": str(project)}, [(nodes.a_id, "a")], 300)
     assert ready.ok, ready
-    syncs = nodes.raylets["b"].uv.syncs()
     with caplog.at_level(logging.INFO, logger="worker_groups.readiness"):
         cluster, group = group_of(project, monkeypatch, [1, 1])
     try:
@@ -229,7 +228,8 @@ def test_prefer_places_anywhere_when_too_few_nodes_are_ready(
         cluster.shutdown()
     said = [r.getMessage() for r in caplog.records]
     assert any("the 1 node(s) with its env ready cannot hold it" in line for line in said), said
-    assert nodes.raylets["b"].uv.syncs() == syncs  # B received it: no (slow) build there
+    # B received it from A, not built it (B's uv counts no project: the earlier tests' slow
+    # builds on B may still be running under their own keys' locks)
     assert read_marker(nodes.raylets["b"].venvs / ready.key)["shipped_from"]
 
 
