@@ -123,9 +123,11 @@ async def ensure_venv_async(
 
         waited = await slot.acquire_async(timeout, request.what, queued)  # counted in `timeout`
     except BaseException as e:
-        events.failed(str(e)) if isinstance(e, Exception) else events.clear()  # cancelled
         if isinstance(e, Exception):
+            events.failed(str(e))
             outcomes.record(root, key, "failed")
+        else:  # cancelled
+            events.clear()
         lock.release()
         raise
     loop = asyncio.get_running_loop()
