@@ -223,14 +223,15 @@ class RayWorkerGroup(WorkerDispatch):
 
     def _prepare_env(self, runtime_env: dict[str, Any], pgs: list) -> None:
         """The gate, before any worker starts: build the workers' uv_project env on one of the
-        group's nodes and ship it to the others (`ray_uv_plugin.cluster.prepare`), as `ray-uv
-        prepare` does; with RAY_UV_PLUGIN_SHIP=0 each node builds its own. Nodes that have it
-        already cost one small task each. Workers without a uv_project of their own under a
-        `uv run` driver run in the job's default env (`job_default_uv_project`): that one is
-        prepared then. While it waits, a line per node not ready (`WaitLines`); if the
-        startup timeout runs out first, `WorkerStartupTimeoutError` names each node still on
-        its way and what it is doing, and no rank has started: none waits in a rendezvous
-        for ranks whose env is still building."""
+        group's nodes (or take one that has it ready) and ship it to the others
+        (`ray_uv_plugin.cluster.prepare`), as `ray-uv prepare` does; with RAY_UV_PLUGIN_SHIP=0
+        each node builds its own. Nodes that have it already cost one small task each.
+        Workers without a uv_project of their own under a `uv run` driver run in the job's
+        default env (`job_default_uv_project`): that one is prepared then. While it waits, a
+        line per node not ready (`WaitLines`); if the startup timeout runs out first,
+        `WorkerStartupTimeoutError` names each node still on its way and what it is doing,
+        and no rank has started: none waits in a rendezvous for ranks whose env is still
+        building."""
         from ray.util import placement_group_table
 
         from ray_uv_plugin.cluster.prepare import outcome_counts, prepare_nodes
@@ -248,7 +249,9 @@ class RayWorkerGroup(WorkerDispatch):
         what = self.name_prefix or "worker group"
         timeout = self.startup_timeout_s or DEFAULT_STARTUP_TIMEOUT_S
         start = time.perf_counter()
-        with WaitLines(what, value, node_ids).said() as lines:
+        lines = WaitLines(what, value, node_ids)
+        ready = [n for n, setup in lines.read().items() if setup.state == "ready"]
+        with lines.said():
             results = prepare_nodes(
                 value,
                 nodes,
@@ -258,6 +261,7 @@ class RayWorkerGroup(WorkerDispatch):
                 ),
                 runtime_env=helper_runtime_env(),
                 probe_env={**runtime_env, "uv_project": value},
+                ready=ready,  # shipped from a node that has it, not built first
             )
         logger.info(
             "%s: uv_project env ready on %d of %d nodes in %.2fs (%s)",

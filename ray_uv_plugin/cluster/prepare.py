@@ -16,7 +16,7 @@ nothing: `ship` gives up on it alone, so their probes keep their time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,6 +116,7 @@ def prepare_nodes(
     chunk_bytes: int | None = None,
     on_progress: Callable[[Any], None] = lambda p: None,
     probe_env: dict[str, Any] | None = None,
+    ready: Iterable[str] = (),
 ) -> list[NodeResult]:
     """Make the env ready on each node (connected already), reporting as each finishes.
 
@@ -123,7 +124,8 @@ def prepare_nodes(
     RAY_UV_PLUGIN_SHIP=0): build on one node, send that venv to the others (the ship's actors
     start while it builds). `runtime_env`: for the shipping actors, which need the node's Ray
     Python. `probe_env`: the whole runtime_env the env's workers will have (its env_vars may
-    shape the venv), default `{"uv_project": value}`."""
+    shape the venv), default `{"uv_project": value}`. `ready`: ids of nodes known to have the
+    env ready already: the ship's source is one of them (no build), if any is in `nodes`."""
     from ray_uv_plugin.ship import transfer as shipping
 
     raw = value.value if isinstance(value, UvEnv) else value
@@ -133,7 +135,10 @@ def prepare_nodes(
         for node in nodes:
             probes.submit(node)
         return probes.collect(on_result)
-    source, rest = _source_first(nodes)
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    source, rest = source_first(nodes, set(ready), here)
     probes.submit(source)
     # The sender and the receivers start while the first node builds.
     actors = shipping.start_actors(source[0], [node_id for node_id, _ in rest], runtime_env)
@@ -227,12 +232,14 @@ class _ProbeWhenDecided:
         self.on_progress(progress)
 
 
-def _source_first(nodes: list[tuple[str, str]]) -> tuple[tuple[str, str], list[tuple[str, str]]]:
-    """The node to build on: the driver's own if it is one of them, else the first."""
-    import ray
-
-    here = ray.get_runtime_context().get_node_id()
-    source = next((n for n in nodes if n[0] == here), nodes[0])
+def source_first(
+    nodes: list[tuple[str, str]], ready: set[str], here: str
+) -> tuple[tuple[str, str], list[tuple[str, str]]]:
+    """The node to ship from: one with the env ready already if any, else the driver's own
+    (`here`: built there) if it is one of them, else the first."""
+    source = next(
+        (n for n in nodes if n[0] in ready), next((n for n in nodes if n[0] == here), nodes[0])
+    )
     return source, [n for n in nodes if n != source]
 
 

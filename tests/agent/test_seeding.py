@@ -411,14 +411,25 @@ def test_the_seed_s_links_and_dirs_are_made_in_threads_with_the_same_outcome(
     monkeypatch.setattr(seeding, "CHUNK", 16, raising=False)
     monkeypatch.setattr(seeding, "THREADS", 4, raising=False)  # whatever the host's CPUs
     threads: dict[str, set[int]] = {"mkdir": set(), "link": set()}
+    # the first thread to make a dir (or a link) waits, up to 20 s, for a second one to make one
+    # too: one thread that takes every chunk before the pool's others start cannot pass, and a
+    # pool that runs them at once always does, however the host schedules it
+    second = {"mkdir": threading.Event(), "link": threading.Event()}
     real_mkdir, real_link = os.mkdir, os.link
 
+    def seen(call: str) -> None:
+        threads[call].add(threading.get_ident())
+        if len(threads[call]) > 1:
+            second[call].set()
+        else:
+            second[call].wait(20)
+
     def mkdir(path, *args, **kwargs):
-        threads["mkdir"].add(threading.get_ident())
+        seen("mkdir")
         return real_mkdir(path, *args, **kwargs)
 
     def link(src, dst, *args, **kwargs):
-        threads["link"].add(threading.get_ident())
+        seen("link")
         return real_link(src, dst, *args, **kwargs)
 
     monkeypatch.setattr(os, "mkdir", mkdir)

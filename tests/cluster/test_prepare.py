@@ -16,6 +16,7 @@ from ray_uv_plugin.cluster.prepare import (
     check_locally,
     job_runtime_env,
     outcome_counts,
+    source_first,
     uv_project_value,
 )
 from ray_uv_plugin.cluster.probe_tasks import _with_shipping
@@ -144,3 +145,12 @@ def test_every_reporter_has_every_event_of_the_watch() -> None:
     assert wanted == {"started", "result", "progress", "watching", "round"}
     for reporter in (Quiet, PrepareLines):
         assert wanted <= {name for name in dir(reporter) if callable(getattr(reporter, name))}
+
+
+def test_the_ship_comes_from_a_node_that_has_the_env_ready() -> None:
+    """A node with the env ready is the source whatever the nodes' order (none builds); with
+    none ready, the driver's own node builds it, else the first."""
+    nodes = [("a1", "10.0.0.1"), ("b2", "10.0.0.2"), ("c3", "10.0.0.3")]
+    assert source_first(nodes, {"c3"}, here="a1") == (nodes[2], nodes[:2])
+    assert source_first(nodes, set(), here="b2") == (nodes[1], [nodes[0], nodes[2]])
+    assert source_first(nodes, {"zz"}, here="head") == (nodes[0], nodes[1:])
