@@ -172,13 +172,15 @@ class RayVirtualCluster:
         use_unified_pg: bool = False,
         uv_project: Mapping[str, Any] | None = None,
         readiness: str = DEFAULT_READINESS,
+        env_vars: Mapping[str, str] | None = None,
     ) -> list[PlacementGroup]:
         """Create the placement groups unless they exist: one ``PACK`` group per node, or one
         group of every bundle with ``strategy`` (default: the cluster's) when ``use_unified_pg``.
         Waits at most ``ready_timeout_s``; a request that the nodes alive now cannot hold fails
         at once, unless nodes may still join (`_why_wait_for_nodes`). With a `uv_project`
-        value, the bundles go on the nodes where its env is ready, as `readiness` asks
-        (`readiness.place_on_ready`); the first caller's env decides, for every group on them."""
+        value, the bundles go on the nodes where its env (under the workers' `env_vars`) is
+        ready, as `readiness` asks (`readiness.place_on_ready`); the first caller's env decides,
+        for every group on them."""
         if self._shut_down:
             raise RuntimeError("this RayVirtualCluster was shut down: create a new one")
         if self._node_placement_groups is not None:
@@ -228,7 +230,7 @@ class RayVirtualCluster:
         else:
             what = f"virtual cluster {self._bundle_ct_per_node_list}"
             pgs = place_on_ready(
-                make, uv_project, check_readiness(readiness), self.ready_timeout_s, what
+                make, uv_project, check_readiness(readiness), self.ready_timeout_s, what, env_vars
             )
         self._wait_ready(pgs, waiting_for)
         self._node_placement_groups = pgs
@@ -328,12 +330,17 @@ class RayVirtualCluster:
         self._sorted_bundle_indices = sort_bundle_indices_by_topology(infos)
 
     def get_placement_groups(
-        self, uv_project: Mapping[str, Any] | None = None, readiness: str = DEFAULT_READINESS
+        self,
+        uv_project: Mapping[str, Any] | None = None,
+        readiness: str = DEFAULT_READINESS,
+        env_vars: Mapping[str, str] | None = None,
     ) -> list[PlacementGroup]:
-        """The placement groups (created on first call, where `uv_project`'s env is ready as
-        `readiness` asks): one per node that has bundles, in node order, or the single unified
-        one."""
-        pgs = self._init_placement_groups(uv_project=uv_project, readiness=readiness)
+        """The placement groups (created on first call, where `uv_project`'s env, under the
+        workers' `env_vars`, is ready as `readiness` asks): one per node that has bundles, in
+        node order, or the single unified one."""
+        pgs = self._init_placement_groups(
+            uv_project=uv_project, readiness=readiness, env_vars=env_vars
+        )
         return [pg for pg in pgs if pg.bundle_specs]
 
     def world_size(self) -> int:

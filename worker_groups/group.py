@@ -118,7 +118,9 @@ class RayWorkerGroup(WorkerDispatch):
         self._uv_project = base["runtime_env"].get("uv_project") or job_default_uv_project(
             base["runtime_env"]
         )
-        pgs = cluster.get_placement_groups(self._uv_project, self.readiness)
+        pgs = cluster.get_placement_groups(
+            self._uv_project, self.readiness, base["runtime_env"].get("env_vars")
+        )
         counts = [pg.bundle_count for pg in pgs]
         if bundle_indices_list is None:
             bundle_indices_list = bundles_from_workers_per_node(counts, workers_per_node)
@@ -249,7 +251,7 @@ class RayWorkerGroup(WorkerDispatch):
         what = self.name_prefix or "worker group"
         timeout = self.startup_timeout_s or DEFAULT_STARTUP_TIMEOUT_S
         start = time.perf_counter()
-        lines = WaitLines(what, value, node_ids)
+        lines = WaitLines(what, value, node_ids, runtime_env.get("env_vars"))
         ready = [n for n, setup in lines.read().items() if setup.state == "ready"]
         with lines.said():
             results = prepare_nodes(

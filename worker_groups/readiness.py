@@ -49,6 +49,9 @@ WAIT_LINE_INTERVAL_S = 5.0  # at most one wait line per node this often
 JOIN_WATCH_INTERVAL_S = 2.0  # the watch's shortest interval: one GCS call listing the nodes
 
 Make = Callable[[dict[str, str] | None], list[PlacementGroup]]
+# The env_vars of the env's workers, which may shape its venv and so its key on every node
+# (uv's settings, `build_env_vars`): None for the job's alone.
+EnvVars = Mapping[str, str] | None
 
 
 def check_readiness(readiness: Any) -> str:
@@ -79,16 +82,18 @@ def _alive() -> dict[str, str]:
     return dict(alive_nodes())
 
 
-def read_setups(uv_project: Mapping[str, Any], nodes: Iterable[str]) -> dict[str, NodeSetup]:
+def read_setups(
+    uv_project: Mapping[str, Any], nodes: Iterable[str], env_vars: EnvVars = None
+) -> dict[str, NodeSetup]:
     from ray_uv_plugin.cluster.readiness import node_setups
 
     nodes = list(nodes)
-    return node_setups(uv_project, nodes=nodes) if nodes else {}
+    return node_setups(uv_project, nodes=nodes, env_vars=env_vars) if nodes else {}
 
 
-def ready_nodes(uv_project: Mapping[str, Any]) -> set[str]:
-    """The alive nodes where the env of `uv_project` is ready now."""
-    setups = read_setups(uv_project, _alive())
+def ready_nodes(uv_project: Mapping[str, Any], env_vars: EnvVars = None) -> set[str]:
+    """The alive nodes where the env of `uv_project` (under `env_vars`) is ready now."""
+    setups = read_setups(uv_project, _alive(), env_vars)
     return {node for node, setup in setups.items() if setup.state == "ready"}
 
 
@@ -96,16 +101,17 @@ class NoReadyNodeError(RuntimeError):
     """No alive node has the env ready, and the caller asked for ready nodes only."""
 
 
-def ready_node_selector(uv_project: Mapping[str, Any]) -> dict[str, str]:
+def ready_node_selector(uv_project: Mapping[str, Any], env_vars: EnvVars = None) -> dict[str, str]:
     """The ``label_selector`` that puts a user's own actor or task on a node whose env of
-    `uv_project` is ready: ``f.options(label_selector=ready_node_selector(value))``. The set is
-    read now; call it again for a later actor."""
+    `uv_project` is ready: ``f.options(label_selector=ready_node_selector(value))``; `env_vars`:
+    the actor's, where they shape the venv. The set is read now; call it again for a later
+    actor."""
     if not label_selectors():
         raise RuntimeError(
             f"Ray {ray.__version__} has no label selectors for placement (Ray 2.50 and later): "
             "prepare the nodes first (`ray-uv prepare`), or upgrade Ray."
         )
-    ready = ready_nodes(uv_project)
+    ready = ready_nodes(uv_project, env_vars)
     if not ready:
         raise NoReadyNodeError(
             "no alive node has this uv_project env ready: make it ready with `ray-uv prepare` "
@@ -123,17 +129,20 @@ def placement_group_on_ready(
     name: str = "",
     lifetime: str | None = None,
     timeout_s: float = 600.0,
+    env_vars: EnvVars = None,
 ) -> PlacementGroup:
-    """`ray.util.placement_group` on the nodes where the env of `uv_project` is ready, as
-    `readiness` asks. "require" returns it placed, or raises `PlacementGroupTimeoutError` after
-    `timeout_s`; "prefer" and "ignore" may return it pending (``pg.ready()``)."""
+    """`ray.util.placement_group` on the nodes where the env of `uv_project` is ready (under
+    `env_vars`, the actors' own), as `readiness` asks. "require" returns it placed, or raises
+    `PlacementGroupTimeoutError` after `timeout_s`; "prefer" and "ignore" may return it pending
+    (``pg.ready()``)."""
     check_readiness(readiness)
 
     def make(selector: dict[str, str] | None) -> list[PlacementGroup]:
         labels = bundle_labels(selector, len(bundles))
         return [placement_group(bundles, strategy=strategy, name=name, lifetime=lifetime, **labels)]
 
-    return place_on_ready(make, uv_project, readiness, timeout_s, name or "placement group")[0]
+    what = name or "placement group"
+    return place_on_ready(make, uv_project, readiness, timeout_s, what, env_vars)[0]
 
 
 def bundle_labels(selector: dict[str, str] | None, bundles: int) -> dict[str, Any]:
@@ -166,18 +175,23 @@ def _remove(pgs: list[PlacementGroup]) -> None:
 
 
 def place_on_ready(
-    make: Make, uv_project: Mapping[str, Any], readiness: str, timeout_s: float, what: str
+    make: Make,
+    uv_project: Mapping[str, Any],
+    readiness: str,
+    timeout_s: float,
+    what: str,
+    env_vars: EnvVars = None,
 ) -> list[PlacementGroup]:
     """The placement groups `make` creates (given a node selector, or None for anywhere),
     placed as `readiness` asks: see the module's docstring. Returns them placed on ready
-    nodes, or pending anywhere (the caller waits for those)."""
+    nodes, or pending anywhere (the caller waits for those). `env_vars`: the workers'."""
     if readiness == "ignore" or not label_selectors():
         return make(None)
     from ray_uv_plugin.cluster.readiness import ReadinessError
 
     alive = _alive()
     try:
-        setups = read_setups(uv_project, alive)
+        setups = read_setups(uv_project, alive, env_vars)
     except ReadinessError as e:  # a job whose own runtime_env has uv_project
         if readiness == "require":
             raise
@@ -189,7 +203,7 @@ def place_on_ready(
         return make(None)
     wait = PREFER_WAIT_S if readiness == "prefer" else timeout_s
     deadline = time.perf_counter() + wait
-    with joining_nodes_prepared(uv_project, alive, setups):
+    with joining_nodes_prepared(uv_project, alive, setups, env_vars):
         pgs = make(node_id_selector(ready)) if ready else []  # "require": none ready yet
         asked = _asked(pgs)
         if readiness == "prefer" and not _fits(asked, ready):
@@ -227,7 +241,7 @@ def place_on_ready(
                     "Make the env ready on more nodes (`ray-uv prepare`, or `ray-uv prepare "
                     "--watch` for nodes that join), free those nodes, or use readiness='prefer'."
                 )
-            now_ready = ready_nodes(uv_project)
+            now_ready = ready_nodes(uv_project, env_vars)
             if now_ready - ready:
                 logger.info(
                     "%s: the env is ready on %d more node(s): placing it again",
@@ -242,11 +256,15 @@ def place_on_ready(
 
 @contextmanager
 def joining_nodes_prepared(
-    uv_project: Mapping[str, Any], alive: Mapping[str, str], setups: Mapping[str, NodeSetup]
+    uv_project: Mapping[str, Any],
+    alive: Mapping[str, str],
+    setups: Mapping[str, NodeSetup],
+    env_vars: EnvVars = None,
 ) -> Iterator[None]:
     """While the block runs, each node that joins the cluster is prepared for the env (shipped
     from a node that has it ready, else built there), in a thread, as `ray-uv prepare --watch`
-    does; the nodes alive now are left as they are."""
+    does, under the workers' `env_vars` (the key they will ask for); the nodes alive now are
+    left as they are."""
     from ray_uv_plugin.cluster.node_result import NodeResult
     from ray_uv_plugin.cluster.options import Quiet, WatchOptions
     from ray_uv_plugin.cluster.prepare import UvEnv
@@ -270,8 +288,11 @@ def joining_nodes_prepared(
     stop = threading.Event()
     options = WatchOptions(interval=JOIN_WATCH_INTERVAL_S)
     env = UvEnv.of(uv_project)
+    probe_env: dict[str, Any] = {"uv_project": dict(env.value)}
+    if env_vars:
+        probe_env["env_vars"] = dict(env_vars)
     thread = threading.Thread(
-        target=watch_nodes, args=(env, seen, options, Told(), stop), daemon=True
+        target=watch_nodes, args=(env, seen, options, Told(), stop, probe_env), daemon=True
     )
     thread.start()
     try:
@@ -303,8 +324,14 @@ class WaitLines:
     whose env is not ready yet (read from the nodes, never guessed). `last` keeps what each
     node said last, for the timeout's message."""
 
-    def __init__(self, what: str, uv_project: Mapping[str, Any], nodes: Iterable[str]) -> None:
-        self.what, self.value = what, dict(uv_project)
+    def __init__(
+        self,
+        what: str,
+        uv_project: Mapping[str, Any],
+        nodes: Iterable[str],
+        env_vars: EnvVars = None,
+    ) -> None:
+        self.what, self.value, self.env_vars = what, dict(uv_project), env_vars
         self.nodes = set(nodes)
         self.last: dict[str, NodeSetup] = {}
         self._stop = threading.Event()
@@ -315,7 +342,7 @@ class WaitLines:
         if nodes is None:
             nodes = self.nodes - {n for n, s in self.last.items() if s.state == "ready"}
         try:
-            setups = read_setups(self.value, nodes)
+            setups = read_setups(self.value, nodes, self.env_vars)
         except Exception as e:  # noqa: BLE001 - a line not said costs nothing; a raise would
             logger.debug("%s: could not read the nodes' setups: %s", self.what, e)
             return {}

@@ -181,6 +181,7 @@ def ship_and_probe(
     on_progress: Callable[[Any], None] = lambda p: None,
     probes: Probes | None = None,
     actors: Any = None,
+    probe_env: dict[str, Any] | None = None,
 ) -> list[NodeResult]:
     """Send the venv that `source` (a node's result with the env ready: its `key`) has to
     `nodes`, and probe each as soon as its part is decided: a node that took it finds it ready
@@ -188,9 +189,9 @@ def ship_and_probe(
     (another build target, other uv settings, a failed receive) builds its own and its result
     says why. `prepare` ships from the node it built on; `ray-uv prepare --watch` from any node
     that has the env, to the nodes that joined since. `probes`: the prepare's, whose runtime_env
-    and time limit the probes share (default: new ones for `{"uv_project": value}` within
-    `timeout`); `actors`: the ship's, started before (`transfer.start_actors`) from `source`'s
-    node to `nodes`."""
+    and time limit the probes share (default: new ones for `probe_env`, as `prepare_nodes`
+    takes it, within `timeout`); `actors`: the ship's, started before (`transfer.start_actors`)
+    from `source`'s node to `nodes`."""
     from ray_uv_plugin.ship import transfer as shipping
 
     if source.key is None:
@@ -198,7 +199,7 @@ def ship_and_probe(
             actors.stop()
         raise ValueError(f"no venv to ship from {source.label}: {source}")
     env = UvEnv.of(env)
-    probes = probes or Probes({"uv_project": dict(env.value)}, timeout)
+    probes = probes or Probes(probe_env or {"uv_project": dict(env.value)}, timeout)
     options = shipping.ShipOptions(
         settings=shipping.ShipSettings(
             env_vars=probes.env.get("env_vars") or {},

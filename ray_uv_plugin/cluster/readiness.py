@@ -79,10 +79,13 @@ def elapsed(seconds: float) -> str:
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
-def setup_here(value: Mapping[str, Any] | None, key: str | None) -> dict[str, Any]:
+def setup_here(
+    value: Mapping[str, Any] | None, key: str | None, env_vars: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """On a node: the key of `value` there (or `key` as given), and where it stands in the
     venv dir, as `NodeSetup`'s fields less the node's. The runtime_env's working_dir, if any,
-    is this worker's cwd, as it is the plugin's project dir for a request."""
+    is this worker's cwd, as it is the plugin's project dir for a request; `env_vars` go over
+    its env_vars, as an actor's over its job's."""
     import ray
 
     from ray_uv_plugin.store import trust
@@ -91,7 +94,7 @@ def setup_here(value: Mapping[str, Any] | None, key: str | None) -> dict[str, An
 
     try:
         if key is None:
-            key = _key_here(dict(value or {}), ray.get_runtime_context().runtime_env)
+            key = _key_here(dict(value or {}), ray.get_runtime_context().runtime_env, env_vars)
     except Exception as e:  # noqa: BLE001 - the request would fail the same way: its cause
         return {"key": None, "state": "failed", "cause": f"no key here: {e}"}
     root = venv_root()
@@ -101,7 +104,9 @@ def setup_here(value: Mapping[str, Any] | None, key: str | None) -> dict[str, An
     return {"key": key, **read_setup(root, key).as_json()}
 
 
-def _key_here(value: dict[str, Any], runtime_env: Mapping[str, Any]) -> str:
+def _key_here(
+    value: dict[str, Any], runtime_env: Mapping[str, Any], env_vars: Mapping[str, str] | None
+) -> str:
     from ray_uv_plugin.agent.project import load_project, resolve_project_dir
     from ray_uv_plugin.agent.request import make_request
     from ray_uv_plugin.agent.spec import parse_spec
@@ -111,7 +116,8 @@ def _key_here(value: dict[str, Any], runtime_env: Mapping[str, Any]) -> str:
     working_dir = os.getcwd() if uri else None
     uploaded = spec.project is None and not str(uri).startswith("local://")
     files = load_project(resolve_project_dir(spec, working_dir), uploaded=uploaded)
-    return make_request(spec, files, runtime_env.get("env_vars") or {}).key
+    env_vars = {**(runtime_env.get("env_vars") or {}), **(env_vars or {})}
+    return make_request(spec, files, env_vars).key
 
 
 def node_setups(
@@ -120,12 +126,15 @@ def node_setups(
     key: str | None = None,
     nodes: Iterable[str] | None = None,
     timeout: float = 30.0,
+    env_vars: Mapping[str, str] | None = None,
 ) -> dict[str, NodeSetup]:
     """Where each node stands with the env of the `uv_project` value (a dict, `UvProject` or
     `prepare.UvEnv`), or with `key` as given: node id -> its `NodeSetup`, for `nodes` (ids;
-    default every alive node). Needs a connected driver; the value's project is found on each
-    node as a request's is (the job's working_dir, or its `project` path). A node that does not
-    answer within `timeout` seconds, or cannot read its venv dir, is `failed` with why."""
+    default every alive node). `env_vars`: those of the runtime_env the env's workers have, over
+    the job's, where they shape the venv (uv's settings, `build_env_vars`). Needs a connected
+    driver; the value's project is found on each node as a request's is (the job's working_dir,
+    or its `project` path). A node that does not answer within `timeout` seconds, or cannot read
+    its venv dir, is `failed` with why."""
     import ray
 
     from ray_uv_plugin.cluster.prepare import UvEnv, alive_nodes
@@ -144,7 +153,7 @@ def node_setups(
     task = ray.remote(num_cpus=0, max_retries=0)(setup_here)
     env = actors_env(None)
     refs = {
-        task.options(**pinned(node, env)).remote(value, key): node
+        task.options(**pinned(node, env)).remote(value, key, dict(env_vars or {})): node
         for node in wanted
         if node in addresses
     }

@@ -69,13 +69,16 @@ def watch_nodes(
     options: WatchOptions,
     reporter: WatchReporter,
     stop: Event | None = None,
+    probe_env: dict[str, Any] | None = None,
 ) -> None:
     """Prepare each node that joins (connected already), reporting each, until a
     KeyboardInterrupt ends it, or `stop` is set (a worker group that waits for its placement
     runs it in a thread: `worker_groups.readiness`). `seen`: the results of the nodes known
     before (those with the env ready are the sources to ship from; the others are not
     prepared). Before each round, `reporter.round(nodes, source)`: the nodes that joined, and
-    the node they are shipped from (None: they build). `options.timeout` bounds each round."""
+    the node they are shipped from (None: they build). `options.timeout` bounds each round.
+    `probe_env`: the runtime_env the env's workers have, as `prepare.prepare_nodes` takes it
+    (a group's env_vars may shape the venv, and so its key)."""
     import ray
 
     from ray_uv_plugin.ship import transfer as shipping
@@ -104,11 +107,23 @@ def watch_nodes(
         try:
             if source is None:
                 prepare.prepare_nodes(
-                    env, new, options.timeout, report, ship=ship, on_progress=reporter.progress
+                    env,
+                    new,
+                    options.timeout,
+                    report,
+                    ship=ship,
+                    on_progress=reporter.progress,
+                    probe_env=probe_env,
                 )
             else:
                 prepare.ship_and_probe(
-                    env, source, new, options.timeout, report, on_progress=reporter.progress
+                    env,
+                    source,
+                    new,
+                    options.timeout,
+                    report,
+                    on_progress=reporter.progress,
+                    probe_env=probe_env,
                 )
         except Exception as e:  # noqa: BLE001 - the round's nodes failed, not the watch
             error = f"{type(e).__name__}: {clean_error(e)}"

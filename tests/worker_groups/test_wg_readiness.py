@@ -93,10 +93,10 @@ def test_a_wait_line_says_what_the_node_does() -> None:
 
 @pytest.fixture(scope="module")
 def nodes(two_node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """Nodes A and B (B's builds `SLOW_S` slower), one CPU and one `RDY` each; `join()` adds
-    a node C like A, removed at the end."""
+    """Nodes A and B (B's builds `SLOW_S` slower), one CPU and one `RDY` each; `join(name)`
+    adds a node like A (C or D), removed at the end."""
     base = tmp_path_factory.mktemp("readiness")
-    raylets = {name: Raylet(base / name) for name in "abc"}
+    raylets = {name: Raylet(base / name) for name in "abcd"}
     slow = {"SLOW_UV_SECONDS": str(SLOW_S)}
     added = {
         "a": two_node_cluster.add_node(num_cpus=1, resources=RDY, env_vars=raylets["a"].env()),
@@ -106,11 +106,11 @@ def nodes(two_node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -
     }
     two_node_cluster.wait_for_nodes()
 
-    def join() -> str:
-        added["c"] = two_node_cluster.add_node(
-            num_cpus=1, resources=RDY, env_vars=raylets["c"].env()
+    def join(name: str) -> str:
+        added[name] = two_node_cluster.add_node(
+            num_cpus=1, resources=RDY, env_vars=raylets[name].env()
         )
-        return added["c"].node_id
+        return added[name].node_id
 
     try:
         yield SimpleNamespace(
@@ -125,13 +125,20 @@ def new_project(tmp_path: Path) -> Path:
     return write_project(tmp_path / "proj", ["six"], name=f"ready{time.monotonic_ns()}")
 
 
-def group_of(project: Path, monkeypatch: pytest.MonkeyPatch, counts: list[int], **kw: Any):
+def group_of(
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    counts: list[int],
+    env_vars: dict[str, str] | None = None,
+    **kw: Any,
+):
     monkeypatch.setitem(ACTOR_ENVIRONMENT_REGISTRY, STARTED, {"project": str(project)})
     cluster = RayVirtualCluster(
         counts, use_gpus=False, node_resource_constraints=[RDY] * len(counts)
     )
+    env_vars = {**WORKER_ENV, **(env_vars or {})}
     try:
-        group = RayWorkerGroup(cluster, RayWorkerBuilder(STARTED), env_vars=WORKER_ENV, **kw)
+        group = RayWorkerGroup(cluster, RayWorkerBuilder(STARTED), env_vars=env_vars, **kw)
     except BaseException:
         cluster.shutdown()
         raise
@@ -253,6 +260,30 @@ def test_require_with_no_ready_node_says_so_after_the_wait(
     cluster.shutdown()
 
 
+def placed_after_a_join(
+    nodes: Any, name: str, project: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any
+) -> tuple[Any, RayWorkerGroup, str]:
+    """A two-bundle group in "require" (`kw`: the group's), made in a thread while one node
+    only has its env ready: it is still waiting 5 s on, then node `name` joins, and the group
+    is placed. Returns its cluster, the group and the joined node's id."""
+    made: dict[str, Any] = {}
+
+    def make() -> None:  # the wait: in a thread, as a node is added from the main one only
+        try:
+            made["group"] = group_of(project, monkeypatch, [1, 1], readiness="require", **kw)
+        except BaseException as e:  # noqa: BLE001 - raised below
+            made["error"] = e
+
+    waiting = threading.Thread(target=make)
+    waiting.start()
+    time.sleep(5.0)
+    assert waiting.is_alive(), made  # one ready node cannot hold two bundles
+    joined = nodes.join(name)
+    waiting.join(timeout=400)
+    assert "group" in made, made
+    return (*made["group"], joined)
+
+
 @needs_label_selectors
 def test_a_node_that_joins_while_a_group_waits_is_prepared_and_used(
     nodes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -263,22 +294,7 @@ def test_a_node_that_joins_while_a_group_waits_is_prepared_and_used(
     project = new_project(tmp_path)
     (ready,) = prepare_nodes({"project": str(project)}, [(nodes.a_id, "a")], 300)
     assert ready.ok, ready
-    made: dict[str, Any] = {}
-
-    def make() -> None:  # the wait: in a thread, as a node is added from the main one only
-        try:
-            made["group"] = group_of(project, monkeypatch, [1, 1], readiness="require")
-        except BaseException as e:  # noqa: BLE001 - raised below
-            made["error"] = e
-
-    waiting = threading.Thread(target=make)
-    waiting.start()
-    time.sleep(5.0)
-    assert waiting.is_alive(), made  # one ready node cannot hold two bundles
-    joined = nodes.join()
-    waiting.join(timeout=400)
-    assert "group" in made, made
-    cluster, group = made["group"]
+    cluster, group, joined = placed_after_a_join(nodes, "c", project, monkeypatch)
     try:
         assert sorted(worker_nodes(group)) == sorted([nodes.a_id, joined])
     finally:
@@ -287,3 +303,31 @@ def test_a_node_that_joins_while_a_group_waits_is_prepared_and_used(
     c = nodes.raylets["c"]
     assert c.uv.syncs() == 0
     assert read_marker(c.venvs / ready.key)["shipped_from"]
+
+
+@needs_label_selectors
+def test_a_joining_node_gets_the_env_of_the_groups_env_vars(
+    nodes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group's env_vars shape its venv (a build variable: another key than the plain
+    value's). With that env ready on A only, a two-bundle group in "require" waits; node D
+    joins, is sent the env of that key from A (no build there), and the group is placed on A
+    and D."""
+    monkeypatch.setattr(placement, "POLL_S", 1.0)
+    project = new_project(tmp_path)
+    value, shaping = {"project": str(project)}, {"MAX_JOBS": "3"}
+    probe_env = {"uv_project": value, "env_vars": shaping}
+    (ready,) = prepare_nodes(value, [(nodes.a_id, "a")], 300, probe_env=probe_env)
+    assert ready.ok, ready
+    assert node_setups(value, nodes=[nodes.a_id])[nodes.a_id].key != ready.key  # shaped
+    shaped = node_setups(value, nodes=[nodes.a_id], env_vars=shaping)[nodes.a_id]
+    assert (shaped.key, shaped.state) == (ready.key, "ready")
+    cluster, group, joined = placed_after_a_join(nodes, "d", project, monkeypatch, env_vars=shaping)
+    try:
+        assert sorted(worker_nodes(group)) == sorted([nodes.a_id, joined])
+    finally:
+        group.shutdown()
+        cluster.shutdown()
+    d = nodes.raylets["d"]
+    assert d.uv.syncs() == 0
+    assert read_marker(d.venvs / ready.key)["shipped_from"]
