@@ -28,7 +28,8 @@ RAY_UV = str(Path(sys.executable).parent / "ray-uv")
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
     """A head and a second node, each with a venv dir of its own; (head id, other id, the
-    other's venv dir)."""
+    other's venv dir). The head's id is the cluster's: a driver on this host may be connected
+    to either raylet (Ray 2.44.1 picks the second)."""
     base = tmp_path_factory.mktemp("readiness")
     saved = os.environ.get("RAY_UV_PLUGIN_VENV_DIR")
     os.environ["RAY_UV_PLUGIN_VENV_DIR"] = str(base / "head")
@@ -37,7 +38,7 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, s
         other = cluster.add_node(num_cpus=1, env_vars={"RAY_UV_PLUGIN_VENV_DIR": str(base / "b")})
         cluster.wait_for_nodes()
         ray.init(address=cluster.address)
-        yield ray.get_runtime_context().get_node_id(), other.node_id, base / "b"
+        yield cluster.head_node.node_id, other.node_id, base / "b"
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -117,14 +118,16 @@ def test_status_watch_shows_a_nodes_build_phase_within_2s(two_nodes, tmp_path: P
 
 
 def test_a_received_venv_says_so_and_from_where(two_nodes, tmp_path: Path) -> None:
-    """Prepared with shipping: the head builds, the other node receives; the view says how
-    each got it, and the bytes and source of the shipped one."""
+    """Built on the head, then prepared with shipping from it (the node that has it ready):
+    the other node receives; the view says how each got it, and the bytes and source of the
+    shipped one."""
     from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
 
     head, other, _ = two_nodes
     project = write_project(tmp_path / "p", ["six"], name=f"ship{time.monotonic_ns()}")
     value = {"project": str(project)}
-    results = prepare_nodes(value, alive_nodes(), timeout=600, ship=True)
+    assert run_on(head, project)["venv"]
+    results = prepare_nodes(value, alive_nodes(), timeout=600, ship=True, ready=[head])
     assert all(r.ok for r in results), results
     found = node_setups(value)
     assert (found[head].state, found[head].how) == ("ready", "built")
