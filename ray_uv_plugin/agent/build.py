@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ray_uv_plugin.agent import bytecode, image, seeding
 from ray_uv_plugin.agent.build_record import Bytecode, write_manifest, write_marker_of
-from ray_uv_plugin.agent.cache_split import cache_split_note
+from ray_uv_plugin.agent.cache_split import cache_split_note, uv_cache_dir
 from ray_uv_plugin.agent.phase_events import PhaseEvents
 from ray_uv_plugin.agent.project import ProjectError, check_ray_pin, check_request
 from ray_uv_plugin.agent.request import VenvRequest, interpreter_tag, withheld_from_uv
@@ -136,7 +136,9 @@ def build_venv(
         locked = accounting.locked_distributions(_lock_used(request, project_dir))
         events.enter("manifest")
         manifest_start = time.perf_counter()
-        made = write_manifest(venv, logger, recorded, compiled, locked, listed)
+        made = write_manifest(
+            venv, logger, recorded, compiled, locked, listed, lambda: uv_cache_dir(env, files.path)
+        )
         _took(logger, venv, "manifest", time.perf_counter() - manifest_start)
         try:  # the venv is whole but for its marker: what it adds to the venv dir is known
             budget.make_room(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ from ray_uv_plugin.agent.project import project_name
 from ray_uv_plugin.agent.request import VenvRequest
 from ray_uv_plugin.agent.uv import UvSyncError
 from ray_uv_plugin.store import accounting, hashed, manifest, tree
-from ray_uv_plugin.store.layout import MARKER_FORMAT, site_packages, write_marker
+from ray_uv_plugin.store.layout import DIST_INFO, MARKER_FORMAT, site_packages, write_marker
 
 
 def _site_packages(venv: Path) -> str:
@@ -45,14 +45,14 @@ def write_manifest(
     compiled: Bytecode,
     locked: Mapping[str, frozenset[str] | None],
     listed: tree.Tree | None = None,
+    uv_cache: Callable[[], Path | None] = lambda: None,
 ) -> dict[str, Any]:
     """The venv's manifest (`store.manifest`), before it is frozen, once every file in it is
-    accounted for (`store.accounting`: a UvSyncError otherwise); returns what the marker
-    records of it: its sha256, how its bytecode was made, and the files that differ from their
-    distribution's RECORD. Such a file was changed in uv's cache (through another venv's
-    hardlink to it), or its wheel's RECORD is wrong (some are): the venv is used here, with a
-    warning, and never sent to another node (`ship.archive.Packer`), which builds its own.
-    `listed`: the venv's entries as the build listed them (`store.tree`), else listed now."""
+    accounted for (`store.accounting`: a UvSyncError otherwise, and so for a file that differs
+    from its distribution's RECORD: `_not_as_recorded`); returns what the marker records of
+    it: its sha256 and how its bytecode was made. `listed`: the venv's entries as the build
+    listed them (`store.tree`), else listed now. `uv_cache`: where this node's uv cache is
+    (asked only for that error)."""
     start = time.perf_counter()
     index = hashed.Hashed(hashed.fs_clock(venv))
     unread = 0  # bytes known without reading them
@@ -82,19 +82,10 @@ def write_manifest(
             "ran). Nothing was kept: find the package that writes them (`uv tree`), drop or "
             "fix it, and `uv lock`."
         )
+    if checked.not_as_recorded:
+        raise UvSyncError(_not_as_recorded(venv, checked.not_as_recorded, uv_cache()))
     accounted = time.perf_counter()
     listed: dict[str, Any] = {"accounted": {"bytecode": compiled.by}}
-    mismatches = checked.not_as_recorded
-    if mismatches:
-        files_named = ", ".join(mismatches[:5]) + (", ..." if len(mismatches) > 5 else "")
-        logger.warning(
-            f"uv_project {venv.name}: {len(mismatches)} installed files differ from their "
-            f"distribution's RECORD: {files_named}. A file changed in uv's cache (through a "
-            "hardlink to it) reaches every venv made from it: `uv cache clean <package>` and "
-            "rebuild; a wheel whose RECORD is wrong is the wheel's fault. The venv is used "
-            "here, and never sent to other nodes."
-        )
-        listed[manifest.NOT_AS_RECORDED] = {"count": len(mismatches), "first": mismatches[:5]}
     listed["manifest"] = manifest.write(venv, files)
     listed["hashed"] = hashed.write(venv, index)
     size = sum(entry.size for entry in files.values())
@@ -110,6 +101,30 @@ def write_manifest(
         accounted - scanned,
     )
     return listed
+
+
+def _not_as_recorded(venv: Path, mismatches: list[str], uv_cache: Path | None) -> str:
+    """Why a venv whose files differ from their distribution's RECORD (`<path> (<dist-info>)`,
+    or missing) is not made ready, and what to do. Ready means accounted for: such a file was
+    most likely changed in uv's cache, through a hardlink of another venv (a job that wrote
+    into its own venv), and would reach every venv made from it; else its wheel's RECORD is
+    wrong (some are)."""
+    shown = accounting.SHOWN
+    more = f" and {len(mismatches) - shown} more" if len(mismatches) > shown else ""
+    owners = {m.rpartition(" (")[2].rstrip(")") for m in mismatches}
+    packages = sorted({match["name"] for o in owners if (match := DIST_INFO.match(o))})
+    where = f"UV_CACHE_DIR={uv_cache} " if uv_cache is not None else ""
+    return (
+        f"uv_project: the venv {venv.name} holds {len(mismatches)} files that differ from "
+        f"their distribution's RECORD: {', '.join(mismatches[:shown])}{more}. Most likely "
+        "they changed in this node's uv cache"
+        + (f" ({uv_cache})" if uv_cache is not None else "")
+        + ", through a hardlink of another venv (a job that wrote into its own venv's files), "
+        "and would reach every venv made from them, so the venv was not made ready and "
+        f"nothing was kept: run `{where}uv cache clean {' '.join(packages) or '<package>'}` "
+        "on this node, then retry. If the files stay different after that, the wheel's own "
+        "RECORD is wrong: report it to the package."
+    )
 
 
 def write_marker_of(
@@ -136,6 +151,6 @@ def write_marker_of(
             "build_seconds": round(seconds, 3),
             "immutable": immutable,  # chattr +i below the top dir (root only), else modes alone
             "inputs": request.inputs.as_json(),
-            **listed,  # the manifest's sha256, files not as their RECORD says: `write_manifest`
+            **listed,  # the manifest's sha256 and how its bytecode was made: `write_manifest`
         },
     )

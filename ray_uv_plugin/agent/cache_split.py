@@ -30,6 +30,25 @@ def cache_split_note(uv_env: Mapping[str, str], venv_dir: Path, cwd: Path) -> st
     no_cache = uv_env.get("UV_NO_CACHE", "").lower() in ("1", "true", "yes", "on")
     if no_cache or uv_env.get("UV_LINK_MODE") == "copy":  # copies whatever the volumes
         return None
+    cache = uv_cache_dir(uv_env, cwd)
+    if cache is None:
+        return None
+    cache_device, venv_device = _device(cache), _device(venv_dir)
+    if cache_device is None or cache_device == venv_device:
+        return None
+    return (
+        f"the uv cache {cache} and the venv dir {venv_dir} are on different file systems, so "
+        "uv copies every file into the venv instead of hardlinking it from the cache: builds "
+        "take longer and each venv takes its full size on disk again. Put both on one volume: "
+        f"set UV_CACHE_DIR to a directory on the venv dir's file system (e.g. "
+        f"{venv_dir.parent / 'uv-cache'}) in the environment of `ray start` on every node"
+    )
+
+
+def uv_cache_dir(uv_env: Mapping[str, str], cwd: Path) -> Path | None:
+    """The uv cache a `uv sync` in `uv_env` and the project dir `cwd` uses (`uv cache dir`: a
+    uv.toml there may set `cache-dir`); None where uv cannot say (the build says what is
+    wrong with uv)."""
     try:
         out = subprocess.run(
             [find_uv(), "cache", "dir"],
@@ -41,15 +60,5 @@ def cache_split_note(uv_env: Mapping[str, str], venv_dir: Path, cwd: Path) -> st
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return None  # the build itself says what is wrong with uv
-    cache = Path(out)
-    cache_device, venv_device = _device(cache), _device(venv_dir)
-    if not out or cache_device is None or cache_device == venv_device:
         return None
-    return (
-        f"the uv cache {cache} and the venv dir {venv_dir} are on different file systems, so "
-        "uv copies every file into the venv instead of hardlinking it from the cache: builds "
-        "take longer and each venv takes its full size on disk again. Put both on one volume: "
-        f"set UV_CACHE_DIR to a directory on the venv dir's file system (e.g. "
-        f"{venv_dir.parent / 'uv-cache'}) in the environment of `ray start` on every node"
-    )
+    return Path(out) if out else None

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_uv_plugin.store import manifest
-from ray_uv_plugin.store.layout import KEY_LENGTH, MARKER
+from ray_uv_plugin.store.layout import KEY_LENGTH, MARKER, NOT_AS_RECORDED
 
 CHUNK_BYTES = 64 * 1024 * 1024
 MANIFEST = ".ray-uv-manifest"  # the stream's last member: what the sender packed
@@ -263,8 +263,8 @@ class Packer:
             self.built = manifest.load(venv, marker.get("manifest"))
         except ValueError as e:  # ManifestError included
             raise DriftError(f"{venv} {e}") from e
-        if marker.get(manifest.NOT_AS_RECORDED):
-            differ = marker[manifest.NOT_AS_RECORDED]
+        if marker.get(NOT_AS_RECORDED):  # an earlier version's marker: never ready here
+            differ = marker[NOT_AS_RECORDED]
             differ = differ if isinstance(differ, dict) else {}
             first = differ.get("first") if isinstance(differ.get("first"), list) else []
             raise ArchiveError(

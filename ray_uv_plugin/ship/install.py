@@ -48,7 +48,7 @@ def install_received(
         raise ArchiveError("what arrived has no site-packages dir (lib/python*/site-packages)")
     recorded = accounting.read_records(tree)
     checked = accounting.account(tree, files, recorded, compiled=None, heads=heads)
-    if checked.unaccounted:
+    if checked.unaccounted:  # RECORD hashes: the build's manifest, which its build checked
         raise ArchiveError(f"what arrived holds {accounting.unaccounted_note(checked)}")
     venv = root / key
     if os.path.lexists(venv):  # not ready, or the caller would not have unpacked it

@@ -3,11 +3,15 @@ made ready (a build fails, a receiver refuses what arrived), with the path named
 
 1. listed in the `RECORD` of a distribution of the lock (uv writes each RECORD as it installs
    the distribution: a file of the wheel that its own RECORD left out is listed without a hash);
-   a listed hash that differs is `not_as_recorded` (`store.manifest`: the venv is used where it
-   was built, with a warning, and sent nowhere);
+   a listed hash that differs, or a listed file that is missing, is `not_as_recorded`, and the
+   build fails naming it (`agent.build_record`): most likely a file changed in uv's cache,
+   which would reach every venv made from it. A receiver takes the sending build's word for
+   it: what it installs is that build's manifest, and its relocation rewrites scripts that
+   RECORDs list (`ship.install`);
 2. bytecode the build compiled from such a file (or from uv's scaffolding): at a build, a path
-   the build's compile step wrote or a seed gave (`compiled`); at a receive, where the sender's
-   build vouched for it, a `.pyc` of this interpreter whose header matches its source;
+   the build's compile step wrote or a seed gave (`compiled`: a `.pyc` a wheel installed too,
+   which its compile step wrote again, included); at a receive, where the sender's build
+   vouched for it, a `.pyc` of this interpreter whose header matches its source;
 3. uv's venv scaffolding (`pyvenv.cfg`, `bin/activate*`, the interpreter's links...);
 4. the plugin's own files (top-level `.ray-uv-*`, never in a manifest, and the `from_image`
    `.pth` file in site-packages, `IMAGE_PTH`, which is).
@@ -234,6 +238,18 @@ def account(
         left_out = set(foreign)
         hashes = {p: h for p, h in hashes.items() if recorded.owners.get(p) not in left_out}
     mismatches, unaccounted = [], []
+
+    def compiled_here(path: str) -> bool:  # bytecode of a listed source, that the build made
+        source = bytecode_source(path)
+        if source is None or not (source in hashes or is_scaffolding(source, base)):
+            return False
+        head = heads.get(path) if heads is not None else None
+        if compiled is None:
+            if head is None:
+                return header_matches(str(venv / path), str(venv / source))
+            return header_of(head, str(venv / source))
+        return path in compiled and (head is None or header_of(head, str(venv / source)))
+
     for path, entry in files.items():
         if entry.kind == "dir":
             continue
@@ -241,22 +257,14 @@ def account(
             expected = hashes[path]
             if entry.kind != "file":
                 unaccounted.append(path)
-            elif expected is not None and entry.content != expected:
+            # A wheel's `.pyc` that the build's compile step wrote again is the build's.
+            elif expected is not None and entry.content != expected and not compiled_here(path):
                 mismatches.append(f"{path} ({recorded.owners[path]})")
             continue
         if is_scaffolding(path, base):
             continue
-        source = bytecode_source(path) if entry.kind == "file" else None
-        if source is not None and (source in hashes or is_scaffolding(source, base)):
-            head = heads.get(path) if heads is not None else None
-            if compiled is None:
-                if head is None and header_matches(str(venv / path), str(venv / source)):
-                    continue
-                if head is not None and header_of(head, str(venv / source)):
-                    continue
-            elif path in compiled:
-                if head is None or header_of(head, str(venv / source)):
-                    continue
+        if entry.kind == "file" and compiled_here(path):
+            continue
         unaccounted.append(path)
     for path in sorted(p for p, h in hashes.items() if h is not None and p not in files):
         mismatches.append(f"{path} ({recorded.owners[path]})")

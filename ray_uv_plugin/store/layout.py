@@ -53,6 +53,9 @@ KEY_LENGTH = 16  # hex digits of a venv's key: its dir's name
 MARKER = ".ray-uv-ready"
 MARKER_FORMAT = 1
 NOT_WHOLE = "not_whole"  # in a marker: why the venv is not what its build made (rebuilt)
+# In a marker of an earlier version (a build now fails instead: `agent.build_record`): files
+# that differ from their distribution's RECORD (`store.accounting`). Not ready: rebuilt.
+NOT_AS_RECORDED = "not_as_recorded"
 SHIP_INFIX = ".ship-"  # `<key>.ship-XXXX`: a venv being received, never used as it is
 BUILD_TICKET_PREFIX = ".build-"  # `.build-<time>-<pid>-<random>`: a build's ticket
 BUDGET_LOCK = ".budget.lock"  # held while a build makes room within the budget
@@ -178,6 +181,10 @@ def check_ready(root: Path, key: str, use: bool = True) -> Readiness:
         )
     if meta.get(NOT_WHOLE):
         return _not_ready(f"it is not what its build made: {meta[NOT_WHOLE]}")
+    if meta.get(NOT_AS_RECORDED):
+        return _not_ready(
+            "its files differ from their distribution's RECORD (an earlier version made it ready)"
+        )
     if not os.path.exists(venv / "bin" / "python"):
         return _not_ready("bin/python is missing or its interpreter is gone")
     site = meta.get("site_packages")

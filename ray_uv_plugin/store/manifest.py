@@ -36,8 +36,6 @@ MANIFEST = ".ray-uv-ready.manifest"
 FORMAT = 1
 OWN_PREFIX = ".ray-uv-"  # a top-level name of the plugin's own (marker, manifest, stream's)
 MAX_BYTES = 256 * 1024 * 1024  # a manifest of 250,000 members is about 40 MB
-# In a marker: the files that differ from their distribution's RECORD (`accounting`), if any.
-NOT_AS_RECORDED = "not_as_recorded"
 
 
 class ManifestError(ValueError):

@@ -172,6 +172,53 @@ def test_a_setup_error_hides_the_traceback_and_names_the_working_dir_as_given(tm
     assert said == "uv_project: /data/proj has no uv.lock"
 
 
+def test_a_file_changed_in_uvs_cache_fails_every_later_build_that_links_it(tmp_path, monkeypatch):
+    """A job that writes into its own venv's file writes uv's cache (the same inode: uv
+    hardlinks), and so into every venv later made from it: one job would decide what another
+    runs. The next build that links that file (another key) is not made ready: its setup fails
+    naming the file, the likely cause and the fix, and keeps nothing but the setup's records.
+    Was: ready, with a warning. Real uv and a uv cache of the test's own (the node's, set for
+    `ray start`: here the driver's environment, which the local Ray's agent inherits)."""
+    import ray
+
+    from ray_uv_plugin.store import phases
+
+    cache, root = tmp_path / "uv-cache", tmp_path / "venvs"
+    monkeypatch.setenv("UV_CACHE_DIR", str(cache))
+    monkeypatch.setenv(VENV_DIR_ENV, str(root))
+    proj = write_project(tmp_path / "proj", ["six"], extras={"fig": ["six"]})
+    first = ensure_venv(parse_spec({}), load_project(proj), root=tmp_path / "first")
+    six = next(first.path.glob("lib/python*/site-packages/six.py"))
+    linked = [p for p in cache.rglob("six.py") if p.stat().st_ino == six.stat().st_ino]
+    assert linked, "uv did not hardlink six.py from its cache"
+    with open(six, "a") as f:  # what a worker running as the file's owner can do
+        f.write("\nRAN = 'another job decided this'\n")
+    ray.init(address="local", num_cpus=1)
+    try:
+        text = _setup_error({"uv_project": {"project": str(proj), "extras": ["fig"]}})
+    finally:
+        ray.shutdown()
+    cause = after_node(text.splitlines()[1])
+    rel = str(six.relative_to(first.path))
+    assert re.match(
+        r"ray_uv_plugin\.UvProjectSetupError: uv_project: the venv (?P<key>\w+) holds 1 files "
+        rf"that differ from their distribution's RECORD: {re.escape(rel)} "
+        rf"\(six-[\d.]+\.dist-info\)\. Most likely they changed in this node's uv cache "
+        rf"\({re.escape(str(cache))}\), through a hardlink of another venv",
+        cause,
+    ), text
+    assert f"run `UV_CACHE_DIR={cache} uv cache clean six` on this node, then retry" in text
+    assert "the wheel's own RECORD is wrong: report it to the package" in text
+    key = re.search(r"the venv (\w+) holds", cause)[1]
+    assert key != first.path.name
+    assert [name for name in left_in(root) if name != f"{key}.lock"] == []  # nothing half-built
+    record = phases.read_record(root, key)
+    assert (
+        record["state"] == "failed" and "differ from their distribution's RECORD" in record["cause"]
+    )
+    assert any(line.startswith(f"{key} ") for line in (root / ".outcomes").read_text().splitlines())
+
+
 @pytest.fixture(scope="module")
 def ray_with_working_dir(tmp_path_factory):
     """A local Ray whose job has a working_dir holding projects, good and bad."""

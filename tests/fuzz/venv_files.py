@@ -18,6 +18,7 @@ from ray_uv_plugin.ship import archive
 from ray_uv_plugin.store import freezing, inventory, manifest
 from ray_uv_plugin.store.layout import (
     MARKER,
+    NOT_AS_RECORDED,
     NOT_WHOLE,
     check_ready,
     mark_not_whole,
@@ -52,7 +53,7 @@ marker_fields = st.fixed_dictionaries(
         "site_packages": st.one_of(st.just(SITE), json_value),
         "manifest": st.one_of(st.just("{manifest}"), json_value),
         NOT_WHOLE: json_value,
-        manifest.NOT_AS_RECORDED: st.one_of(
+        NOT_AS_RECORDED: st.one_of(
             json_value, st.fixed_dictionaries({"count": json_value, "first": json_value})
         ),
         "inputs": json_value,
@@ -185,7 +186,12 @@ def _check(venv: Path) -> None:
         raise Violation(f"check_ready raised {type(e).__name__}: {e}") from e
     if why is None:
         meta = read_marker(venv) or {}
-        if meta.get("key") != KEY or meta.get("format") != 1 or meta.get(NOT_WHOLE):
+        if (
+            meta.get("key") != KEY
+            or meta.get("format") != 1
+            or meta.get(NOT_WHOLE)
+            or meta.get(NOT_AS_RECORDED)
+        ):
             raise Violation(f"check_ready took a venv whose marker is {meta!r}")
     elif not isinstance(why, str) or not why:
         raise Violation(f"check_ready gave {why!r}")

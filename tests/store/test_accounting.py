@@ -181,6 +181,7 @@ def test_a_locked_package_with_a_dynamic_version_matches_any(tmp_path) -> None:
 
 
 def test_a_file_listed_with_another_hash_or_missing_is_not_as_recorded(tmp_path) -> None:
+    """What fails a build (`agent.build_record`: most likely a file changed in uv's cache)."""
     venv = make_venv(tmp_path)
     (venv / SITE / "six.py").write_bytes(b"X = 2\n")
     (venv / "bin" / "six-tool").unlink()
@@ -188,6 +189,25 @@ def test_a_file_listed_with_another_hash_or_missing_is_not_as_recorded(tmp_path)
         "bin/six-tool (six-1.17.0.dist-info)",
         f"{SITE}/six.py (six-1.17.0.dist-info)",
     ]
+
+
+def test_a_wheels_pyc_that_the_build_compiled_again_is_the_builds(tmp_path) -> None:
+    """A wheel may install a `.pyc` (listed in its RECORD) that the build's compile step writes
+    again from its source: the build's, not a file changed in uv's cache. Only where the build
+    wrote it and its header is its source's."""
+    venv = make_venv(tmp_path)
+    pyc = f"{SITE}/__pycache__/six.{TAG}.pyc"
+    shipped = _pyc(venv / SITE / "six.py", 1, marshal.dumps(compile("PLANTED = 1", "x", "exec")))
+    record = venv / SITE / "six-1.17.0.dist-info" / "RECORD"
+    with open(record, "a") as f:
+        f.write(f"__pycache__/six.{TAG}.pyc,{_hash(shipped)},{len(shipped)}\n")
+    assert check(venv) == accounting.Accounting([], [])  # compiled again: a timestamp header
+    assert check(venv, compiled=frozenset()).not_as_recorded == [f"{pyc} (six-1.17.0.dist-info)"]
+    os.utime(venv / SITE / "six.py", (1, 1))  # no longer its source's header
+    heads: dict[str, bytes] = {}  # as the build's manifest pass reads them
+    files = manifest.scan(venv, heads=heads)
+    checked = accounting.account(venv, files, accounting.read_records(venv), COMPILED, (), heads)
+    assert checked.not_as_recorded == [f"{pyc} (six-1.17.0.dist-info)"]
 
 
 @pytest.mark.parametrize(

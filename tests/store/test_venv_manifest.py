@@ -7,6 +7,7 @@ and writes a manifest of its own. Through Ray, with two raylets: tests/ship/test
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -22,6 +23,7 @@ from ray_uv_plugin.agent.builder import ensure_venv, lookup
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import make_request
 from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.agent.uv import UvSyncError
 from ray_uv_plugin.ship import archive
 from ray_uv_plugin.ship.archive import ArchiveError, DriftError, Packer
 from ray_uv_plugin.ship.install import install_received
@@ -29,6 +31,7 @@ from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store import accounting, manifest
 from ray_uv_plugin.store.layout import (
     MARKER,
+    NOT_AS_RECORDED,
     check_ready,
     mark_not_whole,
     read_marker,
@@ -134,35 +137,57 @@ def test_reusing_a_ready_venv_reads_no_manifest(
     assert lookup(request, built.parent) is not None
 
 
-def test_a_build_with_files_not_as_their_record_says_warns_and_is_never_sent(
-    built: Path, project: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_a_build_with_files_not_as_their_record_says_fails_naming_them(
+    built: Path, project: Path, tmp_path: Path
 ) -> None:
     """A file changed in uv's cache reaches every venv hardlinked from it: the build's RECORD
-    check names it (here: a copy of a real venv whose six.py was edited), and such a venv is
-    used where it was built, but sent nowhere."""
+    check names it (here: a copy of a real venv whose six.py was edited), and the build fails
+    with what to do (through Ray, leaving nothing: tests/agent/test_errors.py)."""
     venv = tmp_path / KEY
     shutil.copytree(built, venv, symlinks=True)  # copies: uv's cache keeps its six.py
     six = next(venv.glob("lib/python*/site-packages/six.py"))
     six.write_text(six.read_text() + "\n# changed\n")
-    caplog.set_level(logging.INFO)
     recorded = accounting.read_records(venv)
     compiled = Bytecode("plugin", frozenset(p for p in manifest.scan(venv) if p.endswith(".pyc")))
     locked = accounting.locked_distributions((project / "uv.lock").read_bytes())
-    listed = write_manifest(venv, logging.getLogger("test"), recorded, compiled, locked)
-    assert listed["manifest"] == hashlib.sha256((venv / manifest.MANIFEST).read_bytes()).hexdigest()
     rel = str(six.relative_to(venv))
-    (mismatch,) = accounting.account(venv, manifest.scan(venv), recorded, None).not_as_recorded
-    assert re.fullmatch(rf"{re.escape(rel)} \(six-[\d.]+\.dist-info\)", mismatch), mismatch
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("1 installed files differ from their distribution's RECORD" in w for w in warned)
-    assert any(mismatch in w and "uv cache clean" in w for w in warned), warned
-    assert listed["not_as_recorded"] == {"count": 1, "first": [mismatch]}
-    write_marker(venv, {**read_marker(venv), **listed})
-    with pytest.raises(
-        ArchiveError, match="1 files that differ from their distribution's RECORD"
-    ) as e:
+    with pytest.raises(UvSyncError) as e:
+        write_manifest(
+            venv, logging.getLogger("test"), recorded, compiled, locked, None, lambda: tmp_path
+        )
+    said = str(e.value)
+    assert re.search(
+        rf"holds 1 files that differ from their distribution's RECORD: {re.escape(rel)} "
+        rf"\(six-[\d.]+\.dist-info\)\. Most likely they changed in this node's uv cache "
+        rf"\({re.escape(str(tmp_path))}\), through a hardlink",
+        said,
+    ), said
+    assert f"run `UV_CACHE_DIR={tmp_path} uv cache clean six` on this node, then retry" in said
+    assert "the wheel's own RECORD is wrong: report it to the package" in said
+
+
+def test_a_marker_of_an_earlier_version_with_files_not_as_recorded_is_not_ready(
+    tmp_path: Path,
+) -> None:
+    """Earlier versions made such a venv ready, with a warning: it is rebuilt now (and its
+    build fails while the cache holds the changed file), and a sender still refuses it."""
+    marker = (
+        f'{{"format": 1, "key": "{KEY}", "site_packages": "lib/python3.11/site-packages", '
+        f'"manifest": "{{sha}}", "{NOT_AS_RECORDED}": '
+        '{"count": 1, "first": ["lib/python3.11/site-packages/six.py (six-1.17.0.dist-info)"]}}'
+    )
+    venv = fake_ready_venv(tmp_path, marker.encode(), b'{"files": {}, "format": 1}')
+    without = {k: v for k, v in read_marker(venv).items() if k != NOT_AS_RECORDED}
+    (tmp_path / "other").mkdir()
+    other = fake_ready_venv(tmp_path / "other", json.dumps(without).encode())
+    assert check_ready(other.parent, KEY, use=False)  # ready but for `not_as_recorded`
+    why = check_ready(tmp_path, KEY, use=False).why_not
+    assert (
+        why
+        == "its files differ from their distribution's RECORD (an earlier version made it ready)"
+    )
+    with pytest.raises(ArchiveError, match=r"1 files that differ .*\(six-1\.17\.0\.dist-info\)"):
         Packer(venv)
-    assert not isinstance(e.value, DriftError)  # not marked for a rebuild: it would not help
 
 
 # --- the sender refuses a venv that drifted ---------------------------------------------------
@@ -398,7 +423,7 @@ def test_a_sender_refuses_a_marker_with_odd_record_mismatches_in_words(
     TypeError out of Packer."""
     marker = (
         f'{{"format": 1, "key": "{KEY}", "site_packages": "lib/python3.11/site-packages", '
-        f'"manifest": "{{sha}}", "{manifest.NOT_AS_RECORDED}": {recorded}}}'
+        f'"manifest": "{{sha}}", "{NOT_AS_RECORDED}": {recorded}}}'
     )
     files = b'{"files": {}, "format": 1}'
     venv = fake_ready_venv(tmp_path, marker.encode(), files)
