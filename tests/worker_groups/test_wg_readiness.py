@@ -94,9 +94,9 @@ def test_a_wait_line_says_what_the_node_does() -> None:
 @pytest.fixture(scope="module")
 def nodes(two_node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Nodes A and B (B's builds `SLOW_S` slower), one CPU and one `RDY` each; `join(name)`
-    adds a node like A (C or D), removed at the end."""
+    adds a node like A (C, D or E), removed at the end."""
     base = tmp_path_factory.mktemp("readiness")
-    raylets = {name: Raylet(base / name) for name in "abcd"}
+    raylets = {name: Raylet(base / name) for name in "abcde"}
     slow = {"SLOW_UV_SECONDS": str(SLOW_S)}
     added = {
         "a": two_node_cluster.add_node(num_cpus=1, resources=RDY, env_vars=raylets["a"].env()),
@@ -263,14 +263,15 @@ def test_require_with_no_ready_node_says_so_after_the_wait(
 def placed_after_a_join(
     nodes: Any, name: str, project: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any
 ) -> tuple[Any, RayWorkerGroup, str]:
-    """A two-bundle group in "require" (`kw`: the group's), made in a thread while one node
-    only has its env ready: it is still waiting 5 s on, then node `name` joins, and the group
-    is placed. Returns its cluster, the group and the joined node's id."""
+    """A two-bundle group (`kw`: the group's; readiness "require" unless given), made in a
+    thread while one node only can take it: it is still waiting 5 s on, then node `name`
+    joins, and the group is placed. Returns its cluster, the group and the joined node's id."""
+    kw.setdefault("readiness", "require")
     made: dict[str, Any] = {}
 
     def make() -> None:  # the wait: in a thread, as a node is added from the main one only
         try:
-            made["group"] = group_of(project, monkeypatch, [1, 1], readiness="require", **kw)
+            made["group"] = group_of(project, monkeypatch, [1, 1], **kw)
         except BaseException as e:  # noqa: BLE001 - raised below
             made["error"] = e
 
@@ -331,3 +332,48 @@ def test_a_joining_node_gets_the_env_of_the_groups_env_vars(
     d = nodes.raylets["d"]
     assert d.uv.syncs() == 0
     assert read_marker(d.venvs / ready.key)["shipped_from"]
+
+
+@ray.remote(num_cpus=0, resources=RDY)
+class Holder:
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+
+def test_a_node_that_joins_while_a_group_waits_for_room_gets_its_env_by_the_gate(
+    nodes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On every Ray (the gate's path, as on one without label selectors): the env is ready on
+    A only and every other node is held by another actor; a two-bundle group in "prefer" waits
+    for room; node E joins, the group is placed on A and E, and the gate sends E the env from
+    A (no build there)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    project = new_project(tmp_path)
+    (ready,) = prepare_nodes({"project": str(project)}, [(nodes.a_id, "a")], 300)
+    assert ready.ok, ready
+    others = [
+        n["NodeID"]
+        for n in ray.nodes()
+        if n["Alive"] and "wg_rdy" in n["Resources"] and n["NodeID"] != nodes.a_id
+    ]
+    holders = [
+        Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
+        for n in others
+    ]
+    try:
+        assert sorted(ray.get([h.node.remote() for h in holders])) == sorted(others)
+        cluster, group, joined = placed_after_a_join(
+            nodes, "e", project, monkeypatch, readiness="prefer"
+        )
+    finally:
+        for holder in holders:
+            ray.kill(holder)
+    try:
+        assert sorted(worker_nodes(group)) == sorted([nodes.a_id, joined])
+    finally:
+        group.shutdown()
+        cluster.shutdown()
+    e = nodes.raylets["e"]
+    assert e.uv.syncs() == 0
+    assert read_marker(e.venvs / ready.key)["shipped_from"]
