@@ -41,6 +41,8 @@ CAUSES = (
     (re.compile(r"No space left|is full"), ("disk_full",)),
     (re.compile(r"uv was killed|`uv sync` for .* did not finish"), ("uv_sync",)),
     (re.compile(r"GCS may have been killed|GCS"), ("head_restart", "gcs_partition")),
+    # A build that linked a file of uv's cache while the harness's write changed it.
+    (re.compile(r"differ from their distribution's RECORD"), ("cache_write",)),
 )
 
 

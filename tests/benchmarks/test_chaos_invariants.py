@@ -414,6 +414,24 @@ def test_an_error_that_names_its_cause_is_blamed_only_on_a_fault_of_that_kind() 
     assert len(unexplained) == 1 and "No space left" in unexplained[0]
 
 
+def test_a_build_that_linked_the_file_cache_write_changed_is_blamed_on_it() -> None:
+    """A file that differs from its RECORD fails the build (`agent.build_record`): inside a
+    `cache_write`'s window on its node that is the fault's doing, and no other fault's."""
+    write = fault("cache_write", "write", 1, 10.0, hold_s=3.0)
+    drop = fault("link_drop", "drop", 1, 11.0, hold_s=3.0)
+    error = (
+        "uv_project: the venv 0123456789abcdef holds 1 files that differ from their "
+        "distribution's RECORD: lib/python3.11/site-packages/six.py (six-1.17.0.dist-info) "
+        "[Node 10.0.0.2]"
+    )
+    blamed, unexplained = blame([job("cold0", 5, 30, error=error)], [write, drop], [], IPS)
+    assert blamed == {"cold0": ["cache_write:write@1+10.0s"]} and unexplained == []
+    _, unexplained = blame([job("cold1", 5, 30, error=error)], [drop], [], IPS)
+    assert len(unexplained) == 1 and "differ from their distribution's RECORD" in unexplained[0]
+    _, unexplained = blame([job("cold2", 60, 90, error=error)], [write], [], IPS)
+    assert len(unexplained) == 1  # past its window (10 + 3 + GRACE_S)
+
+
 # --- check_round: the wiring ----------------------------------------------------------------
 
 
