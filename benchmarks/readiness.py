@@ -189,6 +189,14 @@ class StatusWatch:
             except json.JSONDecodeError:
                 pass
 
+    def wait_for(self, node: str, timeout: float = 180.0) -> None:
+        """Until the status has shown `node` once: it reads the cluster from then on."""
+        deadline = time.monotonic() + timeout
+        while not any(x["node_id"] == node for x in self.lines):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"ray-uv status showed no line for {node} in {timeout:g}s")
+            time.sleep(0.2)
+
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -272,6 +280,7 @@ def rendezvous(nodes: Nodes, base: Path, timeout_s: float) -> dict[str, Any]:
     os.environ["RAY_UV_PLUGIN_SHIP"] = "0"
     out: dict[str, Any] = {"key": key, "rendezvous_timeout_s": timeout_s}
     try:
+        watch.wait_for(nodes.ids[3])
         seconds, vcluster, group = start_group(
             value, fqn, [1, 1, 1, 1], {"RENDEZVOUS_TIMEOUT_S": str(timeout_s)},
             startup_timeout_s=900,
@@ -281,10 +290,12 @@ def rendezvous(nodes: Nodes, base: Path, timeout_s: float) -> dict[str, Any]:
         finally:
             group.shutdown()
             vcluster.shutdown()
-        entered = [t["entered"] for t in times]
+        started, entered = [t["started"] for t in times], [t["entered"] for t in times]
         out.update(
             seconds=round(seconds, 2),
             ranks=len(times),
+            start_spread_s=round(max(started) - min(started), 3),
+            torch_import_s=[round(t["entered"] - t["started"], 3) for t in times],
             entry_spread_s=round(max(entered) - min(entered), 3),
             rendezvous_s=[round(t["joined"] - t["entered"], 3) for t in times],
             all_reduce_sum=[t["sum"] for t in times],
@@ -302,6 +313,11 @@ def rendezvous(nodes: Nodes, base: Path, timeout_s: float) -> dict[str, Any]:
     ends = [max(sync_ends(r), default=0.0) for r in nodes.raylets[:4]]
     out["sync_end_after_first_s"] = [round(e - min(ends), 1) for e in ends]
     out["status_changes_node3"] = watch.changes(nodes.ids[3])
+    reads = sorted({x["at"] for x in watch.lines})
+    gaps = sorted(b - a for a, b in zip(reads, reads[1:], strict=False))
+    if gaps:  # how often the status read every node: at most how late it shows a change
+        out["status_read_every_s"] = [round(gaps[0], 2), round(gaps[len(gaps) // 2], 2),
+                                      round(gaps[-1], 2)]  # fmt: skip
     return out
 
 

@@ -20,9 +20,11 @@ class NodeWorker:
 
 class RendezvousWorker(NodeWorker):
     """Enters a gloo `init_process_group` in its `__init__`, as a training rank does, with a
-    rendezvous timeout of $RENDEZVOUS_TIMEOUT_S seconds, and sums its rank with the others'."""
+    rendezvous timeout of $RENDEZVOUS_TIMEOUT_S seconds, and sums its rank with the others'.
+    `started`: its `__init__`'s start, before torch is imported; `entered`: the rendezvous'."""
 
     def __init__(self) -> None:
+        self.started = time.time()
         import torch
         import torch.distributed as dist
 
@@ -45,6 +47,7 @@ class RendezvousWorker(NodeWorker):
         return {
             "rank": int(os.environ["RANK"]),
             "node": self.node(),
+            "started": self.started,
             "entered": self.entered,
             "joined": self.joined,
             "sum": self.sum,
