@@ -260,12 +260,13 @@ def test_require_with_no_ready_node_says_so_after_the_wait(
     cluster.shutdown()
 
 
-def placed_after_a_join(
-    nodes: Any, name: str, project: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any
-) -> tuple[Any, RayWorkerGroup, str]:
+def placed_on_a_and_a_joined_node(
+    nodes: Any, name: str, project: Path, key: str, monkeypatch: pytest.MonkeyPatch, **kw: Any
+) -> None:
     """A two-bundle group (`kw`: the group's; readiness "require" unless given), made in a
-    thread while one node only can take it: it is still waiting 5 s on, then node `name`
-    joins, and the group is placed. Returns its cluster, the group and the joined node's id."""
+    thread while A only can take it: it is still waiting 5 s on, then node `name` joins, and
+    the group is placed on A and that node, which was sent the env of `key` (no build
+    there)."""
     kw.setdefault("readiness", "require")
     made: dict[str, Any] = {}
 
@@ -282,7 +283,15 @@ def placed_after_a_join(
     joined = nodes.join(name)
     waiting.join(timeout=400)
     assert "group" in made, made
-    return (*made["group"], joined)
+    cluster, group = made["group"]
+    try:
+        assert sorted(worker_nodes(group)) == sorted([nodes.a_id, joined])
+    finally:
+        group.shutdown()
+        cluster.shutdown()
+    raylet = nodes.raylets[name]
+    assert raylet.uv.syncs() == 0
+    assert read_marker(raylet.venvs / key)["shipped_from"]
 
 
 @needs_label_selectors
@@ -295,15 +304,7 @@ def test_a_node_that_joins_while_a_group_waits_is_prepared_and_used(
     project = new_project(tmp_path)
     (ready,) = prepare_nodes({"project": str(project)}, [(nodes.a_id, "a")], 300)
     assert ready.ok, ready
-    cluster, group, joined = placed_after_a_join(nodes, "c", project, monkeypatch)
-    try:
-        assert sorted(worker_nodes(group)) == sorted([nodes.a_id, joined])
-    finally:
-        group.shutdown()
-        cluster.shutdown()
-    c = nodes.raylets["c"]
-    assert c.uv.syncs() == 0
-    assert read_marker(c.venvs / ready.key)["shipped_from"]
+    placed_on_a_and_a_joined_node(nodes, "c", project, ready.key, monkeypatch)
 
 
 @needs_label_selectors
@@ -323,15 +324,7 @@ def test_a_joining_node_gets_the_env_of_the_groups_env_vars(
     assert node_setups(value, nodes=[nodes.a_id])[nodes.a_id].key != ready.key  # shaped
     shaped = node_setups(value, nodes=[nodes.a_id], env_vars=shaping)[nodes.a_id]
     assert (shaped.key, shaped.state) == (ready.key, "ready")
-    cluster, group, joined = placed_after_a_join(nodes, "d", project, monkeypatch, env_vars=shaping)
-    try:
-        assert sorted(worker_nodes(group)) == sorted([nodes.a_id, joined])
-    finally:
-        group.shutdown()
-        cluster.shutdown()
-    d = nodes.raylets["d"]
-    assert d.uv.syncs() == 0
-    assert read_marker(d.venvs / ready.key)["shipped_from"]
+    placed_on_a_and_a_joined_node(nodes, "d", project, ready.key, monkeypatch, env_vars=shaping)
 
 
 @ray.remote(num_cpus=0, resources=RDY)
@@ -363,17 +356,9 @@ def test_a_node_that_joins_while_a_group_waits_for_room_gets_its_env_by_the_gate
     ]
     try:
         assert sorted(ray.get([h.node.remote() for h in holders])) == sorted(others)
-        cluster, group, joined = placed_after_a_join(
-            nodes, "e", project, monkeypatch, readiness="prefer"
+        placed_on_a_and_a_joined_node(
+            nodes, "e", project, ready.key, monkeypatch, readiness="prefer"
         )
     finally:
         for holder in holders:
             ray.kill(holder)
-    try:
-        assert sorted(worker_nodes(group)) == sorted([nodes.a_id, joined])
-    finally:
-        group.shutdown()
-        cluster.shutdown()
-    e = nodes.raylets["e"]
-    assert e.uv.syncs() == 0
-    assert read_marker(e.venvs / ready.key)["shipped_from"]
