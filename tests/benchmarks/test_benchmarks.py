@@ -495,6 +495,7 @@ def test_seed_work_s_new_venv_is_the_seed_s_own_inodes_less_bytecode(tmp_path: P
     assert (new / "bin" / "python").readlink() == Path("/usr/bin/python3")
 
 
+@pytest.mark.slow  # the benchmark itself, with its Ray sessions
 def test_uv_run_driver_benchmark_runs(tmp_path: Path) -> None:
     """`benchmarks.uv_run_driver` for real: drivers started with `uv run --extra small`, one
     actor, one sample per way (about 45 s). Each sample checks where its workers ran."""

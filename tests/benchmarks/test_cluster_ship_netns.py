@@ -171,7 +171,7 @@ def args(nodes: str) -> argparse.Namespace:
 
 
 @needs_netns
-# ~70 s here (raylets in namespaces, Ray from the simulated index): the default run's smoke test
+@pytest.mark.slow  # ~70 s alone, 250 s loaded: raylets in namespaces, Ray from a simulated index
 def test_two_simulated_nodes_ship_the_env_built_once() -> None:
     """N = 2, tiny packages, shipping: the index serves each file once, the source-built
     package is built on one node only, the other node gets the venv by shipping (its bytes

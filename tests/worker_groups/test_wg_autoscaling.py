@@ -278,6 +278,7 @@ def run_driver(
     return json.loads(line[len("RESULT ") :]), stderr
 
 
+@pytest.mark.slow  # a node added by hand after the group waits: a minute and more
 @pytest.mark.timeout(450)
 def test_a_group_waits_for_a_gpu_node_added_by_hand(tmp_path: Path, temp_dir: Path) -> None:
     out, stderr = run_driver(ADDED_NODE_DRIVER, tmp_path, temp_dir, str(temp_dir), "{}")
