@@ -77,8 +77,9 @@ def test_each_round_prepares_the_new_nodes_once(monkeypatch: pytest.MonkeyPatch)
         if not alive:
             raise KeyboardInterrupt
 
-    def ship_and_probe(given, source, nodes, timeout, report, on_progress) -> None:
+    def ship_and_probe(given, source, nodes, timeout, report, on_progress, probe_env) -> None:
         assert given is env  # parsed once, before the rounds
+        assert probe_env is None  # the value's own: `prepare --watch` has no workers' env
         rounds.append((source.node_id, [n for n, _ in nodes]))
         if nodes[0][0] == "c":
             raise RuntimeError("boom")
@@ -89,8 +90,8 @@ def test_each_round_prepares_the_new_nodes_once(monkeypatch: pytest.MonkeyPatch)
             else:
                 report(NodeResult(n, address, True, 1.0, key="k1"))
 
-    def prepare_nodes(given, nodes, timeout, report, ship, on_progress) -> None:
-        assert given is env
+    def prepare_nodes(given, nodes, timeout, report, ship, on_progress, probe_env) -> None:
+        assert given is env and probe_env is None
         rounds.append((None, [n for n, _ in nodes]))
 
     monkeypatch.setattr(watch, "sleep", look)
