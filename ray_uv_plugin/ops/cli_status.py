@@ -46,9 +46,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from ray_uv_plugin.cluster.watch import stop_on_signals
 
-    if args.key is not None and (
-        args.project is not None or args.shared or selection(args)
-    ):
+    if args.key is not None and (args.project is not None or args.shared or selection(args)):
         raise UsageError(
             "--key names the env itself: it goes without --project, --shared and "
             "the selection flags"
