@@ -222,6 +222,7 @@ class Injector:
         self.head_lock = threading.Lock()
         self.cuts = {pair: threading.Lock() for pair in ((0, 1), (0, 2), (1, 2))}
         self.claimed: set[Path] = set()  # markers a marker_kill met: each meets one of its own
+        self.cache_writes = threading.Lock()  # one at a time: each puts back what it found
         self.loop_dir = cluster.nodes[LOOP_NODE].venv_dir.parent
 
     def processes(self, kind: str, node: int) -> list[int]:
@@ -512,20 +513,23 @@ class Injector:
             return
         cached, in_venv = found
         venv = node.venv_dir / in_venv.relative_to(node.venv_dir).parts[0]
-        self._mark(record, start, {"node": fault.node, "file": str(in_venv)})
-        before = os.stat(cached)
-        try:
-            with open(cached, "a") as f:
-                f.write("\n# written through uv's cache by the chaos run\n")
-        except OSError as e:
-            record["what"] = f"the write was refused: {e}"
-            return
-        try:
-            meta = ready(venv)
-            seen = check_whole(venv, meta) if meta is not None else "no longer ready"
-        finally:
-            os.truncate(cached, before.st_size)
-            os.utime(cached, ns=(before.st_atime_ns, before.st_mtime_ns))
+        # Seed 5 ran two at once on node 0's six.py: the second found the first's line, and
+        # put it back, so the file stayed written (and every later build there failed).
+        with self.cache_writes:
+            self._mark(record, start, {"node": fault.node, "file": str(in_venv)})
+            before = os.stat(cached)
+            try:
+                with open(cached, "a") as f:
+                    f.write("\n# written through uv's cache by the chaos run\n")
+            except OSError as e:
+                record["what"] = f"the write was refused: {e}"
+                return
+            try:
+                meta = ready(venv)
+                seen = check_whole(venv, meta) if meta is not None else "no longer ready"
+            finally:
+                os.truncate(cached, before.st_size)
+                os.utime(cached, ns=(before.st_atime_ns, before.st_mtime_ns))
         record["met"], record["whole_saw_it"] = True, seen is not None
         record["what"] = f"wrote {cached}, the inode of {in_venv}; whole: {seen}"[:400]
 

@@ -190,6 +190,43 @@ def test_a_file_of_uv_cache_hardlinked_into_a_ready_venv_is_found(tmp_path: Path
     assert cache_link(venvs, cache) is None
 
 
+def test_cache_writes_at_once_each_put_back_what_they_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 5 ran two `cache_write`s at once on one file: the second found the first's line and
+    put that back, so uv's file stayed written. One at a time, the file ends as it began."""
+    from types import SimpleNamespace
+
+    from benchmarks import chaos_faults
+
+    venvs, cache = tmp_path / "venvs", tmp_path / "cache"
+    cached = cache / "archive-v0" / "abc" / "six.py"
+    cached.parent.mkdir(parents=True)
+    cached.write_text("x = 1\n")
+    site = venvs / "0123456789abcdef" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    os.link(cached, site / "six.py")
+    (venvs / "0123456789abcdef" / MARKER).write_text("{}")
+    node = SimpleNamespace(venv_dir=venvs, uv_cache=cache)
+    injector = Injector(SimpleNamespace(nodes=[node] * 3), lambda: [])
+    monkeypatch.setattr(chaos_faults, "ready", lambda venv: time.sleep(0.5))  # a slow check
+    fault = Fault(0, "cache_write", "write", 0, 0.0, 1.0)
+    records = [{} for _ in range(2)]
+    writers = [
+        threading.Thread(
+            target=injector._cache_write,
+            args=(fault, r, threading.Event(), time.monotonic() + 5, time.monotonic()),
+        )
+        for r in records
+    ]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    assert all(r["met"] for r in records), records
+    assert cached.read_text() == "x = 1\n"
+
+
 def test_the_report_counts_a_fault_only_where_it_met_its_operation(tmp_path: Path) -> None:
     def fault(kind: str, sent: bool, met: bool) -> dict:
         return {"type": "fault", "kind": kind, "action": "kill", "target": {} if sent else None,
