@@ -52,7 +52,7 @@ from benchmarks.chaos_cluster import (
     ChaosCluster,
     Node,
 )
-from benchmarks.chaos_faults import KINDS, MEETS, Injector, cold_starts, plan
+from benchmarks.chaos_faults import KINDS, MEETS, Injector, LateGate, cold_starts, plan
 from benchmarks.chaos_invariants import (
     Checks,
     asked_keys,
@@ -171,6 +171,17 @@ def one_round(
     done = threading.Event()
     records: list[dict[str, Any]] = []
     start = time.monotonic()
+    ships = [j for j in first if j.kind == "prepare"]
+    ships += [
+        j
+        for j, (s, _) in zip(cold, starts, strict=True)
+        if j.kind == "cold_ship" and s < args.window
+    ]
+
+    def ships_ended() -> bool:
+        return all(j.proc is not None and j.proc.poll() is not None for j in ships)
+
+    gate = injector.gate = LateGate(start, args.window, ships_ended, done)
     for job in first:
         job.start(logs)
 
@@ -178,7 +189,7 @@ def one_round(
         records.append(injector.run(fault, start, done))
 
     def start_cold(job: Job, offset_s: float) -> None:
-        time.sleep(max(0.0, start + offset_s - time.monotonic()))
+        gate.wait(offset_s)
         job.start(logs)
 
     threads = [threading.Thread(target=inject, args=(f,), daemon=True) for f in faults]
@@ -226,6 +237,7 @@ def one_round(
     out.write(json.dumps({"type": "round", "round": round_no, "restarted": restarted,
                           "seconds": round(time.monotonic() - start, 1),
                           "workers_started": len(reports), **notes,
+                          "late_from_s": round(gate.open_at() - start, 1) if gate.opened else None,
                           "violations": {k: v for k, v in found.items() if v}}) + "\n")  # fmt: skip
     out.flush()
     return records, found

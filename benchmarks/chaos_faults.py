@@ -66,15 +66,28 @@ HEAD_SAFE = ("agent", "raylet")
 DISK_STEPS = ("uv_link", "manifest", "marker", "receive")  # when a disk_full fault fills
 # The node-killing faults: `LATE_S` past the window (a `prepare` there took 60-110 s on 2 busy
 # cores: at 10-30 s past it, every ship of a round of seed 12 was cut, and 6 venvs were shipped
-# in the 6 rounds of seed 4), in steps of `STEP_S`.
+# in the 6 rounds of seed 4), in steps of `STEP_S`, and never before the window's ships ended
+# (`LateGate`: in seed 6 they took over 95 s at a load of 20-40, and not one venv was shipped
+# in 4 rounds), at most `LATE_MAX_S` past the window.
 LATE_S = 55.0
 STEP_S = 8.0
+LATE_MAX_S = 150.0
 POLL_S = 0.2  # how often a process fault looks for its target
 SYNC_POLL_S = 0.05  # a `uv sync`: it may last under a second
 MARKER_POLL_S = 0.002  # marker_kill: how often it looks for a fresh marker
 PARTITION_S = (25.0, 35.0)  # past the GCS's count of a dead node (`chaos_cluster.HEALTH`)
 PROBE = 1 << 20  # disk_full: a write as root of this many bytes must fail
 WANT_S = 40.0  # how long a fault waits for what it must meet, past its moment, at most
+# ... and one whose operation its own job's build must reach first (a ship's stream follows the
+# head's build, a marker ends a build, a partition waits for a build or receive): a build of a
+# fresh key took 30-120 s on 2 busy cores, past `WANT_S` (seed 6: 1 `marker_kill` met of 12).
+AFTER_BUILD = ("ship_sender", "ship_receiver", "marker_kill", "gcs_partition")
+WANT_AFTER_BUILD_S = 150.0
+
+
+def want_s(kind: str) -> float:
+    """How long a fault of `kind` waits for what it must meet, past its moment, at most."""
+    return WANT_AFTER_BUILD_S if kind in AFTER_BUILD else WANT_S
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,46 @@ class Fault:
     delay_ms: int = 0  # link_delay: the rate (kbit/s) of its long queue
     step: str = ""  # disk_full: the step it fills at (`DISK_STEPS`)
     skew_s: int = 0  # clock_skew: how far node 1's wall clock is set off
+
+
+class LateGate:
+    """When a round's late faults (`plan`: past the window, from `LATE_S` on) and the jobs they
+    start begin: at their planned moment, and never before the window's ships ended (`ended`:
+    true once every `prepare` started in the window has exited), shifted by as much, so their
+    order and spacing stay the plan's; at most `LATE_MAX_S` past the window. A node taken down
+    while a `prepare` still ships cuts that ship, and the round ships nothing."""
+
+    def __init__(
+        self, start: float, window_s: float, ended: Callable[[], bool], done: threading.Event
+    ) -> None:
+        self.start, self.window_s, self.ended, self.done = start, window_s, ended, done
+        self.lock = threading.Lock()
+        self.opened: float | None = None  # monotonic: when the window's ships had ended
+
+    def open_at(self) -> float:
+        """When the late part of the round began (monotonic): the ships' end, or the bound."""
+        bound = self.start + self.window_s + LATE_MAX_S
+        while True:
+            with self.lock:
+                if self.opened is not None:
+                    return self.opened
+                if self.ended() or time.monotonic() >= bound or self.done.is_set():
+                    self.opened = max(time.monotonic(), self.start + self.window_s + LATE_S)
+                    return self.opened
+            time.sleep(POLL_S)
+
+    def moment(self, offset_s: float) -> float:
+        """The monotonic time a fault or job planned at `offset_s` begins; blocks until the
+        gate has opened where that is a late one (waiting for the window's ships)."""
+        planned = self.start + offset_s
+        late = self.window_s + LATE_S
+        if offset_s < late:
+            return planned
+        return max(planned, self.open_at() + offset_s - late)
+
+    def wait(self, offset_s: float) -> None:
+        """Until the moment of `offset_s` (or the round's jobs are done)."""
+        self.done.wait(max(0.0, self.moment(offset_s) - time.monotonic()))
 
 
 def node_killing(kind: str, action: str) -> bool:
@@ -224,6 +277,7 @@ class Injector:
         self.claimed: set[Path] = set()  # markers a marker_kill met: each meets one of its own
         self.cache_writes = threading.Lock()  # one at a time: each puts back what it found
         self.loop_dir = cluster.nodes[LOOP_NODE].venv_dir.parent
+        self.gate: LateGate | None = None  # when the round's late faults begin (`LateGate`)
 
     def processes(self, kind: str, node: int) -> list[int]:
         pids = in_namespaces([self.cluster.nodes[node].host])[0]
@@ -245,12 +299,16 @@ class Injector:
         }
 
     def run(self, fault: Fault, start: float, jobs_done: threading.Event) -> dict[str, Any]:
-        """Wait for the fault's moment, then for what it must meet (while the jobs run, at most
-        `WANT_S`), then inject it and undo it after its hold. The record of what happened:
+        """Wait for the fault's moment (`gate`), then for what it must meet (while the jobs run,
+        at most `want_s`), then inject it and undo it after its hold. The record of what happened:
         `sent` (carried out), `met` (its operation was there: `MEETS`), `what` it met."""
         record: dict[str, Any] = {**asdict(fault), "target": None, "sent": False, "met": False}
-        jobs_done.wait(max(0.0, start + fault.offset_s - time.monotonic()))
-        until = time.monotonic() + WANT_S
+        if self.gate is not None:
+            self.gate.wait(fault.offset_s)
+        else:
+            jobs_done.wait(max(0.0, start + fault.offset_s - time.monotonic()))
+        record["moment_s"] = round(time.monotonic() - start, 2)
+        until = time.monotonic() + want_s(fault.kind)
         try:
             getattr(self, f"_{fault.kind}", self._process)(fault, record, jobs_done, until, start)
         except (OSError, subprocess.SubprocessError, RuntimeError) as e:

@@ -23,11 +23,15 @@ from benchmarks.chaos_cluster import ChaosCluster, Node
 from benchmarks.chaos_faults import (
     DISK_STEPS,
     KINDS,
+    LATE_MAX_S,
     LATE_S,
     MEETS,
     STEP_S,
+    WANT_AFTER_BUILD_S,
+    WANT_S,
     Fault,
     Injector,
+    LateGate,
     cache_link,
     cold_starts,
     fill,
@@ -105,6 +109,44 @@ def test_each_fault_that_needs_an_operation_has_one_start_at_its_moment() -> Non
     assert starts == sorted([(f.offset_s, "cold_ship") for f in ships]
                             + [(f.offset_s, "cold") for f in builds])  # fmt: skip
     assert cold_starts([f for f in faults if f.kind in ("driver", "gc", "link_drop")]) == []
+
+
+def test_late_faults_wait_for_the_windows_ships_and_keep_their_spacing() -> None:
+    """A ship still running at `LATE_S` past the window holds the node-killing faults (and
+    the jobs they start) until it ends, each shifted by as much, order and spacing kept; a
+    fault of the window is never held; ships ended early change nothing."""
+    window, late = 40.0, 40.0 + LATE_S
+    start = time.monotonic() - late - 5  # the round began 5 s past the late part's plan
+    shipping = threading.Event()
+    gate = LateGate(start, window, lambda: not shipping.is_set(), threading.Event())
+    shipping.set()
+    assert gate.moment(10.0) == start + 10.0  # in the window: as planned, at once
+    ended = threading.Timer(0.6, shipping.clear)
+    ended.start()
+    first = gate.moment(late + 1.0)
+    assert first - time.monotonic() > -0.1  # held until the ship ended, 5 s past its plan
+    assert first > start + late + 1.0 + 4
+    assert gate.moment(late + 9.0) - first == pytest.approx(8.0)  # the plan's spacing
+    ended.join()
+    now = time.monotonic()  # a round that just began, its ships already over: as planned
+    early = LateGate(now, window, lambda: True, threading.Event())
+    assert early.moment(late + 1.0) == now + late + 1.0
+
+
+def test_late_faults_wait_for_ships_at_most_late_max_s() -> None:
+    start = time.monotonic() - 40.0 - LATE_MAX_S  # the bound has passed
+    gate = LateGate(start, 40.0, lambda: False, threading.Event())  # a ship that never ends
+    begun = time.monotonic()
+    assert gate.moment(40.0 + LATE_S) <= time.monotonic() + 0.01
+    assert time.monotonic() - begun < 1.0
+
+
+def test_faults_whose_operation_follows_a_build_wait_longer_for_it() -> None:
+    from benchmarks.chaos_faults import want_s
+
+    for kind in ("ship_sender", "ship_receiver", "marker_kill", "gcs_partition"):
+        assert want_s(kind) == WANT_AFTER_BUILD_S > WANT_S
+    assert want_s("uv_sync") == want_s("link_drop") == WANT_S
 
 
 @pytest.mark.skipif(DISKS is not None, reason=f"no loop mounts: {DISKS}")
