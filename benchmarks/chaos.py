@@ -182,6 +182,7 @@ def one_round(
         return all(j.proc is not None and j.proc.poll() is not None for j in ships)
 
     gate = injector.gate = LateGate(start, args.window, ships_ended, done)
+    injector.plan_round(faults)
     for job in first:
         job.start(logs)
 

@@ -72,6 +72,7 @@ DISK_STEPS = ("uv_link", "manifest", "marker", "receive")  # when a disk_full fa
 LATE_S = 55.0
 STEP_S = 8.0
 LATE_MAX_S = 150.0
+STAGE_MAX_S = 240.0  # how long a late stage waits for the ones before it, at most (`late_stage`)
 POLL_S = 0.2  # how often a process fault looks for its target
 SYNC_POLL_S = 0.05  # a `uv sync`: it may last under a second
 MARKER_POLL_S = 0.002  # marker_kill: how often it looks for a fresh marker
@@ -143,6 +144,20 @@ class LateGate:
         self.done.wait(max(0.0, self.moment(offset_s) - time.monotonic()))
 
 
+def late_stage(fault: Fault) -> int:
+    """Which part of a round's late faults `fault` is in (0: none, a fault of the window): 1
+    the kills after a marker and the GCS partitions, 2 the SIGKILLs of agents and raylets, 3
+    the head's restart. A stage begins once every fault of the stages before it has ended
+    (`Injector.run`): a SIGKILL or a restarted head while a partition waits for the GCS to
+    count its node dead cuts that short (seed 7: 2 partitions sent, none met, a head restart
+    14 s after them)."""
+    if fault.kind in ("marker_kill", "gcs_partition"):
+        return 1
+    if fault.kind in HEAD_SAFE and fault.action == "kill":
+        return 2
+    return 3 if fault.kind == "head_restart" else 0
+
+
 def node_killing(kind: str, action: str) -> bool:
     return (kind in HEAD_SAFE and action == "kill") or kind in (
         "head_restart", "gcs_partition", "marker_kill",
@@ -162,13 +177,13 @@ def plan(seed: int, round_no: int, per_round: int, window_s: float, nodes: int) 
         rng.shuffle(deck)
         kinds += deck
     faults = []
-    # Nodes 1 and 2 in turn for the faults that take a node down, so that a round's kills after
-    # a marker and GCS partitions meet both nodes (drawn at random, seed 4 put a round's on one
-    # node, where all but the first found it down). A node goes down once a round: an agent
-    # or raylet is SIGKILLed in one of three faults, stopped in the others (a stop meets its
-    # node up; in seed 4, 12 of the 18 kills found their node down already).
-    turn = {kind: round_no % 2 for kind in ("marker_kill", "gcs_partition")}
-    turn["gcs_partition"] += 1
+    # One of nodes 1 and 2 for a round's kills after a marker, the other for its GCS
+    # partitions, in turn from round to round: a node goes down once a round, and a kind that
+    # shares its node with the other finds it down (seed 7, both kinds on both nodes: 4
+    # `marker_kill`s met and no partition in 2 rounds; drawn at random, seed 4 put a round's on
+    # one node). An agent or raylet is SIGKILLed in one of three faults, stopped in the others
+    # (a stop meets its node up; in seed 4, 12 of the 18 kills found their node down already).
+    turn = {"marker_kill": round_no % 2, "gcs_partition": round_no % 2 + 1}
     for kind in kinds[:per_round]:
         if kind in HEAD_SAFE:
             action = rng.choice(("kill", "stop", "stop"))
@@ -183,7 +198,6 @@ def plan(seed: int, round_no: int, per_round: int, window_s: float, nodes: int) 
             node = 0  # drivers run on the head
         elif kind in turn:
             node = 1 + turn[kind] % (nodes - 1)
-            turn[kind] += 1
         elif node_killing(kind, action):
             node = rng.randrange(1, nodes)
         elif kind == "node_split":
@@ -278,6 +292,24 @@ class Injector:
         self.cache_writes = threading.Lock()  # one at a time: each puts back what it found
         self.loop_dir = cluster.nodes[LOOP_NODE].venv_dir.parent
         self.gate: LateGate | None = None  # when the round's late faults begin (`LateGate`)
+        self.pending: dict[int, int] = {}  # late faults not yet ended, by stage (`late_stage`)
+
+    def plan_round(self, faults: list[Fault]) -> None:
+        """The round's faults, before any runs: what each late stage waits for."""
+        with self.lock:
+            self.pending = {}
+            for fault in faults:
+                if stage := late_stage(fault):
+                    self.pending[stage] = self.pending.get(stage, 0) + 1
+
+    def _earlier_stages_ended(self, stage: int, done: threading.Event, until: float) -> None:
+        """Until every late fault of a stage before `stage` has ended (or the jobs are done,
+        or `until`)."""
+        while not done.is_set() and time.monotonic() < until:
+            with self.lock:
+                if not any(n for s, n in self.pending.items() if s < stage):
+                    return
+            time.sleep(POLL_S)
 
     def processes(self, kind: str, node: int) -> list[int]:
         pids = in_namespaces([self.cluster.nodes[node].host])[0]
@@ -307,12 +339,19 @@ class Injector:
             self.gate.wait(fault.offset_s)
         else:
             jobs_done.wait(max(0.0, start + fault.offset_s - time.monotonic()))
-        record["moment_s"] = round(time.monotonic() - start, 2)
-        until = time.monotonic() + want_s(fault.kind)
+        stage = late_stage(fault)
         try:
+            if stage > 1:
+                self._earlier_stages_ended(stage, jobs_done, time.monotonic() + STAGE_MAX_S)
+            record["moment_s"] = round(time.monotonic() - start, 2)
+            until = time.monotonic() + want_s(fault.kind)
             getattr(self, f"_{fault.kind}", self._process)(fault, record, jobs_done, until, start)
         except (OSError, subprocess.SubprocessError, RuntimeError) as e:
             record["error"] = f"{type(e).__name__}: {e}"[:300]
+        finally:
+            if stage:
+                with self.lock:
+                    self.pending[stage] = self.pending.get(stage, 1) - 1
         record["sent"] = record["target"] is not None
         record["met"] = bool(record["met"]) and record["sent"]
         return record

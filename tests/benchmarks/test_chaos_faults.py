@@ -77,11 +77,14 @@ def test_node_killing_faults_come_after_every_other_and_never_take_the_head() ->
 
 def test_a_rounds_node_killing_faults_meet_both_nodes_and_kills_are_fewer_than_stops() -> None:
     """Seed 4 drew a round's kills after a marker onto one node, where all but the first found
-    it down, and 12 of its 18 agent and raylet kills found their node down already."""
+    it down, and 12 of its 18 agent and raylet kills found their node down already; seed 7
+    put both kinds on both nodes, where the first of either took the node from the other. A
+    round's kills after a marker go to one node, its partitions to the other, in turn."""
     for r in range(20):
         faults = plan(5, r, 3 * len(KINDS), 40.0, 3)
-        for kind in ("marker_kill", "gcs_partition"):
-            assert {f.node for f in faults if f.kind == kind} == {1, 2}, (r, kind)
+        kills = {f.node for f in faults if f.kind == "marker_kill"}
+        cuts = {f.node for f in faults if f.kind == "gcs_partition"}
+        assert kills == {1 + r % 2} and cuts == {2 - r % 2}, (r, kills, cuts)
     faults = [f for r in range(30) for f in plan(5, r, 3 * len(KINDS), 40.0, 3)]
     for kind in ("agent", "raylet"):
         actions = [f.action for f in faults if f.kind == kind]
@@ -131,6 +134,36 @@ def test_late_faults_wait_for_the_windows_ships_and_keep_their_spacing() -> None
     now = time.monotonic()  # a round that just began, its ships already over: as planned
     early = LateGate(now, window, lambda: True, threading.Event())
     assert early.moment(late + 1.0) == now + late + 1.0
+
+
+def test_a_late_stage_begins_once_the_stages_before_it_have_ended() -> None:
+    """Agent and raylet SIGKILLs wait for the round's partitions and kills after a marker to
+    end, the head's restart for those too; a fault of the window waits for nothing."""
+    from benchmarks.chaos_faults import late_stage
+
+    faults = plan(7, 0, 2 * len(KINDS), 40.0, 3)
+    stages = {(f.kind, f.action): late_stage(f) for f in faults}
+    assert stages[("gcs_partition", "partition")] == stages[("marker_kill", "kill")] == 1
+    assert stages[("head_restart", "restart")] == 3
+    assert all(s == 2 for (k, a), s in stages.items() if k in ("agent", "raylet") and a == "kill")
+    assert all(s == 0 for (k, a), s in stages.items() if a == "stop" or k == "uv_sync")
+    injector = Injector.__new__(Injector)  # its stage bookkeeping only: no cluster
+    injector.lock = threading.Lock()
+    injector.plan_round(faults)
+    done = threading.Event()
+    waited = time.monotonic()
+    injector._earlier_stages_ended(1, done, time.monotonic() + 5)  # nothing before stage 1
+    assert time.monotonic() - waited < 0.1
+    ended = threading.Timer(0.5, lambda: injector.pending.update({1: 0}))
+    ended.start()
+    waited = time.monotonic()
+    injector._earlier_stages_ended(2, done, time.monotonic() + 5)
+    assert 0.4 < time.monotonic() - waited < 3
+    ended.join()
+    injector.pending[2] = 1  # a SIGKILL not ended: the head waits, at most its bound
+    waited = time.monotonic()
+    injector._earlier_stages_ended(3, done, time.monotonic() + 0.5)
+    assert 0.4 < time.monotonic() - waited < 2
 
 
 def test_late_faults_wait_for_ships_at_most_late_max_s() -> None:
