@@ -52,7 +52,15 @@ from benchmarks.chaos_cluster import (
     ChaosCluster,
     Node,
 )
-from benchmarks.chaos_faults import KINDS, MEETS, Injector, LateGate, cold_starts, plan
+from benchmarks.chaos_faults import (
+    KINDS,
+    MEETS,
+    Injector,
+    LateGate,
+    cold_faults,
+    cold_starts,
+    plan,
+)
 from benchmarks.chaos_invariants import (
     Checks,
     asked_keys,
@@ -189,14 +197,14 @@ def one_round(
     def inject(fault: Any) -> None:
         records.append(injector.run(fault, start, done))
 
-    def start_cold(job: Job, offset_s: float) -> None:
-        gate.wait(offset_s)
+    def start_cold(job: Job, fault: Any) -> None:
+        injector.begin(fault, start, done)  # a late fault's job: in its stage, as the fault
         job.start(logs)
 
     threads = [threading.Thread(target=inject, args=(f,), daemon=True) for f in faults]
     starters = [
-        threading.Thread(target=start_cold, args=(j, s), daemon=True)
-        for j, (s, _) in zip(cold, starts, strict=True)
+        threading.Thread(target=start_cold, args=(j, f), daemon=True)
+        for j, f in zip(cold, cold_faults(faults, starts), strict=True)
     ]
     try:
         for t in [*threads, *starters]:
@@ -204,8 +212,8 @@ def one_round(
         for t in starters:
             t.join()  # within the window: every job has started before any is waited for
         deadline = start + JOB_TIMEOUT_S
-        for job in jobs:
-            job.wait(deadline)
+        for job in jobs:  # a job started late (a second wave's) has its own bound
+            job.wait(max(deadline, job.started + JOB_TIMEOUT_S))
         done.set()
         for t in threads:
             t.join()
@@ -215,7 +223,7 @@ def one_round(
         for job in jobs:
             if job.proc is not None and job.proc.poll() is None:
                 job.proc.kill()
-    restarted = cluster.heal()
+    restarted = injector.healed + cluster.heal()
     keys = [projects.variant(f"r{round_no}-prepare"), projects.variant(f"r{round_no}-actors")]
     keys += [projects.variant(f"r{round_no}-cold{i}") for i in range(len(cold))]
     verify = verify_job(round_no, cluster.gcs, prefix, [*keys, projects.base])

@@ -102,6 +102,7 @@ class Fault:
     delay_ms: int = 0  # link_delay: the rate (kbit/s) of its long queue
     step: str = ""  # disk_full: the step it fills at (`DISK_STEPS`)
     skew_s: int = 0  # clock_skew: how far node 1's wall clock is set off
+    wave: int = 0  # marker_kill, gcs_partition: the first or second of the round (`late_stage`)
 
 
 class LateGate:
@@ -146,16 +147,17 @@ class LateGate:
 
 def late_stage(fault: Fault) -> int:
     """Which part of a round's late faults `fault` is in (0: none, a fault of the window): 1
-    the kills after a marker and the GCS partitions, 2 the SIGKILLs of agents and raylets, 3
-    the head's restart. A stage begins once every fault of the stages before it has ended
-    (`Injector.run`): a SIGKILL or a restarted head while a partition waits for the GCS to
-    count its node dead cuts that short (seed 7: 2 partitions sent, none met, a head restart
-    14 s after them)."""
+    and 2 the two waves of kills after a marker and GCS partitions (`plan`), 3 the SIGKILLs of
+    agents and raylets, 4 the head's restart. A stage begins once every fault of the stages
+    before it has ended (`Injector.begin`), the second wave once the nodes the first took down
+    are up again: a SIGKILL or a restarted head while a partition waits for the GCS to count
+    its node dead cuts that short (seed 7: 2 partitions sent, none met, a head restart 14 s
+    after them)."""
     if fault.kind in ("marker_kill", "gcs_partition"):
-        return 1
+        return fault.wave or 1
     if fault.kind in HEAD_SAFE and fault.action == "kill":
-        return 2
-    return 3 if fault.kind == "head_restart" else 0
+        return 3
+    return 4 if fault.kind == "head_restart" else 0
 
 
 def node_killing(kind: str, action: str) -> bool:
@@ -177,14 +179,23 @@ def plan(seed: int, round_no: int, per_round: int, window_s: float, nodes: int) 
         rng.shuffle(deck)
         kinds += deck
     faults = []
-    # One of nodes 1 and 2 for a round's kills after a marker, the other for its GCS
-    # partitions, in turn from round to round: a node goes down once a round, and a kind that
-    # shares its node with the other finds it down (seed 7, both kinds on both nodes: 4
-    # `marker_kill`s met and no partition in 2 rounds; drawn at random, seed 4 put a round's on
-    # one node). An agent or raylet is SIGKILLed in one of three faults, stopped in the others
-    # (a stop meets its node up; in seed 4, 12 of the 18 kills found their node down already).
+    # Kills after a marker and GCS partitions in two waves, with the nodes that went down
+    # started again between them (`Injector.heal_between`): in each wave one of nodes 1 and 2
+    # for the kills, the other for the partitions, swapped in the second, and the first swapped
+    # from round to round. A node taken down stays down until it is started again: a kind that
+    # shares a node with the other in a wave finds it down (seed 7, both kinds on both nodes:
+    # 4 `marker_kill`s met and no partition in 2 rounds; one wave, seed 8: one of each a round;
+    # drawn at random, seed 4 put a round's on one node). An agent or raylet is SIGKILLed in one
+    # of three faults, stopped in the others (a stop meets its node up; in seed 4, 12 of the 18
+    # kills found their node down already).
     turn = {"marker_kill": round_no % 2, "gcs_partition": round_no % 2 + 1}
-    for kind in kinds[:per_round]:
+    drawn = kinds[:per_round]
+    seen: dict[str, int] = {}
+    for kind in drawn:
+        wave = 0
+        if kind in turn:
+            seen[kind] = seen.get(kind, 0) + 1
+            wave = 1 if seen[kind] <= (drawn.count(kind) + 1) // 2 else 2
         if kind in HEAD_SAFE:
             action = rng.choice(("kill", "stop", "stop"))
         else:
@@ -197,7 +208,7 @@ def plan(seed: int, round_no: int, per_round: int, window_s: float, nodes: int) 
         elif kind == "driver" or kind == "head_restart":
             node = 0  # drivers run on the head
         elif kind in turn:
-            node = 1 + turn[kind] % (nodes - 1)
+            node = 1 + (turn[kind] + wave - 1) % (nodes - 1)
         elif node_killing(kind, action):
             node = rng.randrange(1, nodes)
         elif kind == "node_split":
@@ -210,18 +221,18 @@ def plan(seed: int, round_no: int, per_round: int, window_s: float, nodes: int) 
             hold_s = round(rng.uniform(*PARTITION_S), 2)
         late = window_s + LATE_S
         if kind == "head_restart":
-            offset = late + 2 * STEP_S + rng.uniform(0, 2)
-        elif kind in ("marker_kill", "gcs_partition"):  # their build begins at the moment
-            offset = rng.uniform(late, late + STEP_S)
+            offset = late + 3 * STEP_S + rng.uniform(0, 2)
+        elif kind in turn:  # their build begins at the moment
+            offset = rng.uniform(late + (wave - 1) * STEP_S, late + wave * STEP_S)
         elif node_killing(kind, action):
-            offset = rng.uniform(late + STEP_S, late + 2 * STEP_S)
+            offset = rng.uniform(late + 2 * STEP_S, late + 3 * STEP_S)
         else:
             offset = rng.uniform(0, window_s)
         faults.append(
             Fault(
                 round=round_no, kind=kind, action=action, node=node, offset_s=round(offset, 2),
                 hold_s=hold_s, delay_ms=rng.randrange(100, 600) if kind == "link_delay" else 0,
-                step=step, skew_s=skew_s,
+                step=step, skew_s=skew_s, wave=wave,
             )
         )  # fmt: skip
     return sorted(faults, key=lambda f: f.offset_s)
@@ -242,6 +253,16 @@ def cold_starts(faults: list[Fault]) -> list[tuple[float, str]]:
     """The round's extra jobs, (seconds from its start, job kind): one at the moment of each
     fault that needs one (`cold_job`). A function of the plan, hence of the seed alone."""
     return sorted((f.offset_s, job) for f in faults if (job := cold_job(f)) is not None)
+
+
+def cold_faults(faults: list[Fault], starts: list[tuple[float, str]]) -> list[Fault]:
+    """The fault each of `starts` (`cold_starts`) is started for, in that order: its job
+    begins when the fault does (`Injector.begin`)."""
+    by_start: dict[tuple[float, str], list[Fault]] = {}
+    for fault in faults:
+        if (job := cold_job(fault)) is not None:
+            by_start.setdefault((fault.offset_s, job), []).append(fault)
+    return [by_start[start].pop() for start in starts]
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -293,14 +314,43 @@ class Injector:
         self.loop_dir = cluster.nodes[LOOP_NODE].venv_dir.parent
         self.gate: LateGate | None = None  # when the round's late faults begin (`LateGate`)
         self.pending: dict[int, int] = {}  # late faults not yet ended, by stage (`late_stage`)
+        self.healed: list[int] = []  # the nodes started again between the waves
+        self.heal_lock = threading.Lock()
+        self.heal_done = False
 
     def plan_round(self, faults: list[Fault]) -> None:
         """The round's faults, before any runs: what each late stage waits for."""
         with self.lock:
-            self.pending = {}
+            self.pending, self.healed, self.heal_done = {}, [], False
             for fault in faults:
                 if stage := late_stage(fault):
                     self.pending[stage] = self.pending.get(stage, 0) + 1
+
+    def begin(self, fault: Fault, start: float, done: threading.Event) -> None:
+        """Until the moment of `fault` (`gate`), or of the job it starts: its planned one, and
+        for a late one, once the stages before its own have ended (at most `STAGE_MAX_S`) and,
+        for the second wave, the nodes the first took down are up again (`heal_between`)."""
+        if self.gate is not None:
+            self.gate.wait(fault.offset_s)
+        else:
+            done.wait(max(0.0, start + fault.offset_s - time.monotonic()))
+        stage = late_stage(fault)
+        if stage > 1:
+            self._earlier_stages_ended(stage, done, time.monotonic() + STAGE_MAX_S)
+        if stage == 2:
+            self.heal_between()
+
+    def heal_between(self) -> None:
+        """Nodes 1 and 2 up again after the first wave, once (whoever comes first waits for
+        it, the others for it to end): `ChaosCluster.heal`, as between rounds."""
+        with self.heal_lock:
+            if self.heal_done:
+                return
+            self.heal_done = True
+            try:
+                self.healed = self.cluster.heal()
+            except RuntimeError:  # not back in time: the second wave finds its nodes down
+                self.healed = []
 
     def _earlier_stages_ended(self, stage: int, done: threading.Event, until: float) -> None:
         """Until every late fault of a stage before `stage` has ended (or the jobs are done,
@@ -331,18 +381,13 @@ class Injector:
         }
 
     def run(self, fault: Fault, start: float, jobs_done: threading.Event) -> dict[str, Any]:
-        """Wait for the fault's moment (`gate`), then for what it must meet (while the jobs run,
+        """Wait for the fault's moment (`begin`), then for what it must meet (while the jobs run,
         at most `want_s`), then inject it and undo it after its hold. The record of what happened:
         `sent` (carried out), `met` (its operation was there: `MEETS`), `what` it met."""
         record: dict[str, Any] = {**asdict(fault), "target": None, "sent": False, "met": False}
-        if self.gate is not None:
-            self.gate.wait(fault.offset_s)
-        else:
-            jobs_done.wait(max(0.0, start + fault.offset_s - time.monotonic()))
         stage = late_stage(fault)
         try:
-            if stage > 1:
-                self._earlier_stages_ended(stage, jobs_done, time.monotonic() + STAGE_MAX_S)
+            self.begin(fault, start, jobs_done)
             record["moment_s"] = round(time.monotonic() - start, 2)
             until = time.monotonic() + want_s(fault.kind)
             getattr(self, f"_{fault.kind}", self._process)(fault, record, jobs_done, until, start)

@@ -33,6 +33,7 @@ from benchmarks.chaos_faults import (
     Injector,
     LateGate,
     cache_link,
+    cold_job,
     cold_starts,
     fill,
     node_killing,
@@ -60,8 +61,8 @@ def test_the_plan_is_the_seeds_alone_and_each_kind_says_what_it_must_meet() -> N
 def test_node_killing_faults_come_after_every_other_and_never_take_the_head() -> None:
     """Builds, ships and fills on nodes 1 and 2 are hit while both are up: whatever takes a
     node down falls past the window, when its ships have had time to end (a kill after a
-    marker and a GCS partition first, as they wait for a build; SIGKILLs; the head's restart
-    last)."""
+    marker and a GCS partition first, as they wait for a build, in two waves; SIGKILLs; the
+    head's restart last)."""
     for r in range(20):
         faults = plan(3, r, 2 * len(KINDS), 40.0, 3)
         waiting = [f for f in faults if f.kind in ("marker_kill", "gcs_partition")]
@@ -69,22 +70,26 @@ def test_node_killing_faults_come_after_every_other_and_never_take_the_head() ->
         others = [f for f in faults if not node_killing(f.kind, f.action)]
         late = 40.0 + LATE_S
         assert max(f.offset_s for f in others) <= 40.0
-        assert all(late <= f.offset_s <= late + STEP_S for f in waiting)
-        assert all(late + STEP_S <= f.offset_s <= late + 2 * STEP_S for f in sigkills)
-        assert faults[-1].kind == "head_restart" and faults[-1].offset_s >= late + 2 * STEP_S
+        for f in waiting:  # two waves
+            assert late + (f.wave - 1) * STEP_S <= f.offset_s <= late + f.wave * STEP_S, f
+        assert all(late + 2 * STEP_S <= f.offset_s <= late + 3 * STEP_S for f in sigkills)
+        assert faults[-1].kind == "head_restart" and faults[-1].offset_s >= late + 3 * STEP_S
         assert all(f.node != 0 for f in [*waiting, *sigkills])
 
 
 def test_a_rounds_node_killing_faults_meet_both_nodes_and_kills_are_fewer_than_stops() -> None:
     """Seed 4 drew a round's kills after a marker onto one node, where all but the first found
     it down, and 12 of its 18 agent and raylet kills found their node down already; seed 7
-    put both kinds on both nodes, where the first of either took the node from the other. A
-    round's kills after a marker go to one node, its partitions to the other, in turn."""
+    put both kinds on both nodes, where the first of either took the node from the other. In
+    each of a round's two waves its kills after a marker go to one node, its partitions to the
+    other, swapped in the second wave and from round to round."""
     for r in range(20):
-        faults = plan(5, r, 3 * len(KINDS), 40.0, 3)
-        kills = {f.node for f in faults if f.kind == "marker_kill"}
-        cuts = {f.node for f in faults if f.kind == "gcs_partition"}
-        assert kills == {1 + r % 2} and cuts == {2 - r % 2}, (r, kills, cuts)
+        faults = plan(5, r, 4 * len(KINDS), 40.0, 3)
+        for wave in (1, 2):
+            kills = {f.node for f in faults if f.kind == "marker_kill" and f.wave == wave}
+            cuts = {f.node for f in faults if f.kind == "gcs_partition" and f.wave == wave}
+            first = 1 + (r + wave - 1) % 2
+            assert kills == {first} and cuts == {3 - first}, (r, wave, kills, cuts)
     faults = [f for r in range(30) for f in plan(5, r, 3 * len(KINDS), 40.0, 3)]
     for kind in ("agent", "raylet"):
         actions = [f.action for f in faults if f.kind == kind]
@@ -142,10 +147,15 @@ def test_a_late_stage_begins_once_the_stages_before_it_have_ended() -> None:
     from benchmarks.chaos_faults import late_stage
 
     faults = plan(7, 0, 2 * len(KINDS), 40.0, 3)
-    stages = {(f.kind, f.action): late_stage(f) for f in faults}
-    assert stages[("gcs_partition", "partition")] == stages[("marker_kill", "kill")] == 1
-    assert stages[("head_restart", "restart")] == 3
-    assert all(s == 2 for (k, a), s in stages.items() if k in ("agent", "raylet") and a == "kill")
+    for kind in ("gcs_partition", "marker_kill"):
+        assert sorted(late_stage(f) for f in faults if f.kind == kind) == [1, 2]
+    stages = {
+        (f.kind, f.action): late_stage(f)
+        for f in faults
+        if f.kind not in ("gcs_partition", "marker_kill")
+    }
+    assert stages[("head_restart", "restart")] == 4
+    assert all(s == 3 for (k, a), s in stages.items() if k in ("agent", "raylet") and a == "kill")
     assert all(s == 0 for (k, a), s in stages.items() if a == "stop" or k == "uv_sync")
     injector = Injector.__new__(Injector)  # its stage bookkeeping only: no cluster
     injector.lock = threading.Lock()
@@ -160,10 +170,50 @@ def test_a_late_stage_begins_once_the_stages_before_it_have_ended() -> None:
     injector._earlier_stages_ended(2, done, time.monotonic() + 5)
     assert 0.4 < time.monotonic() - waited < 3
     ended.join()
-    injector.pending[2] = 1  # a SIGKILL not ended: the head waits, at most its bound
+    injector.pending[3] = 1  # a SIGKILL not ended: the head waits, at most its bound
     waited = time.monotonic()
-    injector._earlier_stages_ended(3, done, time.monotonic() + 0.5)
+    injector._earlier_stages_ended(4, done, time.monotonic() + 0.5)
     assert 0.4 < time.monotonic() - waited < 2
+
+
+def test_the_second_wave_and_its_jobs_begin_once_the_nodes_are_up_again() -> None:
+    """The first of the second wave's faults or jobs to begin starts the nodes again
+    (`heal_between`, once a round); the rest wait for that, then begin."""
+    from types import SimpleNamespace
+
+    from benchmarks.chaos_faults import cold_faults
+
+    heals: list[float] = []
+
+    def heal() -> list[int]:
+        heals.append(time.monotonic())
+        time.sleep(0.3)
+        return [1, 2]
+
+    injector = Injector.__new__(Injector)
+    injector.lock, injector.gate = threading.Lock(), None
+    injector.cluster = SimpleNamespace(heal=heal)
+    injector.heal_lock = threading.Lock()
+    faults = plan(3, 1, 4 * len(KINDS), 40.0, 3)
+    injector.plan_round(faults)
+    injector.pending[1] = 0  # the first wave has ended
+    second = [f for f in faults if f.wave == 2]
+    begun: list[float] = []
+    start, done = time.monotonic() - 1000, threading.Event()  # every moment is past
+    threads = [
+        threading.Thread(
+            target=lambda f=f: (injector.begin(f, start, done), begun.append(time.monotonic()))
+        )
+        for f in second
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(heals) == 1 and injector.healed == [1, 2]
+    assert len(begun) == len(second) and min(begun) >= heals[0] + 0.3
+    starts = cold_starts(faults)
+    assert [(f.offset_s, cold_job(f)) for f in cold_faults(faults, starts)] == starts
 
 
 def test_late_faults_wait_for_ships_at_most_late_max_s() -> None:
