@@ -54,7 +54,7 @@ MEETS = {
     "link_delay": "a node that was up",
     "disk_full": "node 2's disk full for root (a write as root fails with ENOSPC) at its step",
     "head_restart": "a head that was up, started again",
-    "gcs_partition": "a node cut from the GCS while its build or receive went on, counted dead",
+    "gcs_partition": "a node cut from the GCS in its build or receive, counted alive, then dead",
     "node_split": "nodes 1 and 2 cut from each other, both counted alive by the GCS",
     "marker_kill": "the agent SIGKILLed after a fresh venv's marker, before its worker started",
     "gc": "`ray-uv gc` on a node's venv dir while jobs run",
@@ -549,7 +549,7 @@ class Injector:
     def _gcs_partition(self, fault: Fault, record, done, until, start) -> None:
         """Node `fault.node` cut from the head (a blackhole route each way: the index and the
         other node stay reachable) once its build or receive goes on; met if the GCS counted
-        it dead before the hold ended."""
+        it alive when cut and dead before the hold ended."""
         node, head = self.cluster.nodes[fault.node], self.cluster.nodes[0]
 
         def ready() -> Any:  # a receive: its dir and a receiver (a killed one leaves the dir)
@@ -562,6 +562,8 @@ class Injector:
         busy = self._wait(ready, done, until, SYNC_POLL_S)
         if busy is None:
             return
+        alive = self.cluster.alive_ips()  # counted alive when cut, not dead already
+        record["alive_when_cut"] = alive is not None and node.host.ip in alive
         with self.cuts[(0, fault.node)], netns.cut(node.host, head.host):
             self._mark(record, start, {"node": fault.node})
             deadline = time.monotonic() + fault.hold_s
@@ -572,8 +574,9 @@ class Injector:
                 dead = alive is not None and node.host.ip not in alive
             record["counted_dead_at_s"] = round(time.monotonic() - start, 2) if dead else None
             time.sleep(max(0.0, deadline - time.monotonic()))
-        record["met"] = dead
-        record["what"] = f"{busy}; counted dead: {dead}"
+        record["met"] = dead and record["alive_when_cut"]  # seed 9: a second partition of a
+        # wave met the node the first had got counted dead, its raylet not yet gone
+        record["what"] = f"{busy}; counted alive when cut: {record['alive_when_cut']}, dead: {dead}"
 
     def _node_split(self, fault: Fault, record, done, until, start) -> None:
         a, b = self.cluster.nodes[1], self.cluster.nodes[2]
