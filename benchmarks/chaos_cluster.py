@@ -29,6 +29,10 @@ from benchmarks.raylets import BIN, CLUSTER_AUTH, driver_env, free_ports
 
 NODES = 3
 LOOP_NODE = 2  # the node whose venv dir and uv cache sit on a small loop device
+# Its venv dir's budget (RAY_UV_PLUGIN_VENV_DIR_MAX_BYTES), half its 3 GB disk: without one,
+# seed 9's rounds filled the disk with their own venvs by round 5 (248 venvs, 2.7 GB), and every
+# build there failed, faults or none. With it the plugin removes idle venvs before it builds.
+LOOP_VENV_BUDGET = 1536 * 1024 * 1024
 NODE_MBIT = 200  # slow enough that a venv's stream lasts seconds: a window for ship faults
 BUILD_TIMEOUT_S = 240  # the nodes' RAY_UV_PLUGIN_BUILD_TIMEOUT_S: the bound for a held lock
 SKEWED_NODE = 1  # the node whose wall clock a clock_skew fault moves
@@ -66,6 +70,8 @@ class Node:
         env["RAY_UV_PLUGIN_BUILD_TIMEOUT_S"] = str(BUILD_TIMEOUT_S)
         env["UV_CACHE_DIR"] = str(self.uv_cache)
         env["UV_COMPILE_BYTECODE"] = "0"  # builds of seconds, not minutes, on 2 shared cores
+        if self.index == LOOP_NODE:
+            env["RAY_UV_PLUGIN_VENV_DIR_MAX_BYTES"] = str(LOOP_VENV_BUDGET)
         env.update(HEALTH)
         env.update(self.extra_env)
         return env

@@ -514,3 +514,16 @@ def test_the_venvs_a_prepare_shipped_are_counted_from_its_lines_also_when_it_fai
     job = Job("cold_ship", 0, [], tmp_path, {}, log=log)
     assert chaos.shipped(job) == 1
     assert chaos.shipped(Job("cold", 0, [], tmp_path, {}, log=log)) == 0
+
+
+def test_the_small_disk_s_node_has_a_venv_dir_budget_and_the_others_none(tmp_path: Path) -> None:
+    """Without a budget seed 9's own venvs filled node 2's 3 GB disk by round 5; with one the
+    plugin removes idle venvs there before it builds."""
+    from benchmarks.chaos_cluster import LOOP_NODE, LOOP_VENV_BUDGET
+
+    def env(index: int) -> dict[str, str]:
+        return Node(index, None, tmp_path / "v", tmp_path / "c").env()  # type: ignore[arg-type]
+
+    assert env(LOOP_NODE)["RAY_UV_PLUGIN_VENV_DIR_MAX_BYTES"] == str(LOOP_VENV_BUDGET)
+    assert "RAY_UV_PLUGIN_VENV_DIR_MAX_BYTES" not in env(0)
+    assert LOOP_VENV_BUDGET < 3 * 1024**3 // 2 + 1
