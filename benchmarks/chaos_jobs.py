@@ -67,7 +67,8 @@ WORKER = textwrap.dedent(
         runtime_env = context.runtime_env
         found = {"pid": os.getpid(), "prefix": sys.prefix, "marker": marker,
                  "venv_env": os.environ.get("RAY_UV_PLUGIN_VENV"), "at": time.time(),
-                 "job_id": context.get_job_id(), "asked": runtime_env.get("uv_project"),
+                 "job_id": f"{context.gcs_address}/{context.get_job_id()}",  # as its driver's
+                 "asked": runtime_env.get("uv_project"),
                  "env_vars": runtime_env.get("env_vars") or {}, "dist_infos": dist_infos}
         with open(os.path.join(REPORTS, f"{os.getpid()}-{time.time_ns()}.json"), "w") as f:
             json.dump(found, f)
@@ -91,9 +92,11 @@ ACTORS = textwrap.dedent(
     gcs, timeout, projects = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
     sys.path.insert(0, projects[0])
     ray.init(address=gcs, runtime_env={"working_dir": projects[0]}, logging_level="ERROR")
+    context = ray.get_runtime_context()  # a job id, unique across head restarts:
+    job_id = f"{context.gcs_address}/{context.get_job_id()}"  # a new GCS counts from 1
     from chaosworker import Pinger
     nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
-    print("STARTED " + json.dumps({"job_id": ray.get_runtime_context().get_job_id(),
+    print("STARTED " + json.dumps({"job_id": job_id,
                                    "workers": len(projects) * len(nodes), "project": projects[0]}),
           flush=True)
     actors = []
@@ -115,8 +118,10 @@ GROUP = textwrap.dedent(
                                RayWorkerGroup)
     gcs, timeout, project = sys.argv[1], float(sys.argv[2]), sys.argv[3]
     ray.init(address=gcs, runtime_env={"working_dir": project}, logging_level="ERROR")
+    context = ray.get_runtime_context()  # a job id, unique across head restarts:
+    job_id = f"{context.gcs_address}/{context.get_job_id()}"  # a new GCS counts from 1
     ACTOR_ENVIRONMENT_REGISTRY["chaosworker.Pinger"] = {}
-    print("STARTED " + json.dumps({"job_id": ray.get_runtime_context().get_job_id(),
+    print("STARTED " + json.dumps({"job_id": job_id,
                                    "workers": 3, "project": project}), flush=True)
     cluster = RayVirtualCluster([1] * 3, use_gpus=False)
     group = RayWorkerGroup(cluster, RayWorkerBuilder("chaosworker.Pinger"))
@@ -134,7 +139,9 @@ UV_RUN = textwrap.dedent(
     from chaosworker import Pinger
     gcs, timeout = sys.argv[1], float(sys.argv[2])
     ray.init(address=gcs, logging_level="ERROR")
-    print("STARTED " + json.dumps({"job_id": ray.get_runtime_context().get_job_id(),
+    context = ray.get_runtime_context()  # a job id, unique across head restarts:
+    job_id = f"{context.gcs_address}/{context.get_job_id()}"  # a new GCS counts from 1
+    print("STARTED " + json.dumps({"job_id": job_id,
                                    "workers": 2, "project": os.getcwd()}), flush=True)
     actors = [ray.remote(Pinger).options(num_cpus=0).remote() for _ in range(2)]
     reports = ray.get([a.ping.remote() for a in actors], timeout=timeout)
