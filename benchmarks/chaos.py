@@ -204,7 +204,7 @@ def one_round(
     threads = [threading.Thread(target=inject, args=(f,), daemon=True) for f in faults]
     starters = [
         threading.Thread(target=start_cold, args=(j, f), daemon=True)
-        for j, f in zip(cold, cold_faults(faults, starts), strict=True)
+        for j, f in zip(cold, cold_faults(faults), strict=True)
     ]
     try:
         for t in [*threads, *starters]:

@@ -249,20 +249,17 @@ def cold_job(fault: Fault) -> str | None:
     return None
 
 
+def cold_faults(faults: list[Fault]) -> list[Fault]:
+    """The faults that need a job of their own (`cold_job`), in the order their jobs start:
+    each job begins when its fault does (`Injector.begin`)."""
+    needing = [f for f in faults if cold_job(f) is not None]
+    return sorted(needing, key=lambda f: (f.offset_s, cold_job(f)))
+
+
 def cold_starts(faults: list[Fault]) -> list[tuple[float, str]]:
     """The round's extra jobs, (seconds from its start, job kind): one at the moment of each
-    fault that needs one (`cold_job`). A function of the plan, hence of the seed alone."""
-    return sorted((f.offset_s, job) for f in faults if (job := cold_job(f)) is not None)
-
-
-def cold_faults(faults: list[Fault], starts: list[tuple[float, str]]) -> list[Fault]:
-    """The fault each of `starts` (`cold_starts`) is started for, in that order: its job
-    begins when the fault does (`Injector.begin`)."""
-    by_start: dict[tuple[float, str], list[Fault]] = {}
-    for fault in faults:
-        if (job := cold_job(fault)) is not None:
-            by_start.setdefault((fault.offset_s, job), []).append(fault)
-    return [by_start[start].pop() for start in starts]
+    fault that needs one (`cold_faults`). A function of the plan, hence of the seed alone."""
+    return [(f.offset_s, str(cold_job(f))) for f in cold_faults(faults)]
 
 
 def _cmdline(pid: int) -> list[str]:
