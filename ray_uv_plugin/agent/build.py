@@ -23,7 +23,7 @@ from ray_uv_plugin.agent.phase_events import PhaseEvents
 from ray_uv_plugin.agent.project import ProjectError, check_ray_pin, check_request
 from ray_uv_plugin.agent.request import VenvRequest, interpreter_tag, withheld_from_uv
 from ray_uv_plugin.agent.uv import UvResult, UvSyncError, UvTimeout, find_uv, run_uv, sync_failure
-from ray_uv_plugin.store import accounting, budget, freezing, tree
+from ray_uv_plugin.store import accounting, budget, freezing, manifest, tree
 from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV
 from ray_uv_plugin.store.layout import installed_ray_version, remove_leftovers, site_packages
 
@@ -150,6 +150,7 @@ def build_venv(
             raise UvSyncError(str(e), transient=True) from None
         # Its own bytecode read-only (a seed's is linked into other venvs), never uv's files.
         freeze_start = time.perf_counter()
+        listed.relist([manifest.PARTS])  # its fragments' dir, frozen with the rest
         immutable = freezing.freeze(venv, compiled.paths - recorded.hashes.keys(), listed)
         _took(logger, venv, "freeze", time.perf_counter() - freeze_start)
         if os.geteuid() == 0 and not immutable:
@@ -201,25 +202,28 @@ def _sync_and_compile(
     compiles = env.get("UV_COMPILE_BYTECODE", "").lower() in ("1", "true", "yes", "on")
     no_bytecode = {**env, "UV_COMPILE_BYTECODE": "0"}
     result = sync(no_bytecode)
-    recorded = accounting.read_records(venv)  # uv wrote each as it installed; compiling adds none
     if not compiles:
+        recorded = accounting.read_records(venv)  # uv wrote each as it installed
         return result, recorded, Bytecode("none", frozenset()), tree.collect(venv)
     events.enter("bytecode")
+    start = time.perf_counter()
+    listed = tree.collect(venv)
+    listing = time.perf_counter() - start
+    _took(logger, venv, "listing", listing)
     taken = None
     if seeding.has_candidates(venv.parent, venv.name, interpreter_tag()):
         seeding_start = time.perf_counter()
-        taken = _seed(venv, recorded, logger)
+        taken = _seed(venv, listed, logger)
         _took(logger, venv, "seeding", time.perf_counter() - seeding_start)
         if taken is None and not os.path.lexists(venv):  # an untrusted seed: from the start
             second = sync(no_bytecode)
             result = replace(second, seconds=result.seconds + second.seconds)
-            recorded = accounting.read_records(venv)
+            listed = tree.collect(venv)
+    recorded = accounting.read_records(venv)  # uv wrote each as it installed; compiling adds none
     site = site_packages(venv)
     if site is None:
         raise UvSyncError(f"uv_project: uv made {venv} without a site-packages dir.")
     start = time.perf_counter()
-    listed = tree.collect(venv)
-    listing = time.perf_counter() - start
     shipped = {f"{venv}/{path}" for path in recorded.hashes if path.endswith(".pyc")}
     sources = list(bytecode.missing(listed, site, shipped))  # `shipped`: as uv's step does
     top = len(str(venv)) + 1
@@ -253,17 +257,25 @@ def _sync_and_compile(
     return result, recorded, Bytecode("plugin", frozenset(paths), taken), listed
 
 
-def _seed(
-    venv: Path, recorded: accounting.Recorded, logger: logging.Logger
-) -> seeding.Taken | None:
-    """The nearest ready venv's bytecode linked into `venv` (`seeding`); None where none gives
-    any, or where the seed cannot be used: then `venv` was removed, to be synced anew."""
+def _seed(venv: Path, listed: tree.Tree, logger: logging.Logger) -> seeding.Taken | None:
+    """The nearest ready venv's bytecode linked into `venv` (`seeding`), and listed into
+    `listed`; None where none gives any, or where the seed cannot be used (the log says why):
+    if it failed as its files were linked, `venv` was removed, to be synced anew."""
     start = time.perf_counter()
+    site = site_packages(venv)
+    if site is None:
+        return None
     try:
-        seed = seeding.choose(venv.parent, venv, interpreter_tag())
-        if seed is None:
-            return None
-        taken = seeding.take_bytecode(seed, venv, recorded)
+        seed = seeding.choose(venv.parent, venv, interpreter_tag(), seeding.record_digests(site))
+    except Exception as e:
+        if not seeding.untrusted_seed(e):
+            raise
+        logger.warning("uv_project %s: %s; a full build instead.", venv.name, e)
+        return None
+    if seed is None:
+        return None
+    try:
+        taken = seeding.take_bytecode(seed, venv, listed)
     except Exception as e:
         if not seeding.untrusted_seed(e):
             raise

@@ -4,9 +4,10 @@ its marker (`store.layout`), the last file written, which makes it ready."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,27 +48,36 @@ def write_manifest(
     listed: tree.Tree | None = None,
     uv_cache: Callable[[], Path | None] = lambda: None,
 ) -> dict[str, Any]:
-    """The venv's manifest (`store.manifest`), before it is frozen, once every file in it is
-    accounted for (`store.accounting`: a UvSyncError otherwise, and so for a file that differs
-    from its distribution's RECORD: `_not_as_recorded`); returns what the marker records of
-    it: its sha256 and how its bytecode was made. `listed`: the venv's entries as the build
-    listed them (`store.tree`), else listed now. `uv_cache`: where this node's uv cache is
-    (asked only for that error)."""
+    """The venv's manifest and index (`store.manifest`, `store.hashed`), before it is frozen,
+    once every file in it is accounted for (`store.accounting`: a UvSyncError otherwise, and
+    so for a file that differs from its distribution's RECORD: `_not_as_recorded`); returns
+    what the marker records of them: their sha256 and how its bytecode was made. `listed`: the
+    venv's entries as the build listed them (`store.tree`), else listed now. `uv_cache`: where
+    this node's uv cache is (asked only for that error).
+
+    A part of site-packages whose entries are its seed's (`hashed.listing`), owned by the same
+    distributions with the same RECORDs, all of the lock, is kept from the seed: its fragments
+    are linked, and it is accounted for as the seed's build accounted for it. Every other part
+    is listed entry by entry, each file hashed unless the seed's rows prove its inode
+    unchanged, and accounted for here."""
     start = time.perf_counter()
-    index = hashed.Hashed(hashed.fs_clock(venv))
-    unread = 0  # bytes known without reading them
-    taken = compiled.taken
-    heads: dict[str, bytes] = {}  # the headers of the `.pyc` files read
-    if taken is None:
-        files = manifest.scan(venv, record=index, heads=heads, listed=listed)
-    else:  # the seed's bytecode was checked as it was linked; uv linked its other files too
-        before = taken.hashed.reused if taken.hashed else 0
-        files = manifest.scan(venv, taken.known, taken.hashed, index, heads, listed)
-        from_index = taken.hashed.reused - before if taken.hashed else 0
-        unread = sum(entry.size for _, entry in taken.known.values()) + from_index
-    scanned = time.perf_counter()
+    if listed is None:
+        listed = tree.collect(venv)
+    clock = hashed.fs_clock(venv)
+    site = _site_packages(venv)
+    groups = manifest.split(listed.entries, site)
+    seed = compiled.taken.source if compiled.taken is not None else None
+    records = seeding.record_digests(venv / site)
     foreign = accounting.foreign_distributions(venv, locked)
-    checked = accounting.account(venv, files, recorded, compiled.paths, foreign, heads)
+    parts_of = owners_of(recorded, site)
+    kept = _kept(seed, groups, listed, parts_of.owners, records, set(foreign), clock)
+    fresh = Fresh(venv, listed, clock)
+    for name, paths in groups.items():
+        if name not in kept:
+            fresh.add(name, paths, seed)
+    scanned = time.perf_counter()
+    own = recorded if not kept else parts_of.without(recorded, kept)
+    checked = accounting.account(venv, fresh.files, own, compiled.paths, foreign, fresh.heads)
     if checked.unaccounted:
         raise UvSyncError(
             f"uv_project: the venv {venv.name} holds {accounting.unaccounted_note(checked)}"
@@ -85,22 +95,172 @@ def write_manifest(
     if checked.not_as_recorded:
         raise UvSyncError(_not_as_recorded(venv, checked.not_as_recorded, uv_cache()))
     accounted = time.perf_counter()
-    listed: dict[str, Any] = {"accounted": {"bytecode": compiled.by}}
-    listed["manifest"] = manifest.write(venv, files)
-    listed["hashed"] = hashed.write(venv, index)
-    size = sum(entry.size for entry in files.values())
+    made: dict[str, Any] = {"accounted": {"bytecode": compiled.by}}
+    made["manifest"], made["hashed"], written = write_records(
+        fresh, site, kept, seed, parts_of.owners, compiled.paths, recorded, records
+    )
     logger.info(
-        "uv_project %s: manifest of %d entries (%.0f MB, %.0f MB of them read, the rest "
-        "known unchanged since the seed hashed them) in %.2fs, every file accounted for "
-        "in %.2fs of it",
+        "uv_project %s: manifest of %d entries in %d parts, %d of them kept from the seed "
+        "(%d entries), the rest listed (%.0f MB read, %d fragments written) in %.2fs, every "
+        "file of those accounted for in %.2fs of it",
         venv.name,
-        len(files),
-        size / 1e6,
-        (size - unread) / 1e6,
+        len(listed.entries),
+        len(groups),
+        len(kept),
+        sum(len(groups[name]) for name in kept),
+        fresh.read / 1e6,
+        written,
         time.perf_counter() - start,
         accounted - scanned,
     )
-    return listed
+    return made
+
+
+@dataclass
+class Owners:
+    """Which part each RECORD-listed path is in, and the dist-info dirs listing files of each
+    part (`owners_of`)."""
+
+    owners: dict[str, set[str]]
+    part: dict[str, str]  # path -> its part
+
+    def without(self, recorded: accounting.Recorded, kept: Collection[str]) -> accounting.Recorded:
+        """`recorded` less the paths of the parts `kept` (accounted for as the seed's)."""
+        left = {path for path, part in self.part.items() if part not in kept}
+        return accounting.Recorded(
+            {path: sha for path, sha in recorded.hashes.items() if path in left},
+            {path: dist for path, dist in recorded.owners.items() if path in left},
+            recorded.unreadable,
+        )
+
+
+def write_records(
+    fresh: Fresh,
+    site: str,
+    kept: Mapping[str, hashed.Part],
+    seed: seeding.Seed | None,
+    owners: Mapping[str, set[str]],
+    compiled: Collection[str] | None,
+    recorded: accounting.Recorded,
+    records: Mapping[str, str],
+) -> tuple[str, str, int]:
+    """The manifest and index of a venv (`fresh.venv`) whose parts are `fresh`'s and the seed's
+    `kept`: (the manifest's sha256, the index's, the fragments written). `records`: the
+    venv's `seeding.record_digests`; `owners`: the dist-info dirs listing each part's files
+    (`owners_of`); `compiled`: the bytecode its build compiled or took (None at a receive:
+    every `.pyc` no RECORD lists, whose header was checked)."""
+    venv = fresh.venv
+    index = hashed.Index(os.lstat(venv / site if site else venv).st_dev, records=dict(records))
+    index.parts.update(kept)
+    written = fresh.record(index, owners, compiled, recorded)
+    from_seed = {} if seed is None else {name: (seed.path, seed.fragments[name]) for name in kept}
+    return (
+        manifest.write_parts(venv, site, fresh.parts, from_seed),
+        hashed.write(venv, index),
+        written,
+    )
+
+
+def owners_of(recorded: accounting.Recorded, site: str) -> Owners:
+    """Which part each path the RECORDs list is in, and the dist-info dirs of each part."""
+    prefix = f"{site}/"
+    owners: dict[str, set[str]] = {}
+    part = {}
+    for path, dist in recorded.owners.items():
+        name = part[path] = manifest.part_of(path, prefix)
+        owners.setdefault(name, set()).add(dist)
+    return Owners(owners, part)
+
+
+def _kept(
+    seed: seeding.Seed | None,
+    groups: Mapping[str, list[str]],
+    listed: tree.Tree,
+    owners: Mapping[str, set[str]],
+    records: Mapping[str, str],
+    foreign: set[str],
+    clock: int,
+) -> dict[str, hashed.Part]:
+    """The parts the seed's records are kept for (see `write_manifest`)."""
+    if seed is None:
+        return {}
+    kept = {}
+    for name, paths in groups.items():
+        part = seed.index.parts.get(name)
+        if name in (manifest.VENV, manifest.DIST_INFOS) or part is None or not part.listing:
+            continue
+        if name not in seed.fragments or set(part.owners) != owners.get(name, set()):
+            continue
+        if any(d in foreign or records.get(d) != seed.index.records.get(d) for d in part.owners):
+            continue
+        if hashed.listing(listed, paths, clock) == part.listing:
+            kept[name] = part
+    return kept
+
+
+class Fresh:
+    """The parts a build lists entry by entry: their entries, rows and `.pyc` headers."""
+
+    def __init__(self, venv: Path, listed: tree.Tree, clock: int) -> None:
+        self.venv, self.listed, self.clock = venv, listed, clock
+        self.parts: dict[str, manifest.Files] = {}
+        self.files: manifest.Files = {}
+        self.rows: dict[str, hashed.Hashed] = {}
+        self.heads: dict[str, bytes] = {}
+        self.read = 0  # bytes read and hashed
+
+    def add(self, name: str, paths: list[str], seed: seeding.Seed | None) -> None:
+        known = None
+        if seed is not None and (part := seed.index.parts.get(name)) is not None:
+            known = hashed.rows(seed.path, part.rows)
+        rows = hashed.Hashed(self.clock)
+        entries = manifest.scan(self.listed, paths, known, rows, self.heads)
+        self.read += sum(e.size for e in entries.values()) - (known.reused if known else 0)
+        self.parts[name] = entries
+        self.files.update(entries)
+        self.rows[name] = rows
+
+    def take(self, name: str, entries: manifest.Files) -> None:
+        """A part whose entries are known (a receiver's: it hashed what it wrote), its rows
+        taken from them as listed."""
+        rows = hashed.Hashed(self.clock)
+        for path, entry in entries.items():
+            if entry.kind == "file":
+                rows.add(self.listed.entries[path], entry.content)
+        self.parts[name] = dict(entries)
+        self.files.update(entries)
+        self.rows[name] = rows
+
+    def record(
+        self,
+        index: hashed.Index,
+        owners: Mapping[str, set[str]],
+        compiled: Collection[str] | None,
+        recorded: accounting.Recorded,
+    ) -> int:
+        """Each fresh part into `index`, its rows written as fragments; returns how many
+        fragments were written (the manifest's among them)."""
+        fragments = manifest.Fragments(self.venv)
+        for name, entries in self.parts.items():
+            paths = list(entries)
+            whole = name not in (manifest.VENV, manifest.DIST_INFOS)  # may be kept later
+            index.parts[name] = hashed.Part(
+                fragments.put(self.rows[name].fragment()),
+                hashed.listing(self.listed, paths, self.clock) if whole else "",
+                hashed.sources(self.listed, paths) if whole else "",
+                tuple(sorted(owners.get(name, ()))),
+                tuple(
+                    sorted(
+                        path
+                        for path in paths
+                        if path.endswith(".pyc")
+                        and (compiled is None or path in compiled)
+                        and path not in recorded.hashes
+                    )
+                ),
+            )
+        fragments.sync()
+        return 2 * len(self.parts)
 
 
 def _not_as_recorded(venv: Path, mismatches: list[str], uv_cache: Path | None) -> str:

@@ -9,14 +9,16 @@ the old key on this node. So a build (`builder`) runs:
 
 1. `uv sync` of the new lock without bytecode: the venv's files, exactly as uv makes them;
 2. `take_bytecode`: from the nearest ready venv of the same interpreter (`choose`: the most
-   distributions in common), the `.pyc` files of each distribution whose dist-info is the same
-   there (name, version and `RECORD`, byte for byte but for console scripts, which name their
-   venv), for each module whose source has the size and mtime the `.pyc`'s header checks;
-   each is hardlinked (a `.pyc` is never written in place), then checked against the seed's
-   manifest: the linked inode itself, so a seed changed before or during the link is caught,
-   and the build falls back to a full one. The inode is read and hashed unless the seed's index
-   (`store.hashed`) proves it unchanged since the seed's build hashed it. `THREADS` threads do
-   this kernel work (`lstat`, `mkdir`, `link` release the GIL), each on its own files;
+   distributions in common), the bytecode of each part of site-packages (`store.manifest`: a
+   distribution's top-level package or module) whose sources have the size and mtime the
+   `.pyc` headers check, as the seed's index recorded them (`store.hashed`: its `sources`
+   digest; no file of the seed is `lstat`ed for it); each `.pyc` its build compiled or took is
+   hardlinked (a `.pyc` is never written in place). The linked inodes are then listed, and a
+   part whose listing is not the seed's (`listing`: the same inodes, unchanged since the seed's
+   build hashed them) has each linked file checked against the seed's manifest, read where the
+   seed's rows do not prove it unchanged: a seed changed before or during the link is caught,
+   and the build falls back to a full one. `THREADS` threads do the kernel work (`mkdir`,
+   `link` release the GIL), each on its own files;
 3. `bytecode.compile_missing`: the modules left without bytecode, the changed distributions',
    compiled as uv's bytecode step compiles them (uv's own step, a second `uv sync`, where that
    fails).
@@ -31,17 +33,15 @@ step 3).
 from __future__ import annotations
 
 import os
-import stat
-import sys
-import threading
 from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from ray_uv_plugin.store import accounting, hashed, manifest
-from ray_uv_plugin.store.layout import DIST_INFO, MARKER, check_ready, read_marker, site_packages
+from ray_uv_plugin.store import hashed, manifest, tree
+from ray_uv_plugin.store.layout import DIST_INFO, MARKER, check_ready, read_marker
 
 CANDIDATES = 8  # the most recently built venvs of this interpreter that are weighed as seeds
 # Distributions in common below which a seed saves too little to be worth its checks.
@@ -63,12 +63,10 @@ class SeedError(ValueError):
 class Seed:
     key: str
     path: Path
-    site: Path  # its site-packages
+    site: str  # its site-packages, relative to it: the new venv's
     common: tuple[str, ...]  # the dist-info dir names it shares with the new venv, RECORD alike
-    files: manifest.Files  # its manifest, checked against its marker
-    hashed: hashed.Hashed | None = None  # its files' inodes as hashed (`store.hashed`)
-    # Files its distributions that the new venv lacks list in their RECORDs (venv-relative).
-    listed: frozenset[str] = frozenset()
+    fragments: dict[str, str]  # its manifest's parts: part -> the sha256 of its fragment
+    index: hashed.Index  # its index (`store.hashed`), checked against its marker
 
     @property
     def distributions(self) -> int:
@@ -80,13 +78,11 @@ class Taken:
     """What a seeded venv took from its seed."""
 
     seed: str  # the seed's key
-    distributions: int  # distributions whose bytecode came from the seed
+    distributions: int  # distributions whose RECORD is the seed's
     files: int  # `.pyc` files linked
     bytes: int
-    # What was read of them: path in the venv -> (inode, manifest entry), for its manifest.
-    known: dict[str, tuple[int, manifest.Entry]] = field(default_factory=dict, repr=False)
-    # The seed's index of hashed inodes: uv linked the same ones from its cache into both.
-    hashed: hashed.Hashed | None = field(default=None, repr=False)
+    known: frozenset[str] = field(default_factory=frozenset, repr=False)  # venv-relative
+    source: Seed | None = field(default=None, repr=False)  # for the manifest's kept parts
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -107,14 +103,14 @@ def dist_infos(site: Path) -> dict[str, Path]:
     return {name: site / name for name in names if DIST_INFO.match(name)}
 
 
-def _record(dist_info: Path) -> bytes | None:
-    """A distribution's RECORD, less its entries outside site-packages: console scripts name
-    their venv's python, so their hashes differ from venv to venv though nothing else does."""
-    try:
-        lines = (dist_info / "RECORD").read_bytes().splitlines()
-    except OSError:
-        return None
-    return b"\n".join(line for line in lines if not line.startswith(b"../"))
+def record_digests(site: Path) -> dict[str, str]:
+    """Each dist-info dir of a site-packages with its RECORD's digest (`hashed.record_digest`;
+    one whose RECORD cannot be read is left out)."""
+    found = {}
+    for name, dist_info in dist_infos(site).items():
+        if (digest := hashed.record_digest(dist_info)) is not None:
+            found[name] = digest
+    return found
 
 
 def _candidates(root: Path, key: str, interpreter: str) -> Iterator[tuple[str, Path, dict]]:
@@ -175,118 +171,67 @@ def nearest(
     return name, path, meta
 
 
-def choose(root: Path, venv: Path, interpreter: str) -> Seed | None:
-    """The ready venv of `root` nearest to the new `venv` (just synced, without bytecode): the
-    same interpreter, the most distributions alike; None where none shares `MIN_COMMON`."""
-    site = site_packages(venv)
-    if site is None:
-        return None
-    new = dist_infos(site)
-    found = nearest(root, venv.name, interpreter, new.keys())
+def choose(root: Path, venv: Path, interpreter: str, records: dict[str, str]) -> Seed | None:
+    """The ready venv of `root` nearest to the new `venv` (just synced, without bytecode;
+    `records`: its `record_digests`): the same interpreter and site-packages, an index of this
+    node's (`store.hashed`), the most distributions alike; None where none shares
+    `MIN_COMMON`."""
+    found = nearest(root, venv.name, interpreter, records.keys())
     if found is None:
         return None
     name, path, meta = found
     accounted = meta.get("accounted")
     if not isinstance(accounted, dict) or accounted.get("bytecode") != "plugin":
         return None  # its bytecode is not known to be its compile step's (`build_record`)
-    theirs = seed_site(path, meta)
-    if theirs is None:  # changed since `nearest` read it
-        return None
-    common = tuple(
-        sorted(
-            dist
-            for dist in new.keys() & dist_infos(theirs).keys()
-            if (record := _record(new[dist])) is not None and record == _record(theirs / dist)
+    index = hashed.load(path, meta.get("hashed"))
+    if index is None:
+        raise SeedError(
+            f"the nearest venv {name} has no index of its files that this version reads (built "
+            "by an earlier version, or its index was lost or changed)"
         )
-    )
-    if len(common) < MIN_COMMON:
-        return None
     try:
-        files = manifest.load(path, meta.get("manifest"))
+        found_parts = manifest.parts(path, meta.get("manifest"))
     except manifest.ManifestError as e:
         raise SeedError(f"the nearest venv {name} {e}") from None
-    # What its other distributions' RECORDs list is theirs, never bytecode its build compiled
-    # (the common ones' RECORDs are the new venv's, read by the build).
-    others = sorted(dist_infos(theirs).keys() - set(common))
-    listed = accounting.read_records(path, others).hashes.keys()
-    indexed = hashed.load(path, meta.get("hashed"))
-    return Seed(name, path, theirs, common, files, indexed, frozenset(listed))
+    if found_parts is None:
+        raise SeedError(f"the nearest venv {name} has a manifest of an earlier version")
+    if found_parts[0] != manifest.site_of(venv):
+        return None
+    site, fragments = found_parts
+    common = tuple(sorted(d for d, digest in records.items() if index.records.get(d) == digest))
+    if len(common) < MIN_COMMON:
+        return None
+    return Seed(name, path, site, common, fragments, index)
 
 
-def _sources(dist_info: Path) -> Iterator[str]:
-    """The `.py` files a distribution's RECORD lists, relative to site-packages."""
-    for line in (dist_info / "RECORD").read_text(encoding="utf-8").splitlines():
-        path = line.split(",", 1)[0]
-        if path.endswith(".py") and not path.startswith(("/", "..")) and ".." not in path:
-            yield path
-
-
-def _pycs(seed_site: str, source: str, listed: dict[str, dict[str, list[str]]]) -> list[str]:
-    """The seed's bytecode files of one module, relative to site-packages; `listed` keeps each
-    `__pycache__` dir's `.pyc` names of this interpreter by module, listed once (twice at most,
-    where two threads ask at once)."""
-    folder, _, filename = source.rpartition("/")
-    cache = f"{folder}/__pycache__" if folder else "__pycache__"
-    by_module = listed.get(cache)
-    if by_module is None:
-        by_module = {}
-        tag = f".{sys.implementation.cache_tag}."
-        try:
-            names = os.listdir(os.path.join(seed_site, cache))
-        except OSError:
-            names = []
-        for name in names:
-            module, found, _ = name.partition(tag)
-            if found and name.endswith(".pyc"):
-                by_module.setdefault(module, []).append(f"{cache}/{name}")
-        listed[cache] = by_module  # whole, for another thread's distribution in the same dir
-    return by_module.get(filename[:-3], [])
-
-
-def _same_source(a: str, b: str) -> bool:
-    """Whether two sources have what a `.pyc` header checks alike: size and mtime (seconds)."""
-    try:
-        sa, sb = os.lstat(a), os.lstat(b)
-    except OSError:
-        return False
-    if not (stat.S_ISREG(sa.st_mode) and stat.S_ISREG(sb.st_mode)):
-        return False
-    return sa.st_size == sb.st_size and int(sa.st_mtime) == int(sb.st_mtime)
-
-
-def take_bytecode(seed: Seed, venv: Path, recorded: accounting.Recorded) -> Taken:
-    """Link the seed's `.pyc` files of the distributions it shares into `venv` (see the module's
-    docstring); raises SeedError for a seed file that is not what its manifest says. Only
-    bytecode the seed's build compiled is taken: never a file that a RECORD lists (the new
-    venv's `recorded`, the seed's `listed`), never one whose header is not its source's."""
-    found = site_packages(venv)
-    assert found is not None  # `choose` found it
-    base = str(found.relative_to(venv))
-    seed_base = str(seed.site.relative_to(seed.path))
-    site, seed_site = str(found), str(seed.site)  # strings: ~44,000 files for 425 packages
-    listed: dict[str, dict[str, list[str]]] = {}
-
-    def wanted_of(dist: str) -> list[tuple[str, str]]:
-        """(.pyc, its source) of one distribution, relative to site-packages."""
-        return [
-            (pyc, source)
-            for source in _sources(found / dist)
-            if _same_source(f"{site}/{source}", f"{seed_site}/{source}")
-            for pyc in _pycs(seed_site, source, listed)
-            if f"{base}/{pyc}" not in recorded.hashes and f"{seed_base}/{pyc}" not in seed.listed
-        ]
-
+def take_bytecode(seed: Seed, venv: Path, listed: tree.Tree) -> Taken:
+    """Link the seed's bytecode of the parts whose sources are the seed's into `venv`, and
+    list it into `listed` (see the module's docstring); raises SeedError for a seed file that
+    is not what its manifest says."""
+    groups = manifest.split(listed.entries, seed.site)
+    prefix = f"{seed.site}/"
+    wanted = []
+    for name, paths in groups.items():
+        part = seed.index.parts.get(name)
+        if name in (manifest.VENV, manifest.DIST_INFOS) or part is None or not part.bytecode:
+            continue
+        if part.sources != hashed.sources(listed, paths):
+            continue
+        for pyc in part.bytecode:  # the seed's own say, checked against its marker: still
+            if manifest.part_of(pyc, prefix) != name or ".." in pyc.split("/"):  # only inside
+                raise SeedError(f"the nearest venv {seed.key} lists {pyc} in part {name}")
+            wanted.append(pyc)
+    folders = sorted({pyc.rpartition("/")[0] for pyc in wanted})
+    top = str(venv)
     with ThreadPoolExecutor(THREADS) as pool:
-        wanted = [pair for part in pool.map(wanted_of, seed.common) for pair in part]
-        folders = sorted({f"{site}/{rel.rpartition('/')[0]}" for rel, _ in wanted})
-        list(pool.map(_make_cache_dirs, _chunks(folders)))
-        link = _Linker(seed, site, seed_site, base, seed_base)
-        linked = list(pool.map(link, _chunks(wanted)))  # a SeedError of any chunk: raised here
-    known: dict[str, tuple[int, manifest.Entry]] = {}
-    for part in linked:
-        known.update(part)
-    size = sum(entry.size for _, entry in known.values())
-    return Taken(seed.key, len(seed.common), len(known), size, known, seed.hashed)
+        new = [f for f in folders if f not in listed.entries]
+        list(pool.map(partial(_make_cache_dirs, top), _chunks(new)))
+        link = partial(_link, str(seed.path), top)
+        linked = [pyc for part in pool.map(link, _chunks(wanted)) for pyc in part]
+    listed.relist(folders)
+    _check_linked(seed, venv, listed, linked)
+    size = sum(listed.entries[pyc].st_size for pyc in linked if pyc in listed.entries)
+    return Taken(seed.key, len(seed.common), len(linked), size, frozenset(linked), seed)
 
 
 def _chunks(items: list[T]) -> list[list[T]]:
@@ -294,56 +239,61 @@ def _chunks(items: list[T]) -> list[list[T]]:
     return [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
 
 
-def _make_cache_dirs(folders: list[str]) -> None:
+def _make_cache_dirs(top: str, folders: list[str]) -> None:
     """`__pycache__` dirs for the seed's bytecode: their packages' dirs are uv's."""
     for folder in folders:
         try:
-            os.mkdir(folder, 0o755)
+            os.mkdir(f"{top}/{folder}", 0o755)
         except FileExistsError:
             pass
 
 
-class _Linker:
-    """Links one chunk of the seed's `.pyc` files into the new venv and checks each linked
-    inode against the seed's manifest (`take_bytecode`); called from several threads, which
-    share nothing but the seed's index (its count of bytes reused is kept under a lock)."""
+def _link(seed: str, top: str, chunk: list[str]) -> list[str]:
+    """One chunk of the seed's `.pyc` files linked into the new venv: those linked."""
+    linked = []
+    for pyc in chunk:
+        try:
+            os.link(f"{seed}/{pyc}", f"{top}/{pyc}", follow_symlinks=False)
+        except (FileNotFoundError, FileExistsError):
+            continue  # removed meanwhile (gc), or a wheel's own: compiled in step 3 instead
+        linked.append(pyc)
+    return linked
 
-    def __init__(self, seed: Seed, site: str, seed_site: str, base: str, seed_base: str) -> None:
-        self.seed, self.site, self.seed_site = seed, site, seed_site
-        self.base, self.seed_base = base, seed_base
-        self.index_lock = threading.Lock()
 
-    def __call__(self, chunk: list[tuple[str, str]]) -> dict[str, tuple[int, manifest.Entry]]:
-        seed, site = self.seed, self.site
-        known: dict[str, tuple[int, manifest.Entry]] = {}
-        for rel, source in chunk:
-            entry = seed.files.get(f"{self.seed_base}/{rel}")
-            if entry is None or entry.kind != "file":
-                raise SeedError(f"the nearest venv {seed.key} has {rel}, which its manifest lacks")
-            target = f"{site}/{rel}"
-            try:
-                os.link(f"{self.seed_site}/{rel}", target, follow_symlinks=False)
-            except (FileNotFoundError, FileExistsError):
-                continue  # removed meanwhile (gc): compiled in step 3 instead
-            st = os.lstat(target)  # the linked inode itself
-            sha = None
-            if seed.hashed is not None:
-                with self.index_lock:
-                    sha = seed.hashed.sha256(st)
-            if sha != entry.content:  # not provably unchanged: read it
-                st, sha, head = manifest.read_file(target)
-                if not accounting.header_of(head, f"{site}/{source}"):
-                    os.unlink(target)  # not bytecode Python takes for this source: compiled
-                    continue
-            # else: the bytes its build read, whose header it checked against the same source
-            if st.st_size != entry.size or sha != entry.content:
-                os.unlink(target)
+def _check_linked(seed: Seed, venv: Path, listed: tree.Tree, linked: list[str]) -> None:
+    """Each linked file is the seed's, as its manifest lists it: a part whose listing is the
+    seed's is (the same inodes, unchanged since its build hashed them); in another, each file
+    is looked up in the seed's rows, or read. SeedError (the file unlinked) for one that is
+    not."""
+    prefix = f"{seed.site}/"
+    by_part: dict[str, list[str]] = {}
+    for pyc in linked:
+        by_part.setdefault(manifest.part_of(pyc, prefix), []).append(pyc)
+    if not by_part:
+        return
+    groups = manifest.split(listed.entries, seed.site)
+    clock = hashed.fs_clock(venv)
+    for name, pycs in by_part.items():
+        part = seed.index.parts[name]
+        if part.listing and hashed.listing(listed, groups[name], clock) == part.listing:
+            continue
+        try:
+            built = manifest.load_part(seed.path, name, seed.fragments[name])
+        except (manifest.ManifestError, KeyError) as e:
+            raise SeedError(f"the nearest venv {seed.key} {e}") from None
+        rows = hashed.rows(seed.path, part.rows)
+        for pyc in pycs:
+            entry, st = built.get(pyc), listed.entries.get(pyc)
+            sha = rows.sha256(st) if rows is not None and st is not None else None
+            if sha is None:
+                st, sha, _ = manifest.read_file(listed.path(pyc))
+            found = ("file", st.st_size, sha)
+            if entry is None or (entry.kind, entry.size, entry.content) != found:
+                os.unlink(listed.path(pyc))
                 raise SeedError(
-                    f"the nearest venv {seed.key} has {rel} with other content than when it "
+                    f"the nearest venv {seed.key} has {pyc} with other content than when it "
                     "was built"
                 )
-            known[f"{self.base}/{rel}"] = (st.st_ino, entry)
-        return known
 
 
 def untrusted_seed(error: BaseException) -> bool:

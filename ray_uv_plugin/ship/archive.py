@@ -145,11 +145,13 @@ def _walk_error(error: OSError) -> None:
 
 def _members(venv: Path) -> Iterator[tuple[str, str]]:
     """(path, name in the stream) for the venv's tree, parents first, the plugin's own files
-    (the marker, the build's manifest: `manifest.own`) left out. Any error reading the tree
-    fails the pack: a skipped dir would be a venv without it."""
+    (the marker, the build's manifest and its fragments: `manifest.own`) left out. Any error
+    reading the tree fails the pack: a skipped dir would be a venv without it."""
     for dirpath, dirnames, filenames in os.walk(venv, onerror=_walk_error):
-        dirnames.sort()
         rel = os.path.relpath(dirpath, venv)
+        if rel == ".":  # its own dirs (the manifest's fragments) are not walked either
+            dirnames[:] = [name for name in dirnames if not manifest.own(name)]
+        dirnames.sort()
         for name in sorted(dirnames) + sorted(filenames):
             if rel == "." and manifest.own(name):
                 continue

@@ -7,9 +7,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ray_uv_plugin.agent import build_record, seeding
 from ray_uv_plugin.ship import relocation
 from ray_uv_plugin.ship.archive import ArchiveError
-from ray_uv_plugin.store import accounting, freezing, manifest
+from ray_uv_plugin.store import accounting, freezing, hashed, manifest
+from ray_uv_plugin.store import tree as store_tree
 from ray_uv_plugin.store.layout import MARKER_FORMAT, site_packages, write_marker
 
 # What a receiver keeps of the sender's marker (`meta`): what it checked before it took the venv
@@ -22,6 +24,29 @@ KEPT = (
     "name", "project", "extras", "groups", "ray", "python", "inputs", "built_at",
     "build_seconds", "shipped_from", "received_at", "built", "accounted",
 )  # fmt: skip
+
+
+def _records(tree: Path, files: manifest.Files, recorded: accounting.Recorded) -> tuple[str, str]:
+    """The manifest of what was installed, and this node's index of it (`store.hashed`), as a
+    build writes them: the receiver hashed every file as it wrote it (or relocated it), so a
+    build seeded from this venv reads it as it reads a built one's. Returns their sha256."""
+    listed = store_tree.collect(tree)
+    site = manifest.site_of(tree)
+    fresh = build_record.Fresh(tree, listed, hashed.fs_clock(tree))
+    for name, paths in manifest.split(listed.entries, site).items():
+        try:
+            fresh.take(name, {path: files[path] for path in paths})
+        except KeyError as e:
+            raise ArchiveError(f"{e.args[0]} is in the venv but not in its manifest") from None
+    if len(fresh.files) != len(files):
+        missing = sorted(files.keys() - fresh.files.keys())[: accounting.SHOWN]
+        raise ArchiveError(f"the venv lacks {', '.join(missing)}, which its manifest lists")
+    owners = build_record.owners_of(recorded, site).owners
+    records = seeding.record_digests(tree / site) if site else {}
+    made, index, _ = build_record.write_records(
+        fresh, site, {}, None, owners, None, recorded, records
+    )
+    return made, index
 
 
 def install_received(
@@ -58,7 +83,7 @@ def install_received(
             if entry.kind == "file" and name.startswith("bin/") and name.count("/") == 1:
                 st, sha256 = manifest.hash_file(str(tree / name))
                 files[name] = manifest.file_entry(st.st_mode, st.st_size, sha256)
-    own = manifest.write(tree, files)
+    own, index = _records(tree, files, recorded)
     os.rename(tree, venv)
     try:
         # Every file is the receiver's own (unpacked, copied from a seed, relocated): read-only.
@@ -72,6 +97,7 @@ def install_received(
                 "site_packages": str(site.relative_to(tree)),
                 "immutable": immutable,
                 "manifest": own,
+                "hashed": index,
             },
         )
     except BaseException:

@@ -6,7 +6,17 @@ A build writes it after `uv sync` and the Ray check, before the venv is frozen, 
 Each entry is a path relative to `<key>/` with its kind, size, content (a file's sha256, a
 link's text) and mode (a file's, as a receiver writes it: owner read/write, no set-id bits, no
 group/other write). Top-level names starting with `.ray-uv-` are the plugin's own (the marker,
-this manifest), never listed.
+this manifest, its fragments), never listed.
+
+It is stored by part, so that a build after a one-package change writes what changed and keeps
+the rest (`agent.build_record`): a part is the first path component below site-packages
+(`numpy`, `six.py`, with a top-level module's bytecode, `__pycache__/six.<tag>.pyc`), every
+dist-info dir together (`DIST_INFOS`: uv writes each one's RECORD anew, so they never match a
+seed's), and the venv's own entries outside them (`VENV`: `bin/`, `pyvenv.cfg`, the dirs above
+site-packages). Each part's entries are one fragment, `.ray-uv-ready.parts/<sha256>`, and the
+manifest names every fragment by its sha256: a fragment that another venv's manifest names is
+linked from it, not written again. What a manifest says is a function of its entries alone
+(`digest`): a receiver's list of what it unpacked has the build's sha256.
 
 Who checks it, and when (`docs/operations.md`, "What is shipped is what was built"):
 - the sender (`ship.archive.Packer`) checks each file it streams against it, as it reads it;
@@ -24,16 +34,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ray_uv_plugin.store import tree, trust
-from ray_uv_plugin.store.hashed import Hashed
+
+if TYPE_CHECKING:
+    from ray_uv_plugin.store.hashed import Hashed
 
 MANIFEST = ".ray-uv-ready.manifest"
-FORMAT = 1
+FORMAT = 2
 OWN_PREFIX = ".ray-uv-"  # a top-level name of the plugin's own (marker, manifest, stream's)
 MAX_BYTES = 256 * 1024 * 1024  # a manifest of 250,000 members is about 40 MB
 
@@ -69,7 +82,8 @@ def link_entry(target: str) -> Entry:
 
 
 def own(top_level_name: str) -> bool:
-    """Whether a name directly in `<key>/` is the plugin's own, not the venv's."""
+    """Whether a name directly in `<key>/` is the plugin's own, not the venv's (and so a path
+    relative to `<key>/` below one)."""
     return top_level_name.startswith(OWN_PREFIX)
 
 
@@ -101,38 +115,33 @@ def read_file(path: str) -> tuple[os.stat_result, str, bytes]:
 
 
 def scan(
-    venv: Path,
-    known: Mapping[str, tuple[int, Entry]] | None = None,
+    venv: Path | tree.Tree,
+    paths: Iterable[str] | None = None,
     reuse: Hashed | None = None,
     record: Hashed | None = None,
     heads: dict[str, bytes] | None = None,
-    listed: tree.Tree | None = None,
 ) -> Files:
-    """Every entry below `venv` (never following a link), each file read and hashed: a build's
-    one pass over its venv. A special file (a FIFO, a device) is an error: a venv has none.
-    `known`: files whose hash the caller took itself (path -> (inode, entry)), not read again
-    while they are that inode with that size (a seeded build's linked bytecode). `reuse`: an
-    index of inodes hashed before and unchanged since (`store.hashed`: a seed's, whose files
-    uv linked from the same cache), not read again either. `record`: an index to fill with
-    every file's hash, its clock taken before the scan began. `heads`: filled with the first 16
-    bytes of each `.pyc` file read (its header, `store.accounting`). `listed`: the venv's
-    entries as the build listed them (`store.tree`), else they are listed now."""
-    known = known or {}
-    if listed is None:
-        listed = tree.collect(venv)
+    """The entries `paths` of a venv (every entry but the plugin's own top-level names where
+    None), as listed (`store.tree`: `venv` itself, or listed now), never following a link, each
+    file read and hashed. A special file (a FIFO, a device) is an error: a venv has none.
+    `reuse`: an index of inodes hashed before and unchanged since (`store.hashed`: a seed's,
+    whose files uv linked from the same cache, or whose bytecode the build linked), not read
+    again. `record`: an index to fill with every file's hash, its clock taken before the scan
+    began. `heads`: filled with the first 16 bytes of each `.pyc` file read (its header,
+    `store.accounting`)."""
+    listed = venv if isinstance(venv, tree.Tree) else tree.collect(venv)
+    entries = listed.entries
+    if paths is None:
+        paths = [key for key in entries if not own(key)]  # and what is below its own dirs
     files: Files = {}
-    for key, st in listed.entries.items():
-        if "/" not in key and own(key):
-            continue
+    for key in paths:
+        st = entries[key]
         if stat.S_ISLNK(st.st_mode):
             files[key] = link_entry(os.readlink(listed.path(key)))
         elif stat.S_ISDIR(st.st_mode):
             files[key] = DIR
         elif stat.S_ISREG(st.st_mode):
-            inode, entry = known.get(key, (None, None))
-            if entry is not None and inode == st.st_ino and entry.size == st.st_size:
-                sha = entry.content
-            elif reuse is None or (sha := reuse.sha256(st)) is None:
+            if reuse is None or (sha := reuse.sha256(st)) is None:
                 st, sha, head = read_file(listed.path(key))
                 if heads is not None and key.endswith(".pyc"):
                     heads[key] = head
@@ -144,30 +153,161 @@ def scan(
     return files
 
 
-def _canonical(files: Files) -> bytes:
-    # An entry is a tuple, which json writes as the list `_parse` reads: no copy of 134,000.
-    doc = {"format": FORMAT, "files": files}
+VENV = ""  # the part of the venv's own entries: everything outside site-packages' parts
+DIST_INFOS = "*.dist-info"  # every dist-info dir, one part
+PARTS = ".ray-uv-ready.parts"  # the fragments of the manifest and the index, by sha256
+_SITE = re.compile(r"^lib/[^/]+/site-packages$")
+
+
+def part_of(path: str, prefix: str) -> str:
+    """The part of the venv-relative `path` (see the module's docstring); `prefix`:
+    site-packages' path and a `/`."""
+    if not path.startswith(prefix):
+        return VENV
+    first, below, rest = path[len(prefix) :].partition("/")
+    if first == "__pycache__":  # a top-level module's bytecode goes with its module
+        return f"{rest.partition('.')[0]}.py" if below else VENV
+    if first.endswith(".dist-info"):
+        return DIST_INFOS
+    return first
+
+
+def split(paths: Iterable[str], site: str) -> dict[str, list[str]]:
+    """Venv-relative `paths` by part (the plugin's own top-level names left out); `site`:
+    site-packages relative to the venv ("" where it has none: one part)."""
+    prefix = f"{site}/" if site else "\0"
+    parts: dict[str, list[str]] = {}
+    for path in paths:
+        if own(path):  # a name of its own, or below one (the fragments)
+            continue
+        parts.setdefault(part_of(path, prefix), []).append(path)
+    return parts
+
+
+def site_of(venv: Path) -> str:
+    """The venv's site-packages, relative to it ("" where it has none)."""
+    found = sorted(str(p.relative_to(venv)) for p in Path(venv).glob("lib/*/site-packages"))
+    return found[0] if found else ""
+
+
+def _json(doc: object) -> bytes:
+    # An entry is a tuple, which json writes as the list `_entries` reads: no copy of 134,000.
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def fragment(part: str, files: Mapping[str, Entry]) -> bytes:
+    """The bytes of one part's fragment: its entries."""
+    return _json({"format": FORMAT, "part": part, "files": files})
+
+
+def _document(site: str, parts: Mapping[str, str]) -> bytes:
+    return _json({"format": FORMAT, "site": site, "parts": parts})
+
+
+def _parts(files: Mapping[str, Entry], site: str) -> dict[str, Files]:
+    by_part: dict[str, Files] = {}
+    prefix = f"{site}/" if site else "\0"
+    for path, entry in files.items():
+        by_part.setdefault(part_of(path, prefix), {})[path] = entry
+    return by_part
 
 
 def digest(files: Files) -> str:
     """The sha256 of the manifest `write` makes of `files`: what a marker names."""
-    return hashlib.sha256(_canonical(files)).hexdigest()
+    sites = sorted(p for p, e in files.items() if e.kind == "dir" and _SITE.match(p))
+    site = sites[0] if sites else ""
+    shas = {
+        part: hashlib.sha256(fragment(part, entries)).hexdigest()
+        for part, entries in _parts(files, site).items()
+    }
+    return hashlib.sha256(_document(site, shas)).hexdigest()
+
+
+class Fragments:
+    """A venv's fragments (`<venv>/.ray-uv-ready.parts/<sha256>`): written once, each named by
+    its content, linked from a seed where a part is the seed's. Written without a sync each,
+    then synced together (`sync`) before the document that names them."""
+
+    def __init__(self, venv: Path) -> None:
+        self.dir = venv / PARTS
+        os.makedirs(self.dir, 0o755, exist_ok=True)
+        self.made: list[Path] = []
+
+    def put(self, data: bytes) -> str:
+        sha = hashlib.sha256(data).hexdigest()
+        path = self.dir / sha
+        try:
+            fd = trust.open_no_follow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+        except FileExistsError:  # the same bytes: two parts alike
+            return sha
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        self.made.append(path)
+        return sha
+
+    def link(self, seed: Path, sha: str) -> str:
+        """The seed's fragment `sha` linked in (where the seed is this file system's), else
+        its bytes, read and checked, written anew."""
+        source = seed / PARTS / sha
+        try:
+            os.link(source, self.dir / sha, follow_symlinks=False)
+        except FileExistsError:
+            pass
+        except OSError:
+            self.put(read_fragment(seed, sha))
+        return sha
+
+    def sync(self) -> None:
+        for path in self.made:  # the first one's sync commits the others' data with it
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self.made.clear()
+
+
+def read_fragment(venv: Path, sha: str) -> bytes:
+    """The bytes of the venv's fragment `sha`, checked against it; ManifestError otherwise."""
+    path = venv / PARTS / sha
+    try:
+        data = trust.read_own_file(path, MAX_BYTES, "a fragment of the venv's manifest")
+    except FileNotFoundError:
+        raise ManifestError(f"has lost a fragment of its manifest, {path}") from None
+    except OSError as e:
+        raise ManifestError(f"has a fragment of its manifest that cannot be used: {e}") from e
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise ManifestError(f"has a fragment of its manifest, {path}, that is not its build's")
+    return data
 
 
 def write(venv: Path, files: Files) -> str:
-    """Write (or replace) `<venv>/.ray-uv-ready.manifest`; returns its sha256 for the marker."""
-    data = _canonical(files)
+    """Write (or replace) `<venv>/.ray-uv-ready.manifest` and its fragments, every part anew;
+    returns the manifest's sha256 for the marker."""
+    site = site_of(venv)
+    return write_parts(venv, site, _parts(files, site), {})
+
+
+def write_parts(
+    venv: Path, site: str, fresh: Mapping[str, Files], kept: Mapping[str, tuple[Path, str]]
+) -> str:
+    """Write the manifest of the parts `fresh` (their entries) and `kept` (part -> (the seed
+    venv, the sha256 of its fragment of that part): linked, not written); returns its sha256."""
+    fragments = Fragments(venv)
+    shas = {part: fragments.put(fragment(part, entries)) for part, entries in fresh.items()}
+    for part, (seed, sha) in kept.items():
+        shas[part] = fragments.link(seed, sha)
+    fragments.sync()
+    data = _document(site, shas)
     trust.write_new_file(venv / MANIFEST, data)
     return hashlib.sha256(data).hexdigest()
 
 
-def _parse(data: bytes) -> Files:
-    doc = json.loads(data)
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ValueError(f"not a manifest of format {FORMAT}")
+def _entries(found: object) -> Files:
+    if not isinstance(found, dict):
+        raise ValueError("no entries")
     files: Files = {}
-    for path, value in doc["files"].items():
+    for path, value in found.items():
         kind, size, content, mode = value
         if kind not in ("file", "dir", "symlink") or not isinstance(content, str):
             raise ValueError(f"{path!r}: {value!r} is no entry")
@@ -175,10 +315,8 @@ def _parse(data: bytes) -> Files:
     return files
 
 
-def load(venv: Path, sha256: object) -> Files:
-    """The manifest of `venv` that its marker names by `sha256`. ManifestError, saying why,
-    for a venv without one (built by an earlier version), one that is missing, untrusted,
-    unreadable, or not the one named."""
+def _read(venv: Path, sha256: object) -> dict:
+    """The manifest document of `venv` that its marker names (see `load`)."""
     if not isinstance(sha256, str):
         raise ManifestError(
             "has no manifest of its files (it was built by an earlier version of the plugin)"
@@ -197,10 +335,60 @@ def load(venv: Path, sha256: object) -> Files:
             f"marker's {sha256[:12]}...)"
         )
     try:
-        return _parse(data)
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or doc.get("format") not in (1, FORMAT):
+            raise ValueError(f"not a manifest of format 1 or {FORMAT}")
+        return doc
+    except (ValueError, RecursionError) as e:
+        raise ManifestError(f"has an unreadable manifest {path}: {e}") from e
+
+
+def parts(venv: Path, sha256: object) -> tuple[str, dict[str, str]] | None:
+    """(site-packages, part -> its fragment's sha256) of the manifest the marker names; None
+    for a manifest of format 1 (whole, no parts). ManifestError as `load`."""
+    return _parts_in(venv, _read(venv, sha256))
+
+
+def _parts_in(venv: Path, doc: dict) -> tuple[str, dict[str, str]] | None:
+    if doc["format"] == 1:
+        return None
+    try:
+        found = doc["parts"]
+        if not isinstance(doc["site"], str) or not isinstance(found, dict):
+            raise TypeError("no parts")
+        return doc["site"], {str(part): str(sha) for part, sha in found.items()}
+    except (KeyError, TypeError) as e:
+        raise ManifestError(f"has an unreadable manifest {venv / MANIFEST}: {e}") from e
+
+
+def load_part(venv: Path, part: str, sha: str) -> Files:
+    """The entries of one part, from the fragment `sha` (checked); ManifestError otherwise."""
+    data = read_fragment(venv, sha)
+    try:
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("part") != part:
+            raise ValueError(f"not a fragment of part {part!r}")
+        return _entries(doc["files"])
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as e:
         # (nested deeper than json reads; a size of Infinity, which json reads and int not)
-        raise ManifestError(f"has an unreadable manifest {path}: {e}") from e
+        raise ManifestError(f"has an unreadable fragment {venv / PARTS / sha}: {e}") from e
+
+
+def load(venv: Path, sha256: object) -> Files:
+    """The manifest of `venv` that its marker names by `sha256`, every part. ManifestError,
+    saying why, for a venv without one (built by an earlier version), one that is missing,
+    untrusted, unreadable, or not the one named, or a fragment that is."""
+    doc = _read(venv, sha256)
+    found = _parts_in(venv, doc)
+    if found is None:  # format 1: the whole venv in one document
+        try:
+            return _entries(doc["files"])
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:
+            raise ManifestError(f"has an unreadable manifest {venv / MANIFEST}: {e}") from e
+    files: Files = {}
+    for part, sha in found[1].items():
+        files.update(load_part(venv, part, sha))
+    return files
 
 
 def difference(path: str, built: Entry | None, now: Entry | None) -> str | None:

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.agent import bytecode, seeding
+from ray_uv_plugin.agent import build_record, bytecode, seeding
 from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv import UvSyncError
 from ray_uv_plugin.store import accounting, freezing, gc, hashed, manifest
+from ray_uv_plugin.store import tree as store_tree
 from ray_uv_plugin.store.layout import MARKER, read_marker, site_packages, write_marker
 from tests.support.uvproject import write_project, write_wheel
 
@@ -116,10 +117,10 @@ def test_a_seeded_venv_is_what_a_fresh_sync_with_bytecode_gives(locks, tmp_path,
     assert caplog.text.count("uv: Resolved") == 1, caplog.text
     compiled = re.search(r"compiled the (\d+) modules the seed did not give", caplog.text)
     assert compiled and 0 < int(compiled[1]) < 20, caplog.text
-    read = re.search(r"manifest of \d+ entries \((\d+) MB, (\d+) MB of them read", caplog.text)
-    assert read, caplog.text
-    # Where its time went: one line per step, with its seconds (issue 43).
-    for step in ("sync", "seeding", "compile", "manifest", "freeze"):
+    kept = re.search(r"manifest of \d+ entries in (\d+) parts, (\d+) of them kept", caplog.text)
+    assert kept and 0 < int(kept[2]) < int(kept[1]), caplog.text  # the changed one's not kept
+    # Where its time went: one line per step, with its seconds.
+    for step in ("sync", "listing", "seeding", "compile", "manifest", "freeze"):
         line = rf"uv_project {seeded.key}: step {step} took \d+\.\d\ds"
         assert len(re.findall(line, caplog.text)) == 1, (step, caplog.text)
     assert hashed.load(seeded.path, marker["hashed"]) is not None
@@ -180,19 +181,21 @@ def test_a_seed_is_not_marked_used_so_gc_and_the_budget_may_still_remove_it(
     assert [d.entry.key for d in report.removed] == [seed.key]
 
 
-def test_a_seed_whose_index_cannot_be_used_is_read_instead(locks, tmp_path, caplog) -> None:
-    """A seed built before the index existed (or whose index is lost) still seeds: its
-    bytecode is read and checked against its manifest, as before."""
+def test_a_seed_whose_index_cannot_be_used_gives_a_full_build(locks, tmp_path, caplog) -> None:
+    """A seed built by an earlier version (or whose index is lost) is not read: what its
+    parts hold is known only from its index. The build is a full one, and the log says why."""
     a, b = locks
     root = tmp_path / "venvs"
     seed = build(a, root)
     freezing.thaw(seed.path)
     (seed.path / hashed.HASHED).unlink()
     caplog.set_level(logging.INFO, logger="test_seeding")
-    seeded = build(b, root)
-    assert read_marker(seeded.path)["built"]["how"] == "seeded"
-    assert accepted(seeded.path) == []
-    assert "full build" not in caplog.text
+    built = build(b, root)
+    assert read_marker(built.path)["built"] == {"how": "full"}
+    assert f"the nearest venv {seed.key} has no index" in caplog.text
+    assert "a full build instead" in caplog.text
+    assert caplog.text.count("uv: Resolved") == 1, caplog.text  # nothing linked: no second sync
+    assert accepted(built.path) == []
 
 
 def test_when_the_compile_workers_fail_uv_compiles(locks, tmp_path, monkeypatch, caplog) -> None:
@@ -366,7 +369,8 @@ SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packag
 
 def _synthetic_seed(tmp_path: Path, packages: int = 40, modules: int = 10) -> seeding.Seed:
     """A ready seed of `packages` distributions, without uv: its bytecode compiled by
-    `py_compile` (as its build's compile step does) and listed in its manifest."""
+    `py_compile` (as its build's compile step does), its manifest and index written as a
+    build writes them."""
     import py_compile
 
     seed = tmp_path / "seed"
@@ -380,21 +384,31 @@ def _synthetic_seed(tmp_path: Path, packages: int = 40, modules: int = 10) -> se
             rows.append(f"{rel},,\n")
         (seed / SITE / f"pkg{p}-1.0.dist-info").mkdir()
         (seed / SITE / f"pkg{p}-1.0.dist-info" / "RECORD").write_text("".join(rows))
-    files: manifest.Files = {}
-    for pyc in (seed / SITE).rglob("*.pyc"):
-        st, sha, _ = manifest.read_file(str(pyc))
-        files[str(pyc.relative_to(seed))] = manifest.file_entry(st.st_mode, st.st_size, sha)
-    common = tuple(sorted(f"pkg{p}-1.0.dist-info" for p in range(packages)))
-    return seeding.Seed("seedkey", seed, seed / SITE, common, files)
+    listed = store_tree.collect(seed)
+    fresh = build_record.Fresh(seed, listed, hashed.fs_clock(seed))
+    for name, paths in manifest.split(listed.entries, SITE).items():
+        fresh.add(name, paths, None)
+    recorded = accounting.read_records(seed)
+    owners = build_record.owners_of(recorded, SITE).owners
+    compiled = {path for path in listed.entries if path.endswith(".pyc")}
+    records = seeding.record_digests(seed / SITE)
+    made, index_sha, _ = build_record.write_records(
+        fresh, SITE, {}, None, owners, compiled, recorded, records
+    )
+    index = hashed.load(seed, index_sha)
+    found = manifest.parts(seed, made)
+    assert index is not None and found is not None
+    return seeding.Seed("seedkey", seed, SITE, tuple(sorted(records)), found[1], index)
 
 
 def _new_venv(seed: seeding.Seed, new: Path) -> Path:
     """A new venv of the seed's distributions, without bytecode: each source and RECORD
     hardlinked from the seed's (as uv links its cache's file into both)."""
-    for dirpath, _, filenames in os.walk(seed.site):
+    site = seed.path / seed.site
+    for dirpath, _, filenames in os.walk(site):
         if os.path.basename(dirpath) == "__pycache__":
             continue
-        into = new / SITE / os.path.relpath(dirpath, seed.site)
+        into = new / SITE / os.path.relpath(dirpath, site)
         into.mkdir(parents=True, exist_ok=True)
         for name in filenames:
             os.link(os.path.join(dirpath, name), into / name)
@@ -405,7 +419,7 @@ def test_the_seed_s_links_and_dirs_are_made_in_threads_with_the_same_outcome(
     tmp_path, monkeypatch
 ) -> None:
     """`mkdir` and `link` release the GIL: several threads make the `__pycache__` dirs and the
-    links, each checked as one thread checked it, and every `.pyc` is taken."""
+    links, and every `.pyc` is taken, the seed's own inode."""
     seed = _synthetic_seed(tmp_path)
     new = _new_venv(seed, tmp_path / "new")
     monkeypatch.setattr(seeding, "CHUNK", 16, raising=False)
@@ -434,36 +448,35 @@ def test_the_seed_s_links_and_dirs_are_made_in_threads_with_the_same_outcome(
 
     monkeypatch.setattr(os, "mkdir", mkdir)
     monkeypatch.setattr(os, "link", link)
-    taken = seeding.take_bytecode(seed, new, accounting.read_records(new))
+    listed = store_tree.collect(new)
+    taken = seeding.take_bytecode(seed, new, listed)
     monkeypatch.undo()
     assert len(threads["mkdir"]) > 1 and len(threads["link"]) > 1, threads
     assert threading.get_ident() not in threads["link"]
-    assert taken.files == len(seed.files) == 400
-    for rel, (inode, entry) in taken.known.items():
-        assert os.lstat(new / rel).st_ino == inode == os.lstat(seed.path / rel).st_ino
-        assert entry == seed.files[rel]
+    assert taken.files == 400 == len(taken.known)
+    for rel in taken.known:
+        assert os.lstat(new / rel).st_ino == os.lstat(seed.path / rel).st_ino
+        assert listed.entries[rel].st_ino == os.lstat(new / rel).st_ino  # listed as linked
     assert accepted(new) == []
 
 
 def test_a_changed_seed_file_in_any_thread_s_share_fails_the_take(tmp_path, monkeypatch) -> None:
     """One seed `.pyc` of 400 that is not what its manifest says (its header still its
-    source's, so Python would load it) is a SeedError, whichever thread links it; one whose
-    header is not its source's is left to the compile step, as with one thread."""
+    source's, so Python would load it) is a SeedError, whichever thread links it, and it is
+    not left linked. A module changed since the seed was built (its mtime moved) takes no
+    bytecode from the seed in its part: it is left to the compile step."""
     seed = _synthetic_seed(tmp_path)
-    new = _new_venv(seed, tmp_path / "new")
     monkeypatch.setattr(seeding, "CHUNK", 16, raising=False)
-    stale = seed.path / SITE / "pkg3" / "__pycache__" / f"m1.{TAG}.pyc"
-    data = bytearray(stale.read_bytes())
-    data[8] ^= 0xFF  # an mtime its source does not have: the manifest lists it as it is
-    stale.write_bytes(bytes(data))
-    st, sha, _ = manifest.read_file(str(stale))
-    seed.files[str(stale.relative_to(seed.path))] = manifest.file_entry(st.st_mode, st.st_size, sha)
-    taken = seeding.take_bytecode(seed, new, accounting.read_records(new))
-    assert taken.files == 399 and not (new / SITE / "pkg3" / "__pycache__" / stale.name).exists()
+    source = seed.path / SITE / "pkg3" / "m1.py"
+    os.utime(source, (time.time() - 7200, time.time() - 7200))
+    new = _new_venv(seed, tmp_path / "new")
+    taken = seeding.take_bytecode(seed, new, store_tree.collect(new))
+    assert taken.files == 390 and not (new / SITE / "pkg3" / "__pycache__").exists()
     changed = seed.path / SITE / "pkg27" / "__pycache__" / f"m5.{TAG}.pyc"
     data = bytearray(changed.read_bytes())
     data[-1] ^= 0xFF
     changed.write_bytes(bytes(data))
     new = _new_venv(seed, tmp_path / "again")
     with pytest.raises(seeding.SeedError, match=r"pkg27/__pycache__/m5\..*other content"):
-        seeding.take_bytecode(seed, new, accounting.read_records(new))
+        seeding.take_bytecode(seed, new, store_tree.collect(new))
+    assert not (new / SITE / "pkg27" / "__pycache__" / changed.name).exists()

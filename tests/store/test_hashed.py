@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.store import hashed, manifest
+from ray_uv_plugin.store import hashed, manifest, tree
 
 
 def _old(path: Path, data: bytes) -> Path:
@@ -87,25 +87,38 @@ def test_a_scan_takes_known_hashes_and_reads_the_rest(tmp_path) -> None:
     assert files["changed.py"].content == hashlib.sha256(b"b = 2\n").hexdigest()
 
 
-def _written(tmp_path: Path) -> tuple[Path, hashed.Hashed, str]:
-    """A venv of one old file, its index written: (venv, index, the sha256 a marker names)."""
+def _written(tmp_path: Path) -> tuple[Path, hashed.Index, hashed.Hashed, str]:
+    """A venv of one old file, its index written: (venv, index, the part's rows, the sha256 a
+    marker names)."""
     venv = tmp_path / "venv"
     venv.mkdir()
     _old(venv / "m.py", b"x = 1\n")
-    _, index = _index_of(venv)
-    return venv, index, hashed.write(venv, index)
+    _, rows = _index_of(venv)
+    fragments = manifest.Fragments(venv)
+    part = hashed.Part(fragments.put(rows.fragment()), "l" * 64, "s" * 64, ("m-1.dist-info",), ())
+    fragments.sync()
+    index = hashed.Index(rows.dev, {"m.py": part}, {"m-1.dist-info": "r" * 64})
+    return venv, index, rows, hashed.write(venv, index)
 
 
 def test_an_index_is_used_only_if_it_is_the_one_the_marker_names(tmp_path) -> None:
-    venv, index, sha = _written(tmp_path)
+    venv, index, rows, sha = _written(tmp_path)
     loaded = hashed.load(venv, sha)
-    assert loaded is not None and loaded.inodes == index.inodes
-    assert loaded.clock_ns == index.clock_ns and loaded.dev == index.dev
+    assert loaded == index
+    part_rows = hashed.rows(venv, loaded.parts["m.py"].rows)
+    assert part_rows is not None and part_rows.inodes == rows.inodes
+    assert part_rows.clock_ns == rows.clock_ns and part_rows.dev == rows.dev
     assert hashed.load(venv, None) is None  # a venv of an earlier version
     assert hashed.load(venv, "f" * 64) is None  # not the one named
+    fragment = venv / manifest.PARTS / loaded.parts["m.py"].rows
+    doc = json.loads(fragment.read_bytes())
+    doc["clock_ns"] += 10**12  # a later clock would pass files written since
+    fragment.chmod(0o644)
+    fragment.write_bytes(json.dumps(doc).encode())
+    assert hashed.rows(venv, loaded.parts["m.py"].rows) is None
     path = venv / hashed.HASHED
     doc = json.loads(path.read_bytes())
-    doc["clock_ns"] += 10**12  # a later clock would pass files written since
+    doc["records"]["m-1.dist-info"] = "0" * 64  # another RECORD would keep another's parts
     path.write_bytes(json.dumps(doc).encode())
     assert hashed.load(venv, sha) is None
     path.unlink()
@@ -114,7 +127,74 @@ def test_an_index_is_used_only_if_it_is_the_one_the_marker_names(tmp_path) -> No
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a file of another user")
 def test_an_index_of_another_user_is_not_used(tmp_path) -> None:
-    venv, _, sha = _written(tmp_path)
+    venv, index, _, sha = _written(tmp_path)
     assert hashed.load(venv, sha) is not None
+    assert hashed.rows(venv, index.parts["m.py"].rows) is not None
+    os.chown(venv / manifest.PARTS / index.parts["m.py"].rows, 65534, 65534)
+    assert hashed.rows(venv, index.parts["m.py"].rows) is None
     os.chown(venv / hashed.HASHED, 65534, 65534)
     assert hashed.load(venv, sha) is None
+
+
+def _part(root: Path) -> list[str]:
+    return [str(p.relative_to(root)) for p in sorted(root.rglob("*"))]
+
+
+def test_a_listing_is_the_seeds_only_for_the_same_inodes_unchanged(tmp_path) -> None:
+    """The same entries, linked: the same listing. A write, a mode, an entry more, another
+    inode of the same bytes: another. A file written after the clock: none (never kept)."""
+    seed, venv = tmp_path / "seed", tmp_path / "venv"
+    (seed / "pkg" / "__pycache__").mkdir(parents=True)
+    _old(seed / "pkg" / "a.py", b"a = 1\n")
+    _old(seed / "pkg" / "__pycache__" / "a.pyc", b"bytecode")
+    for rel in _part(seed):
+        if (seed / rel).is_dir():
+            (venv / rel).mkdir(parents=True)
+        else:
+            os.link(seed / rel, venv / rel)
+    clock = hashed.fs_clock(tmp_path)
+
+    def listing(root: Path) -> str:
+        return hashed.listing(tree.collect(root), _part(root), clock)
+
+    before = listing(seed)
+    assert listing(venv) == before != ""
+    copy = venv / "pkg" / "a.py"
+    os.unlink(copy)
+    copy.write_bytes(b"a = 1\n")
+    st = os.lstat(seed / "pkg" / "a.py")
+    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same bytes, size and mtime
+    assert listing(venv) not in (listing(seed), "")
+    os.unlink(copy)
+    os.link(seed / "pkg" / "a.py", copy)
+    assert listing(venv) == listing(seed)
+    os.chmod(copy, 0o755)  # the inode's: the seed's too
+    assert listing(venv) != before
+    os.chmod(copy, st.st_mode)
+    assert listing(venv) == before
+    (venv / "pkg" / "b.txt").write_bytes(b"")
+    assert listing(venv) == ""  # written after the clock
+    os.utime(venv / "pkg" / "b.txt", (st.st_atime, st.st_mtime))
+    assert listing(venv) not in (before, "")
+
+
+def test_sources_are_the_modules_by_size_and_mtime(tmp_path) -> None:
+    """What a `.pyc` header checks: a module's size and mtime (seconds), not its inode; not
+    the bytecode, nor files that are no module."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for root in (a, b):
+        (root / "pkg" / "__pycache__").mkdir(parents=True)
+        _old(root / "pkg" / "m.py", b"x = 1\n")
+        os.utime(root / "pkg" / "m.py", (1_700_000_000, 1_700_000_000))
+    (b / "pkg" / "__pycache__" / "m.pyc").write_bytes(b"anything")
+    (b / "pkg" / "data.txt").write_bytes(b"not a module")
+
+    def sources(root: Path) -> str:
+        return hashed.sources(tree.collect(root), _part(root))
+
+    assert sources(a) == sources(b)
+    os.utime(b / "pkg" / "m.py", (1_700_000_001, 1_700_000_001))
+    assert sources(a) != sources(b)
+    os.utime(b / "pkg" / "m.py", (1_700_000_000, 1_700_000_000))
+    (b / "pkg" / "n.py").write_bytes(b"")
+    assert sources(a) != sources(b)

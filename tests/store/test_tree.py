@@ -97,7 +97,7 @@ def test_the_builds_passes_read_the_listing_not_the_disk(
         with monkeypatch.context() as patched:
             for name in ("scandir", "walk", "listdir", "lstat"):
                 patched.setattr(os, name, no_walk)
-            assert manifest.scan(venv, listed=listed) == walked
+            assert manifest.scan(listed) == walked
             assert sorted(bytecode.missing(listed, site)) == missing
             freezing.freeze(venv, {f"{SITE}/pkg/__pycache__/done.{TAG}.pyc"}, listed)
         pyc = site / "pkg" / "__pycache__" / f"done.{TAG}.pyc"
