@@ -20,7 +20,12 @@ from ray_uv_plugin.agent import bytecode, image, seeding
 from ray_uv_plugin.agent.build_record import Bytecode, write_manifest, write_marker_of
 from ray_uv_plugin.agent.cache_split import cache_split_note, uv_cache_dir
 from ray_uv_plugin.agent.phase_events import PhaseEvents
-from ray_uv_plugin.agent.project import ProjectError, check_ray_pin, check_request
+from ray_uv_plugin.agent.project import (
+    ProjectError,
+    check_ray_pin,
+    check_request,
+    locked_sources,
+)
 from ray_uv_plugin.agent.request import VenvRequest, interpreter_tag, withheld_from_uv
 from ray_uv_plugin.agent.uv import UvResult, UvSyncError, UvTimeout, find_uv, run_uv, sync_failure
 from ray_uv_plugin.store import accounting, budget, freezing, manifest, tree
@@ -133,7 +138,11 @@ def build_venv(
                 f"=={ray.__version__} a dependency of the environment you ask for and run "
                 "`uv lock`."
             )
-        locked = accounting.locked_distributions(_lock_used(request, project_dir))
+        locked = (  # the lock uv installed from: the project's, or one `locked: false` made
+            locked_sources(files).distributions
+            if project_dir == files.path
+            else accounting.locked_distributions((project_dir / "uv.lock").read_bytes())
+        )
         events.enter("manifest")
         manifest_start = time.perf_counter()
         made = write_manifest(
@@ -207,15 +216,24 @@ def _sync_and_compile(
         return result, recorded, Bytecode("none", frozenset()), tree.collect(venv)
     events.enter("bytecode")
     start = time.perf_counter()
-    listed = tree.collect(venv)
+    seed = None
+    if seeding.has_candidates(venv.parent, venv.name, interpreter_tag()):
+        seed = _choose(venv, logger)  # and its dirs made while the venv is listed
+    chosen = time.perf_counter() - start
+    start = time.perf_counter()
+    try:
+        listed = tree.collect(venv)
+    finally:  # every thread done before anything else touches the venv
+        if seed is not None:
+            seed[1].made()
     listing = time.perf_counter() - start
     _took(logger, venv, "listing", listing)
     taken = None
-    if seeding.has_candidates(venv.parent, venv.name, interpreter_tag()):
-        seeding_start = time.perf_counter()
-        taken = _seed(venv, listed, logger)
-        _took(logger, venv, "seeding", time.perf_counter() - seeding_start)
-        if taken is None and not os.path.lexists(venv):  # an untrusted seed: from the start
+    if seed is not None:
+        start = time.perf_counter()
+        taken = _take(venv, *seed, listed, logger)
+        _took(logger, venv, "seeding", chosen + time.perf_counter() - start)
+        if taken is None:  # an untrusted seed: from the start
             second = sync(no_bytecode)
             result = replace(second, seconds=result.seconds + second.seconds)
             listed = tree.collect(venv)
@@ -236,14 +254,24 @@ def _sync_and_compile(
         _took(logger, venv, "compile", time.perf_counter() - start)
     except bytecode.CompileError as e:
         logger.warning("uv_project %s: %s; uv compiles instead.", venv.name, e)
+        if taken is not None:  # uv's step may write anywhere: every part is listed anew
+            taken.listings.clear()
         second = sync(env)  # uv's bytecode step: the same sources, and the venv's `.pth` files
+        listed = tree.collect(venv)
+        if taken is not None:
+            seeding.remove_empty(listed, taken)
         return (
             replace(second, seconds=result.seconds + second.seconds),
             recorded,
             Bytecode("uv", frozenset(paths), taken),
-            tree.collect(venv),
+            listed,
         )
     listed.relist({path.rpartition("/")[0] for path in written})  # the `__pycache__` dirs
+    if taken is not None:  # a part the compile step wrote into is not the one seeding listed
+        prefix = f"{site.relative_to(venv)}/"
+        for path in written:
+            taken.listings.pop(manifest.part_of(path, prefix), None)
+        seeding.remove_empty(listed, taken)
     logger.info(
         "uv_project %s: compiled the %d modules %s in %.2fs (the venv's %d entries listed in "
         "%.2fs)",
@@ -257,25 +285,36 @@ def _sync_and_compile(
     return result, recorded, Bytecode("plugin", frozenset(paths), taken), listed
 
 
-def _seed(venv: Path, listed: tree.Tree, logger: logging.Logger) -> seeding.Taken | None:
-    """The nearest ready venv's bytecode linked into `venv` (`seeding`), and listed into
-    `listed`; None where none gives any, or where the seed cannot be used (the log says why):
-    if it failed as its files were linked, `venv` was removed, to be synced anew."""
-    start = time.perf_counter()
+def _choose(venv: Path, logger: logging.Logger) -> tuple[seeding.Seed, seeding.CacheDirs] | None:
+    """The nearest ready venv that may give `venv` bytecode (`seeding`), and its dirs, being
+    made; None where there is none, or it cannot be used (the log says why)."""
     site = site_packages(venv)
     if site is None:
         return None
     try:
         seed = seeding.choose(venv.parent, venv, interpreter_tag(), seeding.record_digests(site))
+        if seed is None:
+            return None
+        return seed, seeding.CacheDirs(seed, venv)
     except Exception as e:
         if not seeding.untrusted_seed(e):
             raise
         logger.warning("uv_project %s: %s; a full build instead.", venv.name, e)
         return None
-    if seed is None:
-        return None
+
+
+def _take(
+    venv: Path,
+    seed: seeding.Seed,
+    dirs: seeding.CacheDirs,
+    listed: tree.Tree,
+    logger: logging.Logger,
+) -> seeding.Taken | None:
+    """The seed's bytecode linked into `venv` (`seeding`), and listed into `listed`; None where
+    the seed cannot be used (the log says why): `venv` was then removed, to be synced anew."""
+    start = time.perf_counter()
     try:
-        taken = seeding.take_bytecode(seed, venv, listed)
+        taken = seeding.take_bytecode(seed, venv, listed, dirs)
     except Exception as e:
         if not seeding.untrusted_seed(e):
             raise
@@ -299,13 +338,6 @@ def _took(logger: logging.Logger, venv: Path, step: str, seconds: float) -> None
     """One step of a build with its seconds, a line of the setup log each (sync, seeding,
     compile, manifest, freeze): where a build's time went (`benchmarks.edit_run` reads them)."""
     logger.info("uv_project %s: step %s took %.2fs", venv.name, step, seconds)
-
-
-def _lock_used(request: VenvRequest, project_dir: Path) -> bytes:
-    """The lock uv installed from: the project's, or the one `locked: false` re-locked."""
-    if project_dir == request.files.path:
-        return request.files.lock
-    return (project_dir / "uv.lock").read_bytes()
 
 
 def _removed(path: Path, fd: int) -> bool:

@@ -70,7 +70,14 @@ def write_manifest(
     records = seeding.record_digests(venv / site)
     foreign = accounting.foreign_distributions(venv, locked)
     parts_of = owners_of(recorded, site)
-    kept = _kept(seed, groups, listed, parts_of.owners, records, set(foreign), clock)
+    listings = compiled.taken.listings if compiled.taken is not None else {}
+    kept = _kept(seed, groups, listed, parts_of.owners, records, set(foreign), clock, listings)
+    if seed is not None:  # its fragments, linked in and checked: else the part is listed
+        fragments = manifest.Fragments(venv)
+        for name in list(kept):
+            shas = (seed.fragments[name], kept[name].rows)
+            if not all(fragments.adopt(seed.path, sha) for sha in shas):
+                del kept[name]
     fresh = Fresh(venv, listed, clock)
     for name, paths in groups.items():
         if name not in kept:
@@ -145,7 +152,8 @@ def write_records(
     records: Mapping[str, str],
 ) -> tuple[str, str, int]:
     """The manifest and index of a venv (`fresh.venv`) whose parts are `fresh`'s and the seed's
-    `kept`: (the manifest's sha256, the index's, the fragments written). `records`: the
+    `kept` (their fragments adopted: `manifest.Fragments.adopt`): (the manifest's sha256, the
+    index's, the fragments written). `records`: the
     venv's `seeding.record_digests`; `owners`: the dist-info dirs listing each part's files
     (`owners_of`); `compiled`: the bytecode its build compiled or took (None at a receive:
     every `.pyc` no RECORD lists, whose header was checked)."""
@@ -153,7 +161,7 @@ def write_records(
     index = hashed.Index(os.lstat(venv / site if site else venv).st_dev, records=dict(records))
     index.parts.update(kept)
     written = fresh.record(index, owners, compiled, recorded)
-    from_seed = {} if seed is None else {name: (seed.path, seed.fragments[name]) for name in kept}
+    from_seed = {} if seed is None else {name: seed.fragments[name] for name in kept}
     return (
         manifest.write_parts(venv, site, fresh.parts, from_seed),
         hashed.write(venv, index),
@@ -180,8 +188,10 @@ def _kept(
     records: Mapping[str, str],
     foreign: set[str],
     clock: int,
+    listings: Mapping[str, tuple[tuple[int, int], str]],
 ) -> dict[str, hashed.Part]:
-    """The parts the seed's records are kept for (see `write_manifest`)."""
+    """The parts the seed's records are kept for (see `write_manifest`); `listings`: those
+    the seeding found (`seeding.Taken.listings`), taken again for the same paths."""
     if seed is None:
         return {}
     kept = {}
@@ -193,7 +203,10 @@ def _kept(
             continue
         if any(d in foreign or records.get(d) != seed.index.records.get(d) for d in part.owners):
             continue
-        if hashed.listing(listed, paths, clock) == part.listing:
+        key, listing = listings.get(name, (None, ""))
+        if key != seeding.paths_key(paths):
+            listing = hashed.listing(listed, paths, clock)
+        if listing == part.listing:
             kept[name] = part
     return kept
 

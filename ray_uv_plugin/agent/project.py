@@ -8,7 +8,8 @@ import re
 import stat
 import sys
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from packaging.utils import canonicalize_name
 
 from ray_uv_plugin.agent.lock_memo import LockMemo
 from ray_uv_plugin.agent.spec import ParsedUvProject
+from ray_uv_plugin.store import accounting
 
 
 class ProjectError(ValueError):
@@ -61,6 +63,9 @@ class LockedSources:
     refers_to_paths: bool
     copied: tuple[str, ...]  # non-editable path and directory sources, as uv.lock names them
     copied_names: tuple[str, ...]  # the names of the packages installed from those
+    # Each package's versions (`accounting.locked_distributions`): a build's check of the
+    # dist-info dirs it made (`locked_sources` only; `local_sources` parses nothing).
+    distributions: Mapping[str, frozenset[str] | None] = field(default_factory=dict)
 
 
 NO_LOCAL_SOURCES = LockedSources((), False, (), ())
@@ -119,6 +124,7 @@ def _locked_sources(files: ProjectFiles) -> LockedSources:
         refers_to_paths=refers,
         copied=tuple(sorted(copied)),
         copied_names=tuple(sorted(names)),
+        distributions=accounting.distributions_of(packages),
     )
 
 

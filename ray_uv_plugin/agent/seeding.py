@@ -83,6 +83,10 @@ class Taken:
     bytes: int
     known: frozenset[str] = field(default_factory=frozenset, repr=False)  # venv-relative
     source: Seed | None = field(default=None, repr=False)  # for the manifest's kept parts
+    # The parts whose listing was found to be the seed's: part -> (`paths_key` of the paths
+    # listed, the listing), for the manifest (`build_record`) while the part is as it was.
+    listings: dict[str, tuple[tuple[int, int], str]] = field(default_factory=dict, repr=False)
+    unused: frozenset[str] = field(default_factory=frozenset, repr=False)  # `remove_empty`
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -204,34 +208,81 @@ def choose(root: Path, venv: Path, interpreter: str, records: dict[str, str]) ->
     return Seed(name, path, site, common, fragments, index)
 
 
-def take_bytecode(seed: Seed, venv: Path, listed: tree.Tree) -> Taken:
-    """Link the seed's bytecode of the parts whose sources are the seed's into `venv`, and
-    list it into `listed` (see the module's docstring); raises SeedError for a seed file that
-    is not what its manifest says."""
+class CacheDirs:
+    """The `__pycache__` dirs the seed's bytecode goes into, made by `THREADS` threads while the
+    caller lists the new venv (the kernel work of `mkdir` overlaps the walk's): those of every
+    part the seed has bytecode of, where the new venv has the package's dir. A dir that takes
+    no bytecode and is left empty after the compile step is removed (`remove_empty`): a venv
+    holds the dirs a fresh build's would."""
+
+    def __init__(self, seed: Seed, venv: Path) -> None:
+        prefix = f"{seed.site}/"
+        folders = set()
+        for name, part in seed.index.parts.items():
+            for pyc in part.bytecode:  # the seed's own say, checked against its marker: still
+                if manifest.part_of(pyc, prefix) != name or ".." in pyc.split("/"):  # inside
+                    raise SeedError(f"the nearest venv {seed.key} lists {pyc} in part {name}")
+                folders.add(pyc.rpartition("/")[0])
+        self.pool = ThreadPoolExecutor(THREADS)
+        make = partial(_make_cache_dirs, str(venv))
+        self._making = [self.pool.submit(make, chunk) for chunk in _chunks(sorted(folders))]
+        self._made: list[str] | None = None
+
+    def made(self) -> list[str]:
+        """The dirs made (venv-relative), once every thread is done."""
+        if self._made is None:
+            try:
+                self._made = [folder for future in self._making for folder in future.result()]
+            finally:
+                self.pool.shutdown()
+        return self._made
+
+
+def take_bytecode(seed: Seed, venv: Path, listed: tree.Tree, dirs: CacheDirs) -> Taken:
+    """Link the seed's bytecode of the parts whose sources are the seed's into `venv` (its
+    `dirs` made), and list it into `listed` (see the module's docstring); raises SeedError for
+    a seed file that is not what its manifest says."""
+    made = dirs.made()
+    listed.relist(made)  # listed while they were made: listed again
     groups = manifest.split(listed.entries, seed.site)
-    prefix = f"{seed.site}/"
     wanted = []
     for name, paths in groups.items():
         part = seed.index.parts.get(name)
         if name in (manifest.VENV, manifest.DIST_INFOS) or part is None or not part.bytecode:
             continue
-        if part.sources != hashed.sources(listed, paths):
-            continue
-        for pyc in part.bytecode:  # the seed's own say, checked against its marker: still
-            if manifest.part_of(pyc, prefix) != name or ".." in pyc.split("/"):  # only inside
-                raise SeedError(f"the nearest venv {seed.key} lists {pyc} in part {name}")
-            wanted.append(pyc)
-    folders = sorted({pyc.rpartition("/")[0] for pyc in wanted})
-    top = str(venv)
+        if part.sources == hashed.sources(listed, paths):
+            wanted += part.bytecode
     with ThreadPoolExecutor(THREADS) as pool:
-        new = [f for f in folders if f not in listed.entries]
-        list(pool.map(partial(_make_cache_dirs, top), _chunks(new)))
-        link = partial(_link, str(seed.path), top)
+        link = partial(_link, str(seed.path), str(venv))
         linked = [pyc for part in pool.map(link, _chunks(wanted)) for pyc in part]
+    folders = sorted({pyc.rpartition("/")[0] for pyc in linked})
     listed.relist(folders)
-    _check_linked(seed, venv, listed, linked)
+    prefix = f"{seed.site}/"
+    for path in linked:  # what the seed added to each part
+        groups.setdefault(manifest.part_of(path, prefix), []).append(path)
+    listings = _check_linked(seed, venv, listed, linked, groups)
     size = sum(listed.entries[pyc].st_size for pyc in linked if pyc in listed.entries)
-    return Taken(seed.key, len(seed.common), len(linked), size, frozenset(linked), seed)
+    unused = frozenset(made).difference(folders)
+    return Taken(
+        seed.key, len(seed.common), len(linked), size, frozenset(linked), seed, listings, unused
+    )
+
+
+def remove_empty(listed: tree.Tree, taken: Taken) -> None:
+    """The dirs `CacheDirs` made that took no bytecode and are empty still, removed (and from
+    `listed`)."""
+    for folder in taken.unused:
+        try:
+            os.rmdir(listed.path(folder))
+        except OSError:  # the compile step wrote into it
+            continue
+        listed.entries.pop(folder, None)
+
+
+def paths_key(paths: list[str]) -> tuple[int, int]:
+    """What tells one part's list of paths from another of the same venv (their number, and
+    the sum of their hashes): a listing worked out once is taken again only for these paths."""
+    return len(paths), sum(map(hash, paths))
 
 
 def _chunks(items: list[T]) -> list[list[T]]:
@@ -239,13 +290,17 @@ def _chunks(items: list[T]) -> list[list[T]]:
     return [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
 
 
-def _make_cache_dirs(top: str, folders: list[str]) -> None:
-    """`__pycache__` dirs for the seed's bytecode: their packages' dirs are uv's."""
+def _make_cache_dirs(top: str, folders: list[str]) -> list[str]:
+    """`__pycache__` dirs for the seed's bytecode, where their packages' dirs (uv's) are: those
+    made."""
+    made = []
     for folder in folders:
         try:
             os.mkdir(f"{top}/{folder}", 0o755)
-        except FileExistsError:
-            pass
+        except (FileExistsError, FileNotFoundError):  # a wheel's own; a package not here
+            continue
+        made.append(folder)
+    return made
 
 
 def _link(seed: str, top: str, chunk: list[str]) -> list[str]:
@@ -260,22 +315,24 @@ def _link(seed: str, top: str, chunk: list[str]) -> list[str]:
     return linked
 
 
-def _check_linked(seed: Seed, venv: Path, listed: tree.Tree, linked: list[str]) -> None:
+def _check_linked(
+    seed: Seed, venv: Path, listed: tree.Tree, linked: list[str], groups: dict[str, list[str]]
+) -> dict[str, tuple[tuple[int, int], str]]:
     """Each linked file is the seed's, as its manifest lists it: a part whose listing is the
     seed's is (the same inodes, unchanged since its build hashed them); in another, each file
     is looked up in the seed's rows, or read. SeedError (the file unlinked) for one that is
-    not."""
+    not. Returns the listings found to be the seed's (`Taken.listings`)."""
     prefix = f"{seed.site}/"
     by_part: dict[str, list[str]] = {}
     for pyc in linked:
         by_part.setdefault(manifest.part_of(pyc, prefix), []).append(pyc)
-    if not by_part:
-        return
-    groups = manifest.split(listed.entries, seed.site)
     clock = hashed.fs_clock(venv)
+    listings = {}
     for name, pycs in by_part.items():
         part = seed.index.parts[name]
-        if part.listing and hashed.listing(listed, groups[name], clock) == part.listing:
+        listing = hashed.listing(listed, groups[name], clock) if part.listing else ""
+        if listing and listing == part.listing:
+            listings[name] = (paths_key(groups[name]), listing)
             continue
         try:
             built = manifest.load_part(seed.path, name, seed.fragments[name])
@@ -294,6 +351,7 @@ def _check_linked(seed: Seed, venv: Path, listed: tree.Tree, linked: list[str]) 
                     f"the nearest venv {seed.key} has {pyc} with other content than when it "
                     "was built"
                 )
+    return listings
 
 
 def untrusted_seed(error: BaseException) -> bool:

@@ -122,9 +122,13 @@ def read_records(venv: Path, distributions: Collection[str] | None = None) -> Re
 def locked_distributions(lock: bytes) -> dict[str, frozenset[str] | None]:
     """The packages of a `uv.lock`: normalised name -> its versions (None: a package whose
     version the lock leaves dynamic, as a project's own may be)."""
-    doc = tomllib.loads(lock.decode("utf-8"))
+    return distributions_of(tomllib.loads(lock.decode("utf-8")).get("package", []))
+
+
+def distributions_of(packages: list[dict]) -> dict[str, frozenset[str] | None]:
+    """`locked_distributions` of a lock's `[[package]]` tables, parsed already."""
     found: dict[str, set[str] | None] = {}
-    for package in doc.get("package", []):
+    for package in packages:
         name = canonicalize_name(str(package.get("name", "")))
         version = package.get("version")
         if version is None:

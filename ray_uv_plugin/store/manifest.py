@@ -245,17 +245,23 @@ class Fragments:
         self.made.append(path)
         return sha
 
-    def link(self, seed: Path, sha: str) -> str:
-        """The seed's fragment `sha` linked in (where the seed is this file system's), else
-        its bytes, read and checked, written anew."""
-        source = seed / PARTS / sha
+    def adopt(self, seed: Path, sha: str) -> bool:
+        """The seed's fragment `sha` linked in, then read and checked here (what this venv
+        holds is what its name says); False, nothing kept, where it cannot be (gone, changed,
+        on another file system)."""
+        target = self.dir / sha
         try:
-            os.link(source, self.dir / sha, follow_symlinks=False)
+            os.link(seed / PARTS / sha, target, follow_symlinks=False)
         except FileExistsError:
             pass
         except OSError:
-            self.put(read_fragment(seed, sha))
-        return sha
+            return False
+        try:
+            read_fragment(self.dir.parent, sha)
+        except ManifestError:
+            os.unlink(target)
+            return False
+        return True
 
     def sync(self) -> None:
         for path in self.made:  # the first one's sync commits the others' data with it
@@ -288,17 +294,14 @@ def write(venv: Path, files: Files) -> str:
     return write_parts(venv, site, _parts(files, site), {})
 
 
-def write_parts(
-    venv: Path, site: str, fresh: Mapping[str, Files], kept: Mapping[str, tuple[Path, str]]
-) -> str:
-    """Write the manifest of the parts `fresh` (their entries) and `kept` (part -> (the seed
-    venv, the sha256 of its fragment of that part): linked, not written); returns its sha256."""
+def write_parts(venv: Path, site: str, fresh: Mapping[str, Files], kept: Mapping[str, str]) -> str:
+    """Write the manifest of the parts `fresh` (their entries, written as fragments) and `kept`
+    (part -> the sha256 of a fragment already in the venv: `Fragments.adopt`); returns its
+    sha256."""
     fragments = Fragments(venv)
     shas = {part: fragments.put(fragment(part, entries)) for part, entries in fresh.items()}
-    for part, (seed, sha) in kept.items():
-        shas[part] = fragments.link(seed, sha)
     fragments.sync()
-    data = _document(site, shas)
+    data = _document(site, {**shas, **kept})
     trust.write_new_file(venv / MANIFEST, data)
     return hashlib.sha256(data).hexdigest()
 

@@ -137,6 +137,8 @@ def test_a_seeded_venv_is_what_a_fresh_sync_with_bytecode_gives(locks, tmp_path,
     # Frozen and marked the same way.
     assert marker["immutable"] == read_marker(fresh.path)["immutable"]
     assert not os.access(seeded.path / "lib", os.W_OK) or os.geteuid() == 0
+    # Its manifest, the parts kept from the seed's included, is what the venv holds.
+    assert manifest.load(seeded.path, marker["manifest"]) == manifest.scan(seeded.path)
     # The seed was only read.
     assert manifest.scan(seed.path) == before
     assert manifest.load(seed.path, read_marker(seed.path)["manifest"]) == before
@@ -161,6 +163,38 @@ def test_a_damaged_seed_never_leaks_and_the_build_says_so(locks, tmp_path, caplo
     new = Path(importlib.util.cache_from_source(str(site_packages(built.path) / "six.py")))
     assert new.read_bytes() != bytes(data)
     assert accepted(built.path) == []
+
+
+@pytest.mark.parametrize("damage", ["changed", "removed"])
+def test_a_seed_fragment_that_is_not_its_name_s_is_not_kept(
+    locks, tmp_path, caplog, damage: str
+) -> None:
+    """A part is kept from the seed only with its fragments read and checked as this venv
+    holds them: one changed or removed in the seed is listed and hashed here instead, and the
+    manifest is still what the venv holds."""
+    a, b = locks
+    root = tmp_path / "venvs"
+    seed = build(a, root)
+    meta = read_marker(seed.path)
+    found = manifest.parts(seed.path, meta["manifest"])
+    assert found is not None
+    fragment = seed.path / manifest.PARTS / found[1]["idna"]
+    freezing.thaw(seed.path)
+    if damage == "changed":
+        os.chmod(fragment, 0o644)
+        fragment.write_bytes(fragment.read_bytes().replace(b'"file"', b'"file" ', 1))
+    else:
+        fragment.unlink()
+    caplog.set_level(logging.INFO, logger="test_seeding")
+    seeded = build(b, root)
+    marker = read_marker(seeded.path)
+    assert marker["built"]["how"] == "seeded"
+    kept = re.search(r"in (\d+) parts, (\d+) of them kept", caplog.text)
+    assert kept and int(kept[2]) > 0, caplog.text  # the others were
+    assert manifest.load(seeded.path, marker["manifest"]) == manifest.scan(seeded.path)
+    parts = manifest.parts(seeded.path, marker["manifest"])
+    assert parts is not None and "idna" in parts[1]
+    assert (seeded.path / manifest.PARTS / parts[1]["idna"]).stat().st_nlink == 1  # its own
 
 
 def test_a_seed_is_not_marked_used_so_gc_and_the_budget_may_still_remove_it(
@@ -449,7 +483,7 @@ def test_the_seed_s_links_and_dirs_are_made_in_threads_with_the_same_outcome(
     monkeypatch.setattr(os, "mkdir", mkdir)
     monkeypatch.setattr(os, "link", link)
     listed = store_tree.collect(new)
-    taken = seeding.take_bytecode(seed, new, listed)
+    taken = seeding.take_bytecode(seed, new, listed, seeding.CacheDirs(seed, new))
     monkeypatch.undo()
     assert len(threads["mkdir"]) > 1 and len(threads["link"]) > 1, threads
     assert threading.get_ident() not in threads["link"]
@@ -470,13 +504,17 @@ def test_a_changed_seed_file_in_any_thread_s_share_fails_the_take(tmp_path, monk
     source = seed.path / SITE / "pkg3" / "m1.py"
     os.utime(source, (time.time() - 7200, time.time() - 7200))
     new = _new_venv(seed, tmp_path / "new")
-    taken = seeding.take_bytecode(seed, new, store_tree.collect(new))
-    assert taken.files == 390 and not (new / SITE / "pkg3" / "__pycache__").exists()
+    listed = store_tree.collect(new)
+    taken = seeding.take_bytecode(seed, new, listed, seeding.CacheDirs(seed, new))
+    assert taken.files == 390 and (new / SITE / "pkg3" / "__pycache__").is_dir()
+    seeding.remove_empty(listed, taken)  # after the compile step: as a fresh build has it
+    assert not (new / SITE / "pkg3" / "__pycache__").exists()
+    assert f"{SITE}/pkg3/__pycache__" not in listed.entries
     changed = seed.path / SITE / "pkg27" / "__pycache__" / f"m5.{TAG}.pyc"
     data = bytearray(changed.read_bytes())
     data[-1] ^= 0xFF
     changed.write_bytes(bytes(data))
     new = _new_venv(seed, tmp_path / "again")
     with pytest.raises(seeding.SeedError, match=r"pkg27/__pycache__/m5\..*other content"):
-        seeding.take_bytecode(seed, new, store_tree.collect(new))
+        seeding.take_bytecode(seed, new, store_tree.collect(new), seeding.CacheDirs(seed, new))
     assert not (new / SITE / "pkg27" / "__pycache__" / changed.name).exists()
