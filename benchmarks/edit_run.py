@@ -13,10 +13,15 @@ compiled extensions. For each B, in one run (ratios; the machine is noisy):
 - `ready`: the same actor once B's venv is ready, in a new Ray session: what any way of making
   the venv adds its build to (Ray's worker start and the first call).
 
-Target (issue 43): `seeded` within 3 x `nocompile`, with complete bytecode; each build's steps
-(`step <name> took <s>`: sync, seeding, compile, manifest, freeze) come from its setup log.
+Target: `seeded` within 3 x `nocompile`, with complete bytecode; each build's steps (`step
+<name> took <s>`: sync, listing, seeding, compile, manifest, freeze) come from its setup log.
 
     uv run python -m benchmarks.edit_run --out benchmarks/results/edit-run.json
+
+`--disk ext4` or `--disk xfs` (root): the venv dirs, the hand syncs and a uv cache of their own
+(`UV_CACHE_DIR`, filled by A's build, so every B finds what it needs) on a fresh loop-mounted
+disk of that file system (`benchmarks.node_disks`: a journaled ext4, or an XFS with reflinks),
+removed when the run ends.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any
 import ray
 
 import ray_uv_plugin
+from benchmarks import node_disks
 from benchmarks.envs import SETS_DIR, clean_env, remove_tree
 from benchmarks.sample import setup_logs
 from ray_uv_plugin.agent.uv import find_uv
@@ -168,14 +174,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", default="big", help="a committed set under benchmarks/sets")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/edit-run.json"))
+    parser.add_argument("--disk", choices=["ext4", "xfs"], help="on a loop-mounted disk")
     args = parser.parse_args()
+    if args.disk is None:
+        run(args, Path(tempfile.mkdtemp(prefix="edit-run-")))
+        return
+    images = Path(tempfile.mkdtemp(prefix="edit-run-disk-"))
+    try:
+        with node_disks.mounted([images / "mnt"], images, size="24G", fs=args.disk):
+            os.environ["UV_CACHE_DIR"] = str(images / "mnt" / "uv-cache")
+            run(args, images / "mnt" / "work")
+    finally:
+        shutil.rmtree(images, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
+    """The run of `main`, in `work` (made here, removed at the end)."""
+    work.mkdir(parents=True, exist_ok=True)
     os.environ["UV_COMPILE_BYTECODE"] = "1"  # the plugin's default (the tests set 0)
     # Started with `uv run`: Ray's own uv run hook would make this a job of its own interpreter.
     os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
     base = SETS_DIR / args.set
-    work = Path(tempfile.mkdtemp(prefix="edit-run-"))
     results: dict[str, Any] = {
         "set": args.set,
+        "disk": args.disk or "the host's",
         "machine": f"{os.cpu_count()} cores, {platform.platform()}, "
         f"Python {sys.version.split()[0]}",
         "ray": ray.__version__,

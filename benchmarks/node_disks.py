@@ -66,21 +66,25 @@ def _unmount(path: Path) -> str | None:
 
 @contextmanager
 def mounted(
-    paths: list[Path], images: Path, size: str = SIZE, reserved_percent: int = 5
+    paths: list[Path], images: Path, size: str = SIZE, reserved_percent: int = 5, fs: str = "ext4"
 ) -> Iterator[None]:
     """Each of `paths` (made here) the mount point of its own fresh ext4 of `size`, its image
     in `images`; all unmounted and removed when the block ends. `reserved_percent`: the blocks
-    kept for root (`mkfs.ext4 -m`; 0: a full disk is full for root too)."""
+    kept for root (`mkfs.ext4 -m`; 0: a full disk is full for root too). `fs="xfs"`: an XFS
+    with reflinks instead (`mkfs.xfs -m reflink=1`; no blocks kept for root)."""
     made: list[tuple[Path, Path]] = []
     try:
         for path in paths:
             path.mkdir(parents=True)
-            image = images / f"{path.name}.ext4"
+            image = images / f"{path.name}.{fs}"
             with open(image, "xb") as f:
                 f.truncate(_bytes(size))
             made.append((path, image))
-            reserve = str(reserved_percent)
-            _run("mkfs.ext4", "-q", "-F", "-m", reserve, "-E", "nodiscard", str(image))
+            if fs == "xfs":
+                _run("mkfs.xfs", "-q", "-f", "-m", "reflink=1", "-K", str(image))
+            else:
+                reserve = str(reserved_percent)
+                _run("mkfs.ext4", "-q", "-F", "-m", reserve, "-E", "nodiscard", str(image))
             _run("mount", "-o", "loop", str(image), str(path))
         yield
     finally:

@@ -1,5 +1,5 @@
-"""The seed's kernel work, and copying a seed instead (issue 43): what a seeded build's
-`take_bytecode` costs in 1, 2 and 8 threads (`--threads`), and what a whole copy of the seed
+"""The seed's kernel work, and copying a seed instead: what a seeded build's `CacheDirs` and
+`take_bytecode` cost in 1, 2 and 8 threads (`--threads`), and what a whole copy of the seed
 venv costs: a hardlink copy (`cp -al`) on the venv dir's own file system, and a reflink clone
 (`cp -a --reflink=always`) on a loop-mounted XFS, whose new inodes no index of the seed vouches
 for, so a build from it must hash every file again (`manifest.scan` without an index).
@@ -31,8 +31,8 @@ from typing import Any
 
 from ray_uv_plugin.agent import seeding
 from ray_uv_plugin.agent.request import interpreter_tag
-from ray_uv_plugin.store import accounting, freezing, manifest
-from ray_uv_plugin.store.layout import KEY_LENGTH
+from ray_uv_plugin.store import freezing, manifest, tree
+from ray_uv_plugin.store.layout import KEY_LENGTH, site_packages
 
 NEW_KEY = "0" * KEY_LENGTH  # the new venv's name beside the seed, in the same venv dir
 
@@ -66,11 +66,16 @@ def take_rounds(seed: Path, rounds: int, counts: list[int]) -> dict[str, list[fl
                 without_bytecode(seed, venv)
                 os.sync()
                 seeding.THREADS = count
-                chosen = seeding.choose(seed.parent, venv, interpreter_tag())
+                site = site_packages(venv)
+                assert site is not None
+                records = seeding.record_digests(site)
+                chosen = seeding.choose(seed.parent, venv, interpreter_tag(), records)
                 if chosen is None:
                     raise SystemExit(f"{seed} does not seed a copy of itself: not a ready venv?")
+                listed = tree.collect(venv)
                 start = time.perf_counter()
-                result = seeding.take_bytecode(chosen, venv, accounting.read_records(venv))
+                dirs = seeding.CacheDirs(chosen, venv)
+                result = seeding.take_bytecode(chosen, venv, listed, dirs)
                 seconds = time.perf_counter() - start
                 took.setdefault(f"threads_{count}", []).append(round(seconds, 2))
                 taken.setdefault(count, result.known)

@@ -23,7 +23,6 @@ the manifest's entries.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import csv
 import importlib.util
@@ -69,11 +68,11 @@ class Recorded:
 
 def _record_sha256(value: str) -> str | None:
     """A RECORD hash (`sha256=<urlsafe base64, unpadded>`) as hex; None for another kind."""
-    algorithm, _, encoded = value.partition("=")
-    if algorithm != "sha256":
+    if not value.startswith("sha256="):
         return None
+    encoded = value[7:].replace("-", "+").replace("_", "/")  # `urlsafe_b64decode`'s, faster
     try:
-        return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).hex()
+        return binascii.a2b_base64(encoded + "=" * (-len(encoded) % 4)).hex()
     except (binascii.Error, ValueError):
         return None
 
@@ -81,10 +80,10 @@ def _record_sha256(value: str) -> str | None:
 def _normalised(base: str, path: str) -> str | None:
     """A RECORD path (relative to site-packages `base`) relative to the venv; None out of it."""
     rel = f"{base}/{path}"
-    if "/." in rel or "//" in rel or path.startswith("/"):
+    if "/." in rel or "//" in rel:  # else below `base`, as it is
         rel = os.path.normpath(rel)
-    if os.path.isabs(rel) or rel == ".." or rel.startswith("../"):
-        return None
+        if os.path.isabs(rel) or rel == ".." or rel.startswith("../"):
+            return None
     return rel
 
 

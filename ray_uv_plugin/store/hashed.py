@@ -41,7 +41,7 @@ import json
 import os
 import stat
 import tempfile
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ray_uv_plugin.store import manifest, tree, trust
@@ -128,7 +128,10 @@ def write(venv: Path, index: Index) -> str:
     doc = {
         "format": FORMAT,
         "dev": index.dev,
-        "parts": {name: list(astuple(part)) for name, part in index.parts.items()},
+        "parts": {
+            name: [part.rows, part.listing, part.sources, part.owners, part.bytecode]
+            for name, part in index.parts.items()
+        },
         "records": index.records,
     }
     data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()

@@ -8,11 +8,14 @@ Layout under the venv dir (`RAY_UV_PLUGIN_VENV_DIR`, absolute, private to this u
     <key>/                 the venv, made by `uv sync` with UV_PROJECT_ENVIRONMENT=<key>,
                            read-only once built
     <key>/.ray-uv-ready    JSON metadata naming <key>, written last: only a venv with it is used
-    <key>/.ray-uv-ready.manifest  every file the build made, with its sha256 (`manifest`); the
-                           marker names its sha256. Read only when the venv is shipped
-                           or seeds another
-    <key>/.ray-uv-ready.hashed  each file's inode, size and mtime when it was hashed
-                           (`hashed`): a seeded build takes an unchanged inode's hash from it
+    <key>/.ray-uv-ready.manifest  every file the build made, with its sha256 (`manifest`), by
+                           part of site-packages; the marker names its sha256. Read only
+                           when the venv is shipped or seeds another
+    <key>/.ray-uv-ready.hashed  each file's inode, size and mtime when it was hashed, by part
+                           (`hashed`): a seeded build keeps a part, or takes an unchanged
+                           inode's hash, from it
+    <key>/.ray-uv-ready.parts/<sha256>  the fragments both name, one per part each; a part a
+                           seeded build kept is the seed's fragment, linked
     <key>.lock             the build lock (`build_lock`), held while uv runs; it holds the pid
                            of its last holder and is the record that the plugin made <key>
     <key>.ship-XXXX        a venv being received from another node (`ship`), never used as it

@@ -518,3 +518,40 @@ def test_a_changed_seed_file_in_any_thread_s_share_fails_the_take(tmp_path, monk
     with pytest.raises(seeding.SeedError, match=r"pkg27/__pycache__/m5\..*other content"):
         seeding.take_bytecode(seed, new, store_tree.collect(new), seeding.CacheDirs(seed, new))
     assert not (new / SITE / "pkg27" / "__pycache__" / changed.name).exists()
+
+
+def test_a_part_is_kept_only_as_the_seed_had_it_owned_and_listed(tmp_path) -> None:
+    """A new venv's part keeps the seed's records only where its listing is the seed's, the
+    same distributions list its files, each with the seed's RECORD and of the lock."""
+    seed = _synthetic_seed(tmp_path, packages=6, modules=2)
+    new = _new_venv(seed, tmp_path / "new")
+    for pyc in (seed.path / SITE).rglob("*.pyc"):  # the seed's bytecode, linked
+        (new / pyc.relative_to(seed.path)).parent.mkdir(exist_ok=True)
+        os.link(pyc, new / pyc.relative_to(seed.path))
+    changed = new / SITE / "pkg4" / "m0.py"
+    data = changed.read_bytes()
+    changed.unlink()
+    changed.write_bytes(data)  # the same bytes, another inode
+    st = os.lstat(seed.path / SITE / "pkg4" / "m0.py")
+    os.utime(changed, ns=(st.st_atime_ns, st.st_mtime_ns))
+    listed = store_tree.collect(new)
+    groups = manifest.split(listed.entries, SITE)
+    recorded = accounting.read_records(new)
+    owners = build_record.owners_of(recorded, SITE).owners
+    records = seeding.record_digests(new / SITE)
+    records["pkg1-1.0.dist-info"] = "0" * 64  # another RECORD
+    owners["pkg2"] = owners["pkg2"] | {"pkg0-1.0.dist-info"}  # another distribution's file
+    foreign = {"pkg3-1.0.dist-info"}  # of no package of the lock
+    clock = hashed.fs_clock(new)
+    kept = build_record._kept(seed, groups, listed, owners, records, foreign, clock, {})
+    assert sorted(kept) == ["pkg0", "pkg5"]
+    assert all(kept[name] == seed.index.parts[name] for name in kept)
+    # A listing the seeding found is taken for the same paths only.
+    listing = seed.index.parts["pkg4"].listing
+    found = {"pkg4": (seeding.paths_key(groups["pkg4"]), listing)}
+    records = seeding.record_digests(new / SITE)
+    kept = build_record._kept(seed, groups, listed, owners, records, set(), clock, found)
+    assert "pkg4" in kept  # as the seeding said it found it
+    found = {"pkg4": (seeding.paths_key(groups["pkg4"][1:]), listing)}
+    kept = build_record._kept(seed, groups, listed, owners, records, set(), clock, found)
+    assert "pkg4" not in kept
