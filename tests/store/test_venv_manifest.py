@@ -28,7 +28,7 @@ from ray_uv_plugin.ship import archive
 from ray_uv_plugin.ship.archive import ArchiveError, DriftError, Packer
 from ray_uv_plugin.ship.install import install_received
 from ray_uv_plugin.ship.unpack import Unpacker
-from ray_uv_plugin.store import accounting, manifest
+from ray_uv_plugin.store import accounting, hashed, manifest
 from ray_uv_plugin.store.layout import (
     MARKER,
     NOT_AS_RECORDED,
@@ -363,6 +363,17 @@ def test_a_received_venv_has_a_manifest_of_its_own_and_ships_on(
     theirs = manifest.load(built, read_marker(built)["manifest"])
     changed = sorted(p for p in files if files[p] != theirs[p])
     assert "bin/ray" in changed and all(p.startswith("bin/") for p in changed), changed
+    # An index of its own, as a build's: this node's inodes, each part's rows the manifest's
+    # hashes, so a build here can seed from it.
+    index = hashed.load(on_b, marker["hashed"])
+    found = manifest.parts(on_b, marker["manifest"])
+    assert index is not None and found is not None and index.parts.keys() == found[1].keys()
+    for name, part in index.parts.items():
+        rows = hashed.rows(on_b, part.rows)
+        assert rows is not None
+        for path, entry in manifest.load_part(on_b, name, found[1][name]).items():
+            if entry.kind == "file":
+                assert rows.sha256(os.lstat(on_b / path)) == entry.content, path
     chunks, packer = pack(on_b, 8 * MiB)  # B sends it on to C
     root_c = tmp_path / "venv-c"
     install_received(
