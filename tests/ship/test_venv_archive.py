@@ -25,7 +25,7 @@ from ray_uv_plugin.ship import archive, relocation
 from ray_uv_plugin.ship.archive import ArchiveError, Packer
 from ray_uv_plugin.ship.install import install_received
 from ray_uv_plugin.ship.unpack import Unpacker
-from ray_uv_plugin.store import manifest
+from ray_uv_plugin.store import hashed, manifest
 from ray_uv_plugin.store.layout import MARKER_FORMAT, read_marker, write_marker
 
 KEY = "0123456789abcdef"
@@ -239,7 +239,9 @@ def test_a_receiver_writes_its_own_site_packages_whatever_the_sender_s_marker_sa
     install_received(root, KEY, received, sent)
     marker = read_marker(root / KEY)
     assert marker["site_packages"] == SITE and marker["key"] == KEY and marker["name"] == "proj"
-    assert "hashed" not in marker and "not_whole" not in marker and "venv" not in marker
+    assert "not_whole" not in marker and "venv" not in marker
+    assert marker["hashed"] != sent["hashed"]  # its own index, of this node's inodes
+    assert hashed.load(root / KEY, marker["hashed"]) is not None
     assert marker["format"] == MARKER_FORMAT
 
 
