@@ -81,8 +81,12 @@ def measure(venv: Path, work: Path) -> dict[str, Any]:
             unpacker.abort()
             raise
         receive = _took(start)
-        members = sum(len(dirs) + len(files) for _, dirs, files in os.walk(tree))
-        members -= sum(1 for name in os.listdir(tree) if manifest.own(name))  # the plugin's own
+        members = 0
+        for folder, dirs, files in os.walk(tree):
+            if folder == str(tree):  # the plugin's own (marker, manifest, its fragments): not
+                dirs[:] = [name for name in dirs if not manifest.own(name)]
+                files = [name for name in files if not manifest.own(name)]
+            members += len(dirs) + len(files)
     finally:
         remove_tree(root)
     return {

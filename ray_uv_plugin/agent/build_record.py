@@ -129,14 +129,14 @@ class Owners:
     part (`owners_of`)."""
 
     owners: dict[str, set[str]]
-    part: dict[str, str]  # path -> its part
+    paths: dict[str, list[str]]  # part -> the paths of it that RECORDs list
 
     def without(self, recorded: accounting.Recorded, kept: Collection[str]) -> accounting.Recorded:
         """`recorded` less the paths of the parts `kept` (accounted for as the seed's)."""
-        left = {path for path, part in self.part.items() if part not in kept}
+        left = [path for part, paths in self.paths.items() if part not in kept for path in paths]
         return accounting.Recorded(
-            {path: sha for path, sha in recorded.hashes.items() if path in left},
-            {path: dist for path, dist in recorded.owners.items() if path in left},
+            {path: recorded.hashes[path] for path in left},
+            {path: recorded.owners[path] for path in left},
             recorded.unreadable,
         )
 
@@ -173,11 +173,12 @@ def owners_of(recorded: accounting.Recorded, site: str) -> Owners:
     """Which part each path the RECORDs list is in, and the dist-info dirs of each part."""
     prefix = f"{site}/"
     owners: dict[str, set[str]] = {}
-    part = {}
+    paths: dict[str, list[str]] = {}
     for path, dist in recorded.owners.items():
-        name = part[path] = manifest.part_of(path, prefix)
+        name = manifest.part_of(path, prefix)
         owners.setdefault(name, set()).add(dist)
-    return Owners(owners, part)
+        paths.setdefault(name, []).append(path)
+    return Owners(owners, paths)
 
 
 def _kept(
