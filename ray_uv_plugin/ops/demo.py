@@ -93,7 +93,7 @@ def run(
     register_plugin()
     import ray
 
-    from ray_uv_plugin.agent.spec import UvProject
+    from ray_uv_plugin.registration import UvProject
     from ray_uv_plugin.cluster import probe
 
     token_setup = logging.getLogger(RAY_TOKEN_SETUP_LOGGER)

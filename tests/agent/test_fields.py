@@ -23,7 +23,6 @@ from ray_uv_plugin.agent.fields import (
 from ray_uv_plugin.agent.spec import (
     FIELD_NAMES,
     ParsedUvProject,
-    UvProject,
     UvProjectSpecError,
     UvProjectTypeError,
     parse_spec,
@@ -31,6 +30,7 @@ from ray_uv_plugin.agent.spec import (
 from ray_uv_plugin.driver import uv_run_options
 from ray_uv_plugin.ops import cli
 from ray_uv_plugin.ops.cli_common import UsageError, selection
+from ray_uv_plugin.registration import UvProject
 from ray_uv_plugin.schema import load_schema, make_schema, schema_path, schema_text
 from tests.driver.test_uv_run import make_project, value_of
 
@@ -135,11 +135,10 @@ def test_prepare_and_check_take_every_selection_field() -> None:
         for f in SELECTION:
             given = [f.flag, *([sample(f)[0]] if f.is_list else [sample(f)] * bool(f.metavar))]
             chosen = selection(parser.parse_args([command, *given]))
-            assert chosen == {f.name: sample(f)}, (command, f.name)
-            assert UvProject(**chosen) == UvProject(**{f.name: sample(f)})
+            assert chosen == parse_spec(UvProject(**{f.name: sample(f)})), (command, f.name)
         both = parser.parse_args([command, "--only-group", "a", "--only-group", "b"])
-        assert selection(both) == {"only_groups": ["a", "b"]}
-        assert selection(parser.parse_args([command])) == {}
+        assert selection(both) == parse_spec({"only_groups": ["a", "b"]})
+        assert selection(parser.parse_args([command])) == ParsedUvProject()
 
 
 def test_selection_flags_no_value_can_hold_are_a_usage_error(
