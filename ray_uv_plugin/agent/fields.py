@@ -37,6 +37,7 @@ class Field:
     default_label: str | None = None  # the README's default, where not the value's own
     uv_when: bool = True  # a bool field: the value with which uv gets `uv` (True: when set)
     uv_unless: str | None = None  # a bool field whose `uv` flag another field's own replaces
+    uv_no: bool = False  # a bool field: uv also takes `--no-<flag>`, which sets the other value
 
     @property
     def is_list(self) -> bool:
@@ -90,6 +91,7 @@ FIELDS: tuple[Field, ...] = (
         uv="--all-extras",
         cli="--all-extras",
         key_always=True,
+        uv_no=True,
     ),
     Field(
         "no_extras",
@@ -164,6 +166,7 @@ FIELDS: tuple[Field, ...] = (
         cli="--no-locked",
         key_always=True,
         uv_unless="frozen",  # `--frozen` uses the lock as it is: no `--locked` beside it
+        uv_no=True,
     ),
     Field(
         "frozen",
@@ -174,6 +177,7 @@ FIELDS: tuple[Field, ...] = (
         uv="--frozen",
         cli="--frozen",
         key_always=True,
+        uv_no=True,
     ),
     Field(
         "install_project",
@@ -225,7 +229,7 @@ SELECTION = tuple(f for f in FIELDS if f.cli)
 def uv_options(table: tuple[Field, ...] = FIELDS) -> dict[str, tuple[Field, bool | None]]:
     """uv's options that set a field, as `uv sync` and `uv run` take them: option -> (the
     field, the value a flag sets, or None for an option that takes one). A bool field's flag
-    has its negation too (`--no-locked`, `--no-all-extras`), where uv has one."""
+    has its negation too (`--no-locked`, `--no-all-extras`), where uv has one (`uv_no`)."""
     options: dict[str, tuple[Field, bool | None]] = {}
     for f in table:
         if f.uv_flag is None:
@@ -234,7 +238,7 @@ def uv_options(table: tuple[Field, ...] = FIELDS) -> dict[str, tuple[Field, bool
             options[f.uv_flag] = (f, None)
             continue
         options[f.uv_flag] = (f, f.uv_when)
-        if not f.uv_flag.startswith("--no-"):
+        if f.uv_no:
             options["--no-" + f.uv_flag[2:]] = (f, not f.uv_when)
     return options
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.agent.fields import FIELDS, uv_options
+from ray_uv_plugin.agent.fields import FIELDS, Field, uv_options
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.driver.project_discovery import (
     find_project,
@@ -86,26 +86,27 @@ def _python_is_the_drivers(request: str, driver_version: str) -> bool:
     return driver_version.split(".")[: len(asked)] == asked
 
 
-# uv's options that set a field (`--extra X` -> extras, `--no-locked` -> locked: False), from
-# the table of fields, and `uv run`'s aliases of some of them.
-_SETS = uv_options()
+# `uv run`'s aliases of options that set a field.
 _ALIASES = {"--no-dev": ("--no-group", "dev"), "--only-dev": ("--only-group", "dev")}
 
 
 class _Selection:
     """The selection that a sequence of options builds, as uv reads them (later wins): the
-    fields they set (`chosen`), each list with every name given."""
+    fields they set (`chosen`), each list with every name given. uv's options that set a field
+    (`--extra X` -> extras, `--no-locked` -> locked: False) are the table's (`uv_options`)."""
 
-    def __init__(self) -> None:
-        self.chosen: dict[str, Any] = {f.name: [] for f in FIELDS if f.is_list}
+    def __init__(self, table: tuple[Field, ...] = FIELDS) -> None:
+        self.table = table
+        self.options = uv_options(table)
+        self.chosen: dict[str, Any] = {f.name: [] for f in table if f.is_list}
         self.no_sync = False
 
     def apply(self, name: str, value: str | None) -> None:
         name, value = _ALIASES.get(name, (name, value))
         if name == "--no-sync":  # uv: implies --frozen, whatever --no-frozen says
             self.no_sync = True
-        elif name in _SETS:
-            f, flag_value = _SETS[name]
+        elif name in self.options:
+            f, flag_value = self.options[name]
             if f.is_list:
                 if value is not None:
                     self.chosen[f.name].append(value)
@@ -126,7 +127,7 @@ class _Selection:
         }
         return {
             f.name: chosen[f.name]
-            for f in FIELDS
+            for f in self.table
             if f.kind != "path" and chosen.get(f.name) not in (None, False, [])
         }
 
