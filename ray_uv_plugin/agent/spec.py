@@ -301,8 +301,9 @@ def is_uv_run_interpreter(py_executable: str) -> bool:
     return len(words) >= 2 and os.path.basename(words[0]) == "uv" and words[1] == "run"
 
 
-# What an actor or task sets to choose its own interpreter or packages. Ray merges its
-# runtime_env over the job's field by field, so it also inherits the job's `uv_project`.
+# What an actor or task sets to choose its own interpreter or packages, defined here only (the
+# `uv run` driver hook's and worker groups' too). Ray merges its runtime_env over the job's
+# field by field, so it also inherits the job's `uv_project`.
 OWN_CHOICE_FIELDS = ("py_executable", "pip", "uv", "conda")
 
 
