@@ -72,14 +72,14 @@ if TYPE_CHECKING:
     from ray_uv_plugin.agent.plugin import UvProjectPlugin
     from ray_uv_plugin.agent.project import ProjectError
     from ray_uv_plugin.agent.setup_error import UvProjectSetupError
-    from ray_uv_plugin.agent.spec import UvProject, UvProjectSpecError, UvProjectTypeError
+    from ray_uv_plugin.agent.spec import UvProjectSpecError, UvProjectTypeError
     from ray_uv_plugin.agent.uv import UvNotFoundError, UvSyncError
     from ray_uv_plugin.agent.uv_env import UvEnvError
     from ray_uv_plugin.cluster.auth import TokenAuthError
     from ray_uv_plugin.cluster.connect import ConnectError
     from ray_uv_plugin.cluster.prepare import PrepareError, prepare_env
     from ray_uv_plugin.cluster.readiness import NodeSetup, ReadinessError, node_setups
-    from ray_uv_plugin.registration import PluginNotLoadedError
+    from ray_uv_plugin.registration import PluginNotLoadedError, UvProject
     from ray_uv_plugin.store.build_lock import LockTimeout
     from ray_uv_plugin.store.build_slots import SlotTimeout
     from ray_uv_plugin.store.layout import VenvDirError

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ray_uv_plugin import PLUGIN_CLASS, PLUGINS_ENV
-from ray_uv_plugin.agent.spec import UvProject as _UvProject
-from ray_uv_plugin.agent.spec import check_field_names
+from ray_uv_plugin.agent.fields import FIELDS
+from ray_uv_plugin.agent.spec import keyword_default, keyword_value
 from ray_uv_plugin.cluster.auth import check_token_auth
 
 logger = logging.getLogger(__name__)
@@ -217,11 +217,24 @@ def watch() -> None:
     check_this_ray()
 
 
-class UvProject(_UvProject):
-    """`agent.spec.UvProject` as drivers import it (`ray_uv_plugin.UvProject`): building one
-    also checks that this driver's Ray loads the plugin (`watch`), where a plain dict cannot."""
+class UvProject(dict):
+    """A typed builder of the `uv_project` value: `runtime_env={"uv_project": UvProject(...)}`,
+    as drivers import it (`ray_uv_plugin.UvProject`); its keywords are the table's fields.
+
+    It is a plain dict (Ray serializes runtime_envs as JSON), checked when it is made, holding
+    the fields given other than as their defaults, as given (`spec.keyword_value`). The plugin
+    reads it as a `ParsedUvProject`. Building one also checks that this driver's Ray loads the
+    plugin (`watch`), where a plain dict cannot."""
 
     def __init__(self, **fields: Any) -> None:
-        check_field_names(fields)  # a typo is told its field, not just "unexpected keyword"
-        super().__init__(**fields)
+        super().__init__(keyword_value(fields))
         watch()
+
+
+UvProject.__init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    + [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=keyword_default(f))
+        for f in FIELDS
+    ]
+)

@@ -254,6 +254,21 @@ def test_the_initializers_copy_of_the_venv_variable_agrees() -> None:
     assert value == VENV_ENV
 
 
+def test_the_initializers_copy_of_the_own_choice_fields_agrees() -> None:
+    """The fields with which a worker chose its own Python are `spec.OWN_CHOICE_FIELDS`; the
+    initializer, which runs where ray_uv_plugin may not be installed, writes them out."""
+    from ray_uv_plugin.agent.spec import FIELD, OWN_CHOICE_FIELDS
+
+    tree = ast.parse((ROOT / "worker_groups" / "_initializer.py").read_text())
+    (value,) = [
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["PLUGIN_FIELDS"]
+    ]
+    assert value == (FIELD, *OWN_CHOICE_FIELDS)
+
+
 def test_the_tests_mirror_the_modules() -> None:
     """tests/<layer>/ holds the tests of ray_uv_plugin/<layer>/, tests/worker_groups/ and
     tests/benchmarks/ those of the packages of the same name, tests/support/ the helpers they

@@ -65,7 +65,9 @@ PLUGIN_FIX = (
     "that node's runtime_env setup log). On that node, with ray-uv-plugin installed in its "
     'Python, run `eval "$(ray-uv plugin-config --shell)"` before `ray start`, and restart it.'
 )
-# What of a worker's runtime_env decides whether the plugin applies to it (`worker_venv_report`).
+# What of a worker's runtime_env decides whether the plugin applies to it (`worker_venv_report`):
+# `uv_project` and `spec.OWN_CHOICE_FIELDS`, written out since this module runs where the
+# plugin may not be installed (tests/test_layout.py checks that the two agree).
 PLUGIN_FIELDS = ("uv_project", "py_executable", "pip", "uv", "conda")
 
 

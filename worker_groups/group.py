@@ -236,6 +236,7 @@ class RayWorkerGroup(WorkerDispatch):
         building."""
         from ray.util import placement_group_table
 
+        from ray_uv_plugin.agent.spec import parse_spec
         from ray_uv_plugin.cluster.prepare import outcome_counts, prepare_nodes
 
         value = self._uv_project
@@ -255,7 +256,7 @@ class RayWorkerGroup(WorkerDispatch):
         ready = [n for n, setup in lines.read().items() if setup.state == "ready"]
         with lines.said():
             results = prepare_nodes(
-                value,
+                parse_spec(value),
                 nodes,
                 timeout,
                 on_result=lambda r: logger.info(

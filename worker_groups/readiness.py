@@ -265,9 +265,9 @@ def joining_nodes_prepared(
     from a node that has it ready, else built there), in a thread, as `ray-uv prepare --watch`
     does, under the workers' `env_vars` (the key they will ask for); the nodes alive now are
     left as they are."""
+    from ray_uv_plugin.agent.spec import parse_spec
     from ray_uv_plugin.cluster.node_result import NodeResult
     from ray_uv_plugin.cluster.options import Quiet, WatchOptions
-    from ray_uv_plugin.cluster.prepare import UvEnv
     from ray_uv_plugin.cluster.watch import watch_nodes
 
     seen = [
@@ -287,12 +287,12 @@ def joining_nodes_prepared(
 
     stop = threading.Event()
     options = WatchOptions(interval=JOIN_WATCH_INTERVAL_S)
-    env = UvEnv.of(uv_project)
-    probe_env: dict[str, Any] = {"uv_project": dict(env.value)}
+    spec = parse_spec(uv_project)
+    probe_env: dict[str, Any] = {"uv_project": spec.as_value()}
     if env_vars:
         probe_env["env_vars"] = dict(env_vars)
     thread = threading.Thread(
-        target=watch_nodes, args=(env, seen, options, Told(), stop, probe_env), daemon=True
+        target=watch_nodes, args=(spec, seen, options, Told(), stop, probe_env), daemon=True
     )
     thread.start()
     try:

@@ -59,12 +59,9 @@ def build_venv(
     project_fd = os.open(files.path, os.O_RDONLY | os.O_DIRECTORY)  # to tell if it is replaced
     scratch = scratch_project(request, venv.parent) if spec.resolves else None
     project_dir = scratch or files.path
-    args = ["sync", "--project", str(project_dir), *spec.sync_args(), "--python", sys.executable]
-    for name in request.sources.copied_names:  # uv caches their builds by mtime
-        args += ["--refresh-package", name]
-    lock = tomllib.loads(files.lock.decode("utf-8")) if spec.from_image else {}
-    left = image.left_out(lock.get("package", []), spec.from_image)
-    args += image.no_install_args(left)
+    command = request.sync_command(venv, project_dir)
+    args, left = list(command.args), list(command.left_out)
+    lock = tomllib.loads(files.lock.decode("utf-8")) if spec.from_image else {}  # for its check
     logger.info("uv_project %s: building: %s %s", venv.name, find_uv(), " ".join(args))
     if withheld := withheld_from_uv(request):
         shown = ", ".join(withheld[:12]) + (
@@ -76,7 +73,7 @@ def build_venv(
             venv.name,
             shown,
         )
-    env = {**request.uv_env, "UV_PROJECT_ENVIRONMENT": str(venv)}
+    env = dict(command.env)
     if split := cache_split_note(env, venv.parent, files.path):
         logger.warning("uv_project %s: %s.", venv.name, split)
     deadline = time.monotonic() + timeout
@@ -92,7 +89,7 @@ def build_venv(
             result = run_uv(
                 args,
                 sync_env,
-                cwd=files.path,
+                cwd=command.cwd,
                 on_line=said,
                 timeout=left,
             )

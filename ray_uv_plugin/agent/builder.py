@@ -97,7 +97,7 @@ async def ensure_venv_async(
         ready = check_ready(root, key)  # another process may have built it meanwhile
         why = ready.why_not
         # Ray's agent retries a failed setup: not 3 builds
-        sync_inputs = failed_builds.sync_inputs(request)
+        sync_inputs = "" if why is None else failed_builds.sync_inputs(request, root / key)
         failed = None if why is None else failed_builds.recent(root / key, sync_inputs)
     except BaseException:
         lock.release()

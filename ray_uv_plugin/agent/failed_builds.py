@@ -9,7 +9,7 @@ not send, or in a project dir that was removed while uv ran, is not remembered: 
 get through.
 
 Per process (the node's agent), per venv path (`<venv dir>/<key>`) and per everything else that
-reached uv (`sync_inputs`: its whole environment, the uv binary, the project dir, the flags):
+reached uv (`sync_inputs`: the `uv sync` command, with its whole environment, and the uv binary):
 only the same sync would fail the same way. A job that changes a setting outside the key (a
 timeout, a proxy, an index's credentials) gets a build of its own. After
 `remember_seconds()` the next request builds again, e.g. once the disk has been freed.
@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -89,17 +88,18 @@ def _uv_binary() -> str:
     return f"{os.path.realpath(uv)} {st.st_mtime_ns} {st.st_size}"
 
 
-def sync_inputs(request: VenvRequest) -> str:
-    """A digest of everything of `request` that reaches uv, the key's inputs and the rest: the
-    whole environment uv runs in, the uv binary, the project dir (uv's cwd) and the flags; and
-    the job's env_vars, so that changing one asks for a new try (as it does of Ray's agent)."""
+def sync_inputs(request: VenvRequest, venv: Path) -> str:
+    """A digest of everything of `request` that reaches uv, the key's inputs and the rest: its
+    `uv sync` into `venv` (`VenvRequest.sync_command`: the flags, the whole environment uv runs
+    in, its cwd) and the uv binary; and the job's env_vars, so that changing one asks for a new
+    try (as it does of Ray's agent)."""
+    command = request.sync_command(venv)
     inputs = {
-        "env": _as_retried(request.uv_env),
+        "args": list(command.args),
+        "env": _as_retried(command.env),
+        "cwd": str(command.cwd),
         "job_env": _as_retried(request.job_env_vars),  # `"RETRY": "1"` asks for a new try
         "uv": _uv_binary(),
-        "project": str(request.files.path),
-        "flags": request.spec.sync_args(),
-        "python": sys.executable,
     }
     return hashlib.sha256(json.dumps(inputs).encode()).hexdigest()
 

@@ -1,11 +1,11 @@
 """The `uv_project` fields, declared once: name, type, default, uv flag, `ray-uv` flag, whether
-the venv's key records it, and one line of doc. Standard library only (the schema is made from
-it where importing Ray or `packaging` would cost).
+and how the venv's key records it, and one line of doc. Standard library only (the schema is made
+from it where importing Ray or `packaging` would cost).
 
-What comes from this table: the JSON schema Ray checks drivers' values with (`schema.py`),
-`parse_spec`'s type checks, the `ray-uv prepare` / `check` selection flags, the `uv run`
-hook's list options, and the README's field table. Tests keep `UvProject`,
-`ParsedUvProject` (and its key and `uv sync` flags) equal to it.
+What comes from this table: `ParsedUvProject` (its fields, `sync_args`, `selection`) and
+`parse_spec`'s type checks (`spec.py`), `UvProject` (`registration.py`), the JSON schema Ray
+checks drivers' values with (`schema.py`), the `ray-uv prepare` / `check` selection flags, the
+`uv run` hook's reading of uv's options (`uv_options`), and the README's field table.
 
     uv run python -m ray_uv_plugin.agent.fields README.md   # rewrite the README's table
 """
@@ -31,8 +31,13 @@ class Field:
     uv: str | None = None  # the `uv sync` / `uv run` option, with its metavar: `--extra X`
     cli: str | None = None  # the `ray-uv prepare` / `check` option; None: not one of theirs
     keyed: bool = True  # whether the venv's key records it (`ParsedUvProject.selection`)
+    # Whether every key records it, default or not: the fields of the first keys. The others
+    # appear only when set, so that the venvs of values without them keep their keys.
+    key_always: bool = False
     default_label: str | None = None  # the README's default, where not the value's own
     uv_when: bool = True  # a bool field: the value with which uv gets `uv` (True: when set)
+    uv_unless: str | None = None  # a bool field whose `uv` flag another field's own replaces
+    uv_no: bool = False  # a bool field: uv also takes `--no-<flag>`, which sets the other value
 
     @property
     def is_list(self) -> bool:
@@ -41,6 +46,11 @@ class Field:
     @property
     def type_label(self) -> str:
         return {"path": "str", "name": "str", "bool": "bool"}.get(self.kind, "list[str]")
+
+    @property
+    def uv_flag(self) -> str | None:
+        """The uv option alone, without its metavar: `--extra`."""
+        return self.uv.split()[0] if self.uv else None
 
     @property
     def flag(self) -> str | None:
@@ -71,6 +81,7 @@ FIELDS: tuple[Field, ...] = (
         "Extras to install, from `[project.optional-dependencies]`.",
         uv="--extra X",
         cli="--extra X",
+        key_always=True,
     ),
     Field(
         "all_extras",
@@ -79,6 +90,8 @@ FIELDS: tuple[Field, ...] = (
         "Install every extra; not with a non-empty `extras`.",
         uv="--all-extras",
         cli="--all-extras",
+        key_always=True,
+        uv_no=True,
     ),
     Field(
         "no_extras",
@@ -95,6 +108,7 @@ FIELDS: tuple[Field, ...] = (
         "Dependency groups to install, from `[dependency-groups]`.",
         uv="--group G",
         cli="--group G",
+        key_always=True,
     ),
     Field(
         "no_default_groups",
@@ -103,6 +117,7 @@ FIELDS: tuple[Field, ...] = (
         "Skip uv's default groups (uv installs the `dev` group by default).",
         uv="--no-default-groups",
         cli="--no-default-groups",
+        key_always=True,
     ),
     Field(
         "all_groups",
@@ -149,6 +164,9 @@ FIELDS: tuple[Field, ...] = (
         "locks with path sources. Exclusive with `frozen`.",
         uv="--locked",
         cli="--no-locked",
+        key_always=True,
+        uv_unless="frozen",  # `--frozen` uses the lock as it is: no `--locked` beside it
+        uv_no=True,
     ),
     Field(
         "frozen",
@@ -158,6 +176,8 @@ FIELDS: tuple[Field, ...] = (
         "`locked: true`.",
         uv="--frozen",
         cli="--frozen",
+        key_always=True,
+        uv_no=True,
     ),
     Field(
         "install_project",
@@ -167,16 +187,7 @@ FIELDS: tuple[Field, ...] = (
         uv="--no-install-project",
         uv_when=False,
         cli="--install-project",
-    ),
-    Field(
-        "from_image",
-        "names",
-        (),
-        "Packages the node's Python (the image) provides, such as `torch`: the venv sees its "
-        "site-packages and installs neither them nor what only they need in `uv.lock`; the "
-        "key records their installed versions, and the build checks them "
-        "([docs/image_packages.md](docs/image_packages.md)). Not with `locked: false`.",
-        cli="--from-image P",
+        key_always=True,
     ),
     Field(
         "build_env_vars",
@@ -187,6 +198,16 @@ FIELDS: tuple[Field, ...] = (
         "compiler); the job's other variables are its workers' alone. `PYTHONPATH`, "
         "`PYTHONHOME` and `LD_PRELOAD` are refused, and so is what moves uv's cache "
         "(`UV_CACHE_DIR`, `HOME`...: the node's).",
+    ),
+    Field(
+        "from_image",
+        "names",
+        (),
+        "Packages the node's Python (the image) provides, such as `torch`: the venv sees its "
+        "site-packages and installs neither them nor what only they need in `uv.lock`; the "
+        "key records their installed versions, and the build checks them "
+        "([docs/image_packages.md](docs/image_packages.md)). Not with `locked: false`.",
+        cli="--from-image P",
     ),
     Field(
         "job_default",
@@ -203,6 +224,23 @@ BY_NAME = {f.name: f for f in FIELDS}
 NAMES = tuple(f.name for f in FIELDS)
 # The fields that `ray-uv prepare` and `check` take as flags: every one that selects packages.
 SELECTION = tuple(f for f in FIELDS if f.cli)
+
+
+def uv_options(table: tuple[Field, ...] = FIELDS) -> dict[str, tuple[Field, bool | None]]:
+    """uv's options that set a field, as `uv sync` and `uv run` take them: option -> (the
+    field, the value a flag sets, or None for an option that takes one). A bool field's flag
+    has its negation too (`--no-locked`, `--no-all-extras`), where uv has one (`uv_no`)."""
+    options: dict[str, tuple[Field, bool | None]] = {}
+    for f in table:
+        if f.uv_flag is None:
+            continue
+        if f.kind != "bool":
+            options[f.uv_flag] = (f, None)
+            continue
+        options[f.uv_flag] = (f, f.uv_when)
+        if f.uv_no:
+            options["--no-" + f.uv_flag[2:]] = (f, not f.uv_when)
+    return options
 
 
 def _default_label(f: Field) -> str:

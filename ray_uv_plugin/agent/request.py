@@ -25,9 +25,11 @@ import json
 import os
 import platform
 import sys
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from ray_uv_plugin.agent import image
@@ -175,6 +177,32 @@ class VenvRequest:
     def what(self) -> str:
         """`<key> (/path/to/project extras=vllm groups=-)`, for log lines and errors."""
         return f"{self.key} ({self.files.path} {self.spec.describe()})"
+
+    def sync_command(self, venv: Path, project_dir: Path | None = None) -> SyncCommand:
+        """`uv sync` of this request into `venv`, of the project's files in `project_dir`
+        (default: the project's own dir; `locked: false` gives the build's scratch copy)."""
+        spec, files = self.spec, self.files
+        project = project_dir or files.path
+        args = ["sync", "--project", str(project), *spec.sync_args(), "--python", sys.executable]
+        for name in self.sources.copied_names:  # uv caches their builds by mtime
+            args += ["--refresh-package", name]
+        lock = tomllib.loads(files.lock.decode("utf-8")) if spec.from_image else {}
+        left = tuple(image.left_out(lock.get("package", []), spec.from_image))
+        args += image.no_install_args(left)
+        env = {**self.uv_env, "UV_PROJECT_ENVIRONMENT": str(venv)}
+        return SyncCommand(tuple(args), env, files.path, left)
+
+
+@dataclass(frozen=True)
+class SyncCommand:
+    """`uv sync` as a build runs it: its arguments (after `uv`), its environment and working
+    directory (the project's dir, where uv reads `.python-version` and `uv.toml`). The build
+    runs it; the failed-build memo digests it (`failed_builds.sync_inputs`)."""
+
+    args: tuple[str, ...]
+    env: Mapping[str, str] = field(repr=False)
+    cwd: Path
+    left_out: tuple[str, ...] = ()  # the lock's packages left to the image (`from_image`)
 
 
 def make_request(

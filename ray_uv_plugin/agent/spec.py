@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
 import shlex
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar
 
 from packaging.utils import canonicalize_name
 
-from ray_uv_plugin.agent.fields import FIELDS
+from ray_uv_plugin.agent.fields import BY_NAME, FIELDS, Field
 from ray_uv_plugin.agent.uv_env import check_build_env_vars
 
 FIELD = "uv_project"
@@ -26,32 +26,15 @@ class UvProjectTypeError(UvProjectSpecError, TypeError):
     """A `uv_project` field of the wrong type."""
 
 
-@dataclass(frozen=True)
-class ParsedUvProject:
+class ParsedValue:
     """What a worker asks for: which project, and which of its extras and groups; the
-    `uv_project` value as `parse_spec` checked it (a user writes it as a dict or `UvProject`)."""
+    `uv_project` value as `parse_spec` checked it (a user writes it as a dict or `UvProject`).
 
-    project: str | None = None
-    extras: tuple[str, ...] = ()
-    all_extras: bool = False
-    no_extras: tuple[str, ...] = ()
-    groups: tuple[str, ...] = ()
-    no_default_groups: bool = False
-    all_groups: bool = False
-    only_groups: tuple[str, ...] = ()
-    no_groups: tuple[str, ...] = ()
-    package: str | None = None
-    locked: bool = True
-    frozen: bool = False
-    install_project: bool = False
-    # Packages the node's Python provides (`agent.image`): not installed, checked, keyed.
-    from_image: tuple[str, ...] = ()
-    # Names of the job's env_vars that the build takes, and so the key (`uv_env`): a build
-    # variable no list knows (`MYLIB_FLAVOR`), or `PATH` to pick another compiler.
-    build_env_vars: tuple[str, ...] = ()
-    # Set by the `uv run` driver hook on the job's value; it yields to an actor's own choice of
-    # interpreter (see `yields_to`). Not part of the key: it changes no package.
-    job_default: bool = False
+    Its fields are the table's (`fields.FIELDS`, each dataclass field's metadata["field"]), and
+    so are its uv flags and its part of the key: `ParsedUvProject` is this made from the table.
+    """
+
+    TABLE: ClassVar[tuple[Field, ...]]
 
     @property
     def resolves(self) -> bool:
@@ -60,72 +43,99 @@ class ParsedUvProject:
         return not (self.locked or self.frozen)
 
     def sync_args(self) -> list[str]:
-        """The `uv sync` flags that select exactly this environment."""
-        args = ["--frozen"] if self.frozen else (["--locked"] if self.locked else [])
-        if self.package is not None:
-            args += ["--package", self.package]
-        for flag, names in (
-            ("--extra", self.extras),
-            ("--no-extra", self.no_extras),
-            ("--group", self.groups),
-            ("--only-group", self.only_groups),
-            ("--no-group", self.no_groups),
-        ):
-            for name in names:
-                args += [flag, name]
-        for flag, on in (
-            ("--all-extras", self.all_extras),
-            ("--all-groups", self.all_groups),
-            ("--no-default-groups", self.no_default_groups),
-            ("--no-install-project", not self.install_project),
-        ):
-            if on:
-                args.append(flag)
+        """The `uv sync` flags that select exactly this environment (`project` is where uv
+        runs: the build's `--project`)."""
+        args: list[str] = []
+        for f in self.TABLE:
+            value = getattr(self, f.name)
+            if f.uv_flag is None or f.kind == "path":
+                continue
+            if f.kind == "bool":
+                if value == f.uv_when and not (f.uv_unless and getattr(self, f.uv_unless)):
+                    args.append(f.uv_flag)
+            elif f.kind == "name":
+                if value is not None:
+                    args += [f.uv_flag, value]
+            else:
+                for name in value:
+                    args += [f.uv_flag, name]
         return args
 
     def selection(self) -> dict[str, Any]:
         """What selects the packages, normalised (`Fig` and `fig` are one extra): for the key.
 
-        The fields added for `uv run` drivers appear only when set, so the venvs of
-        values without them keep their keys.
+        The fields keyed from the start appear always, the others only when set, so the venvs
+        of values without them keep their keys.
         """
-        selection: dict[str, Any] = {
-            "extras": _canonical(self.extras),
-            "all_extras": self.all_extras,
-            "groups": _canonical(self.groups),
-            "no_default_groups": self.no_default_groups,
-            "locked": self.locked,
-            "frozen": self.frozen,
-            "install_project": self.install_project,
-        }
-        added = {
-            "no_extras": _canonical(self.no_extras),
-            "all_groups": self.all_groups,
-            "only_groups": _canonical(self.only_groups),
-            "no_groups": _canonical(self.no_groups),
-            "package": canonicalize_name(self.package) if self.package else None,
-            "build_env_vars": list(self.build_env_vars),
-            "from_image": _canonical(self.from_image),
-        }
+        keyed = [f for f in self.TABLE if f.keyed]
+        selection = {f.name: _keyed(f, getattr(self, f.name)) for f in keyed if f.key_always}
+        added = {f.name: _keyed(f, getattr(self, f.name)) for f in keyed if not f.key_always}
         selection.update({name: value for name, value in added.items() if value})
         return selection
 
+    def as_value(self) -> dict[str, Any]:
+        """The `uv_project` value that parses to this one, as a runtime_env holds it (JSON):
+        the fields that differ from their defaults, lists as lists."""
+        value: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            given = getattr(self, f.name)
+            if given != f.default:
+                value[f.name] = list(given) if isinstance(given, tuple) else given
+        return value
+
     def describe(self) -> str:
         """A short human label: `extras=vllm groups=-` for logs and `ray-uv list`."""
-        extras = "all" if self.all_extras else (",".join(self.extras) or "-")
-        groups = ",".join(self.only_groups or self.groups) or ("all" if self.all_groups else "-")
-        label = f"extras={extras} groups={'only:' if self.only_groups else ''}{groups}"
-        return label + (f" package={self.package}" if self.package else "")
+        extras, groups = self.extras, self.groups
+        only, package = self.only_groups, self.package
+        extras = "all" if self.all_extras else (",".join(extras) or "-")
+        groups = ",".join(only or groups) or ("all" if self.all_groups else "-")
+        label = f"extras={extras} groups={'only:' if only else ''}{groups}"
+        return label + (f" package={package}" if package else "")
+
+
+def _keyed(f: Field, value: Any) -> Any:
+    """A field's value as the key records it: names normalised and sorted."""
+    if f.kind == "names":
+        return _canonical(value)
+    if f.kind == "env_names":
+        return list(value)
+    if f.kind == "name":
+        return canonicalize_name(value) if value else None
+    return value
 
 
 def _canonical(names: tuple[str, ...]) -> list[str]:
     return sorted(canonicalize_name(name) for name in names)
 
 
-_BOOL_FIELDS = tuple(f.name for f in FIELDS if f.kind == "bool")
-_LIST_FIELDS = tuple(f.name for f in FIELDS if f.kind == "names")
+_TYPES = {"path": "str | None", "name": "str | None", "bool": "bool"}
+
+
+def value_class(table: tuple[Field, ...], name: str = "ParsedUvProject") -> type[ParsedValue]:
+    """The frozen dataclass of a table's fields, each with its default and, as metadata, its
+    `Field`; `ParsedUvProject` is the one of `FIELDS`."""
+    return dataclasses.make_dataclass(
+        name,
+        [
+            (
+                f.name,
+                _TYPES.get(f.kind, "tuple[str, ...]"),
+                dataclasses.field(
+                    default=tuple(f.default) if f.is_list else f.default,
+                    metadata={"field": f},
+                ),
+            )
+            for f in table
+        ],
+        bases=(ParsedValue,),
+        namespace={"TABLE": table, "__doc__": ParsedValue.__doc__, "__module__": __name__},
+        frozen=True,
+    )
+
+
+ParsedUvProject = value_class(FIELDS)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-FIELD_NAMES = tuple(f.name for f in fields(ParsedUvProject))
+FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ParsedUvProject))
 
 
 def _names(field: str, value: Any) -> tuple[str, ...]:
@@ -144,20 +154,51 @@ def _names(field: str, value: Any) -> tuple[str, ...]:
     return tuple(names[name] for name in sorted(names))
 
 
-def _env_names(value: Any) -> tuple[str, ...]:
+def _env_names(field: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise UvProjectTypeError(
-            "uv_project.build_env_vars must be a list of env var names, got "
-            f"{type(value).__name__} {value!r}; e.g. {{'build_env_vars': ['CMAKE_ARGS']}}."
+            f"uv_project.{field} must be a list of env var names, got "
+            f"{type(value).__name__} {value!r}; e.g. {{'{field}': ['CMAKE_ARGS']}}."
         )
     for item in value:
         if not isinstance(item, str) or not _ENV_NAME.fullmatch(item):
             raise UvProjectTypeError(
-                f"uv_project.build_env_vars must hold env var names (letters, digits, _), got "
-                f"{item!r}."
+                f"uv_project.{field} must hold env var names (letters, digits, _), got {item!r}."
             )
     check_build_env_vars(value)
     return tuple(sorted(set(value)))
+
+
+def _path(field: str, value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise UvProjectTypeError(
+            f"uv_project.{field} must be a directory path (str), got {value!r}."
+        )
+    return value
+
+
+def _name(field: str, value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise UvProjectTypeError(
+            f"uv_project.{field} must be the name of a workspace member (str), got {value!r}."
+        )
+    return None if value is None else value.strip()
+
+
+def _bool(field: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise UvProjectTypeError(f"uv_project.{field} must be true or false, got {value!r}.")
+    return value
+
+
+# How `parse_spec` checks a field of each kind, and the value it keeps (None: the default).
+_PARSERS: dict[str, Callable[[str, Any], Any]] = {
+    "path": _path,
+    "name": _name,
+    "names": _names,
+    "env_names": _env_names,
+    "bool": _bool,
+}
 
 
 def _with_guess(name: Any) -> str:
@@ -187,33 +228,8 @@ def parse_spec(value: Any) -> ParsedUvProject:
             f"project's default environment), got {type(value).__name__} {value!r}."
         )
     check_field_names(value)
-    kwargs: dict[str, Any] = {}
-    project = value.get("project")
-    if project is not None:
-        if not isinstance(project, str) or not project:
-            raise UvProjectTypeError(
-                f"uv_project.project must be a directory path (str), got {project!r}."
-            )
-        kwargs["project"] = project
-    package = value.get("package")
-    if package is not None:
-        if not isinstance(package, str) or not package.strip():
-            raise UvProjectTypeError(
-                f"uv_project.package must be the name of a workspace member (str), got {package!r}."
-            )
-        kwargs["package"] = package.strip()
-    for name in _LIST_FIELDS:
-        if name in value:
-            kwargs[name] = _names(name, value[name])
-    if "build_env_vars" in value:
-        kwargs["build_env_vars"] = _env_names(value["build_env_vars"])
-    for name in _BOOL_FIELDS:
-        if name in value:
-            if not isinstance(value[name], bool):
-                raise UvProjectTypeError(
-                    f"uv_project.{name} must be true or false, got {value[name]!r}."
-                )
-            kwargs[name] = value[name]
+    kwargs = {f.name: _PARSERS[f.kind](f.name, value[f.name]) for f in FIELDS if f.name in value}
+    kwargs = {name: given for name, given in kwargs.items() if given is not None}
     if kwargs.get("frozen"):
         if kwargs.get("locked"):
             raise UvProjectSpecError(
@@ -241,6 +257,31 @@ def parse_spec(value: Any) -> ParsedUvProject:
     return ParsedUvProject(**kwargs)
 
 
+def keyword_value(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The `uv_project` value of keywords as `UvProject` takes them (one per field): those
+    given other than as "not given", as given (lists as lists), checked by `parse_spec`."""
+    check_field_names(fields)  # a typo is told its field, not just "unexpected keyword"
+    value = {name: given for name, given in fields.items() if not _left_out(name, given)}
+    parse_spec(value)
+    return {k: list(v) if BY_NAME[k].is_list else v for k, v in value.items()}
+
+
+def _left_out(name: str, given: Any) -> bool:
+    """Whether a keyword is the field's "not given": an empty list, False for a flag that is
+    off by default, None otherwise (`locked=None`: the table's default then holds). What is
+    left in is checked as the dict's own value: a str is no list of names (`extras="table"`
+    must not become ['t', 'a', 'b', 'l', 'e']), and `all_extras=[]` is no `False`."""
+    f = BY_NAME[name]
+    if f.is_list:
+        return isinstance(given, (list, tuple)) and not given
+    return given is (False if f.default is False else None)
+
+
+def keyword_default(f: Field) -> Any:
+    """A field's keyword's default in `UvProject` (and `prepare_env`): "not given"."""
+    return () if f.is_list else (False if f.default is False else None)
+
+
 # Other runtime_env fields that also decide the worker's Python or packages, and what to do.
 _CONFLICTS = {
     "pip": "add the packages to the project instead (`uv add ...`, then `uv lock`)",
@@ -260,8 +301,9 @@ def is_uv_run_interpreter(py_executable: str) -> bool:
     return len(words) >= 2 and os.path.basename(words[0]) == "uv" and words[1] == "run"
 
 
-# What an actor or task sets to choose its own interpreter or packages. Ray merges its
-# runtime_env over the job's field by field, so it also inherits the job's `uv_project`.
+# What an actor or task sets to choose its own interpreter or packages, defined here only (the
+# `uv run` driver hook's and worker groups' too). Ray merges its runtime_env over the job's
+# field by field, so it also inherits the job's `uv_project`.
 OWN_CHOICE_FIELDS = ("py_executable", "pip", "uv", "conda")
 
 
@@ -298,66 +340,3 @@ def check_siblings(runtime_env: Mapping[str, Any]) -> None:
             "py_executable (a `uv run ...` one, as Ray's uv run driver hook sets, is replaced "
             "by uv_project), or drop uv_project."
         )
-
-
-class UvProject(dict):
-    """A typed builder of the `uv_project` value: `runtime_env={"uv_project": UvProject(...)}`.
-
-    It is a plain dict (Ray serializes runtime_envs as JSON), checked when it is made, holding
-    only the fields that differ from the defaults. The plugin reads it as a `ParsedUvProject`.
-    """
-
-    def __init__(
-        self,
-        *,
-        project: str | None = None,
-        extras: list[str] | tuple[str, ...] = (),
-        all_extras: bool = False,
-        no_extras: list[str] | tuple[str, ...] = (),
-        groups: list[str] | tuple[str, ...] = (),
-        no_default_groups: bool = False,
-        all_groups: bool = False,
-        only_groups: list[str] | tuple[str, ...] = (),
-        no_groups: list[str] | tuple[str, ...] = (),
-        package: str | None = None,
-        locked: bool | None = None,
-        frozen: bool = False,
-        install_project: bool = False,
-        from_image: list[str] | tuple[str, ...] = (),
-        build_env_vars: list[str] | tuple[str, ...] = (),
-        job_default: bool = False,
-    ) -> None:
-        value: dict[str, Any] = {}
-        for name, given in (("project", project), ("package", package)):
-            if given is not None:
-                value[name] = given
-        lists = {
-            "extras": extras,
-            "no_extras": no_extras,
-            "groups": groups,
-            "only_groups": only_groups,
-            "no_groups": no_groups,
-            "from_image": from_image,
-            "build_env_vars": build_env_vars,
-        }
-        # As given, for the dict's own check (`_names`): a string is no list of names, and
-        # `extras="table"` must not become ['t', 'a', 'b', 'l', 'e']. Empty lists: the default.
-        value.update({name: names for name, names in lists.items() if not _is_empty_list(names)})
-        if locked is not None:
-            value["locked"] = locked
-        flags = {
-            "all_extras": all_extras,
-            "no_default_groups": no_default_groups,
-            "all_groups": all_groups,
-            "frozen": frozen,
-            "install_project": install_project,
-            "job_default": job_default,
-        }
-        # Only the default is left out: `all_extras=[]` is no `False`, and parse_spec says so.
-        value.update({name: flag for name, flag in flags.items() if flag is not False})
-        parse_spec(value)
-        super().__init__({k: list(v) if k in _LIST_FIELDS else v for k, v in value.items()})
-
-
-def _is_empty_list(value: Any) -> bool:
-    return isinstance(value, (list, tuple)) and not value

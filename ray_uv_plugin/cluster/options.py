@@ -5,10 +5,11 @@ overrides what it shows (`ray-uv prepare` prints a line per node and a bar while
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from ray_uv_plugin.agent.spec import ParsedUvProject
 
 if TYPE_CHECKING:
     from ray_uv_plugin.cluster.node_result import NodeResult
@@ -22,14 +23,14 @@ MIN_INTERVAL = 2.0  # each poll is one GCS call listing every node: not a busy l
 class PrepareOptions:
     """Which env to make ready, on which cluster, and how.
 
-    `selection`: the `uv_project` fields that pick the env (`extras`, `groups`, `locked`,
-    `package`...), as `UvProject` takes them; the project is `project` (given to every node as
-    the job's working_dir, or, `shared`, by its path, which every node sees). `ship` (default:
-    on unless RAY_UV_PLUGIN_SHIP=0): build on one node and send the venv to the others.
-    `timeout` bounds the whole prepare (a watch: each round)."""
+    `selection`: the parsed `uv_project` value that picks the env (`extras`, `groups`,
+    `locked`, `package`...), its own `project` replaced: the project is `project` (given to
+    every node as the job's working_dir, or, `shared`, by its path, which every node sees).
+    `ship` (default: on unless RAY_UV_PLUGIN_SHIP=0): build on one node and send the venv to
+    the others. `timeout` bounds the whole prepare (a watch: each round)."""
 
     project: str | Path = "."
-    selection: Mapping[str, Any] = field(default_factory=dict)
+    selection: ParsedUvProject = field(default_factory=ParsedUvProject)
     address: str | None = None
     shared: bool = False
     ship: bool | None = None
@@ -48,8 +49,9 @@ class WatchOptions(PrepareOptions):
 class PrepareReporter(Protocol):
     """Told how a prepare goes, as it goes."""
 
-    def started(self, value: Mapping[str, Any], nodes: int) -> None:
-        """Connected: the `uv_project` value the nodes get, and how many nodes there are."""
+    def started(self, spec: ParsedUvProject, nodes: int) -> None:
+        """Connected: the env the nodes get (`spec.as_value()`: its `uv_project` value), and how
+        many nodes there are."""
 
     def result(self, result: NodeResult) -> None:
         """A node is done (ready or failed)."""
@@ -72,7 +74,7 @@ class Quiet:
     """A `WatchReporter` (and so a `PrepareReporter`) that reports nothing: subclass it to
     show only some events."""
 
-    def started(self, value: Mapping[str, Any], nodes: int) -> None:
+    def started(self, spec: ParsedUvProject, nodes: int) -> None:
         pass
 
     def result(self, result: NodeResult) -> None:

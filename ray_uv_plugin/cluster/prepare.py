@@ -16,8 +16,8 @@ nothing: `ship` gives up on it alone, so their probes keep their time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,6 @@ __all__ = [  # the results and the probes were this module's: callers import the
     "PrepareError",
     "PrepareOptions",
     "Probes",
-    "UvEnv",
     "outcome_counts",
     "prepare",
     "prepare_env",
@@ -51,21 +50,6 @@ class PrepareError(RuntimeError):
     """`prepare` cannot start (no cluster, bad project); the message says what to do."""
 
 
-@dataclass(frozen=True)
-class UvEnv:
-    """The env a prepare makes ready: the `uv_project` value every node gets, and that value
-    parsed, once, where it comes in (`of`); what follows reads `spec`, never the value again."""
-
-    value: Mapping[str, Any]
-    spec: ParsedUvProject
-
-    @classmethod
-    def of(cls, value: Mapping[str, Any] | UvEnv) -> UvEnv:
-        if isinstance(value, UvEnv):
-            return value
-        return cls(dict(value), parse_spec(dict(value)))
-
-
 def job_runtime_env(project: Path, shared: bool) -> dict[str, Any] | None:
     """The driver's job-level runtime_env: the project is uploaded as working_dir unless every
     node already sees it at the same path (`--shared`).
@@ -78,12 +62,10 @@ def job_runtime_env(project: Path, shared: bool) -> dict[str, Any] | None:
     return {"working_dir": str(project), "excludes": EXCLUDES}
 
 
-def uv_project_value(project: Path, shared: bool, selection: Mapping[str, Any]) -> dict[str, Any]:
-    """The `uv_project` value for the probe tasks, checked here before any node sees it:
-    `selection` as `UvProject` takes it (`extras`, `groups`, `locked`...)."""
-    from ray_uv_plugin.agent.spec import UvProject
-
-    return dict(UvProject(project=str(project) if shared else None, **selection))
+def env_spec(project: Path, shared: bool, selection: ParsedUvProject) -> ParsedUvProject:
+    """The env the probe tasks ask for: `selection` with the project every node sees by its
+    path (`shared`), or none (the job's working_dir, which `job_runtime_env` uploads)."""
+    return replace(selection, project=str(project) if shared else None)
 
 
 def check_locally(project: Path, spec: ParsedUvProject, shared: bool) -> None:
@@ -107,7 +89,7 @@ def alive_nodes() -> list[tuple[str, str]]:
 
 
 def prepare_nodes(
-    value: Mapping[str, Any] | UvEnv,
+    spec: ParsedUvProject,
     nodes: list[tuple[str, str]],
     timeout: float,
     on_result: Callable[[NodeResult], None] = lambda r: None,
@@ -120,16 +102,16 @@ def prepare_nodes(
 ) -> list[NodeResult]:
     """Make the env ready on each node (connected already), reporting as each finishes.
 
-    `value`: the `uv_project` value, or the `UvEnv` parsed from it. `ship` (default: on unless
-    RAY_UV_PLUGIN_SHIP=0): build on one node, send that venv to the others (the ship's actors
-    start while it builds). `runtime_env`: for the shipping actors, which need the node's Ray
-    Python. `probe_env`: the whole runtime_env the env's workers will have (its env_vars may
-    shape the venv), default `{"uv_project": value}`. `ready`: ids of nodes known to have the
-    env ready already: the ship's source is one of them (no build), if any is in `nodes`."""
+    `spec`: the env, parsed; its `as_value()` is the `uv_project` value the nodes get. `ship`
+    (default: on unless RAY_UV_PLUGIN_SHIP=0): build on one node, send that venv to the others
+    (the ship's actors start while it builds). `runtime_env`: for the shipping actors, which
+    need the node's Ray Python. `probe_env`: the whole runtime_env the env's workers will have
+    (its env_vars may shape the venv), default `{"uv_project": spec.as_value()}`. `ready`: ids
+    of nodes known to have the env ready already: the ship's source is one of them (no build),
+    if any is in `nodes`."""
     from ray_uv_plugin.ship import transfer as shipping
 
-    raw = value.value if isinstance(value, UvEnv) else value
-    probes = Probes(probe_env or {"uv_project": dict(raw)}, timeout)
+    probes = Probes(probe_env or {"uv_project": spec.as_value()}, timeout)
     ship = shipping.shipping_enabled() if ship is None else ship
     if not ship or len(nodes) < 2:
         for node in nodes:
@@ -156,7 +138,7 @@ def prepare_nodes(
             probes.submit(node)
         return first + probes.collect(on_result, note=note)
     return first + ship_and_probe(
-        UvEnv.of(value),  # a node took it: a value it refused is the node's result, not a raise
+        spec,
         first[0],
         rest,
         probes.left(),
@@ -170,7 +152,7 @@ def prepare_nodes(
 
 
 def ship_and_probe(
-    env: Mapping[str, Any] | UvEnv,
+    spec: ParsedUvProject,
     source: NodeResult,
     nodes: list[tuple[str, str]],
     timeout: float,
@@ -198,14 +180,9 @@ def ship_and_probe(
         if actors is not None:
             actors.stop()
         raise ValueError(f"no venv to ship from {source.label}: {source}")
-    env = UvEnv.of(env)
-    probes = probes or Probes(probe_env or {"uv_project": dict(env.value)}, timeout)
+    probes = probes or Probes(probe_env or {"uv_project": spec.as_value()}, timeout)
     options = shipping.ShipOptions(
-        settings=shipping.ShipSettings(
-            env_vars=probes.env.get("env_vars") or {},
-            resolves=env.spec.resolves,
-            build_env_vars=tuple(env.spec.build_env_vars),
-        ),
+        settings=shipping.ShipSettings(env_vars=probes.env.get("env_vars") or {}, spec=spec),
         runtime_env=runtime_env,
         chunk_bytes=chunk_bytes or shipping.ShipOptions.chunk_bytes,
         timeout=timeout,
@@ -244,17 +221,15 @@ def source_first(
     return source, [n for n in nodes if n != source]
 
 
-def connect_for(options: PrepareOptions) -> UvEnv:
-    """The env these options ask for, its value made and parsed here, once, and checked against
-    the project's files first, with this driver connected to the cluster at `options.address`
-    (the project as the job's working_dir, as `prepare` ships it): how `prepare` and
-    `watch.watch_env` start."""
+def connect_for(options: PrepareOptions) -> ParsedUvProject:
+    """The env these options ask for, checked against the project's files first, with this
+    driver connected to the cluster at `options.address` (the project as the job's
+    working_dir, as `prepare` ships it): how `prepare` and `watch.watch_env` start."""
     project = Path(options.project).expanduser().resolve()
-    # UvProject refuses a str where a list is meant
-    env = UvEnv.of(uv_project_value(project, options.shared, options.selection))
-    check_locally(project, env.spec, options.shared)
+    spec = env_spec(project, options.shared, options.selection)
+    check_locally(project, spec, options.shared)
     connect(options.address, job_runtime_env(project, options.shared))
-    return env
+    return spec
 
 
 def prepare(options: PrepareOptions, reporter: PrepareReporter | None = None) -> list[NodeResult]:
@@ -263,12 +238,12 @@ def prepare(options: PrepareOptions, reporter: PrepareReporter | None = None) ->
     import ray
 
     reporter = reporter or Quiet()
-    env = connect_for(options)
+    spec = connect_for(options)
     try:
         nodes = alive_nodes()
-        reporter.started(env.value, len(nodes))
+        reporter.started(spec, len(nodes))
         return prepare_nodes(
-            env,
+            spec,
             nodes,
             options.timeout,
             reporter.result,
@@ -294,11 +269,15 @@ def prepare_env(
     RAY_UV_PLUGIN_SHIP=0), or let every node build it (`ship=False`).
 
     `selection`: the uv_project fields that pick the env, as `UvProject` takes them (`extras`,
-    `groups`, `locked`, `frozen`, `all_extras`, `package`...). Connects to the cluster at
-    `address` and disconnects after. Raises `ConnectError`, `PrepareError` (or the spec's and
-    project's errors) for what keeps it from starting; each node's failure is in its result.
+    `groups`, `locked`, `frozen`, `all_extras`, `package`...), parsed here. Connects to the
+    cluster at `address` and disconnects after. Raises `ConnectError`, `PrepareError` (or the
+    spec's and project's errors) for what keeps it from starting; each node's failure is in
+    its result.
     `reporter` (a `PrepareReporter`, e.g. a subclass of `Quiet`) hears of the start, of each
     node as it is done, and of each shipped chunk.
     """
-    options = PrepareOptions(project, selection, address, shared, ship, timeout)
+    from ray_uv_plugin.agent.spec import keyword_value
+
+    spec = parse_spec(keyword_value(selection))
+    options = PrepareOptions(project, spec, address, shared, ship, timeout)
     return prepare(options, reporter)

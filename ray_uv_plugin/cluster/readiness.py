@@ -13,10 +13,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray_uv_plugin.cluster.connect import clean_error
 from ray_uv_plugin.store.units import format_bytes
+
+if TYPE_CHECKING:
+    from ray_uv_plugin.agent.spec import ParsedUvProject
 
 STATES = ("ready", "queued", "building", "receiving", "failed", "absent")
 
@@ -121,7 +124,7 @@ def _key_here(
 
 
 def node_setups(
-    uv_project: Mapping[str, Any] | None = None,
+    uv_project: Mapping[str, Any] | ParsedUvProject | None = None,
     *,
     key: str | None = None,
     nodes: Iterable[str] | None = None,
@@ -129,7 +132,7 @@ def node_setups(
     env_vars: Mapping[str, str] | None = None,
 ) -> dict[str, NodeSetup]:
     """Where each node stands with the env of the `uv_project` value (a dict, `UvProject` or
-    `prepare.UvEnv`), or with `key` as given: node id -> its `NodeSetup`, for `nodes` (ids;
+    `ParsedUvProject`), or with `key` as given: node id -> its `NodeSetup`, for `nodes` (ids;
     default every alive node). `env_vars`: those of the runtime_env the env's workers have, over
     the job's, where they shape the venv (uv's settings, `build_env_vars`). Needs a connected
     driver; the value's project is found on each node as a request's is (the job's working_dir,
@@ -137,12 +140,13 @@ def node_setups(
     its venv dir, is `failed` with why."""
     import ray
 
-    from ray_uv_plugin.cluster.prepare import UvEnv, alive_nodes
+    from ray_uv_plugin.agent.spec import parse_spec
+    from ray_uv_plugin.cluster.prepare import alive_nodes
     from ray_uv_plugin.ship.launch import actors_env, pinned, refused_by_job
 
     if (uv_project is None) == (key is None):
         raise ValueError("node_setups: give a uv_project value or a key, one of them")
-    value = None if uv_project is None else dict(UvEnv.of(uv_project).value)  # checked here
+    value = None if uv_project is None else parse_spec(uv_project).as_value()  # checked here
     if refused := refused_by_job():
         raise ReadinessError(
             f"node_setups cannot read the nodes from this job: {refused}. Ask from a driver "

@@ -24,7 +24,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from threading import Event
 from time import sleep
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray_uv_plugin.cluster import prepare
 from ray_uv_plugin.cluster.connect import clean_error
@@ -36,7 +36,9 @@ from ray_uv_plugin.cluster.options import (
     WatchOptions,
     WatchReporter,
 )
-from ray_uv_plugin.cluster.prepare import UvEnv
+
+if TYPE_CHECKING:
+    from ray_uv_plugin.agent.spec import ParsedUvProject
 
 __all__ = ["DEFAULT_INTERVAL", "WatchOptions", "check_interval", "watch_env", "watch_nodes"]
 
@@ -64,7 +66,7 @@ def _alive_ids() -> set[str]:
 
 
 def watch_nodes(
-    env: UvEnv,
+    spec: ParsedUvProject,
     seen: Sequence[NodeResult],
     options: WatchOptions,
     reporter: WatchReporter,
@@ -107,7 +109,7 @@ def watch_nodes(
         try:
             if source is None:
                 prepare.prepare_nodes(
-                    env,
+                    spec,
                     new,
                     options.timeout,
                     report,
@@ -117,7 +119,7 @@ def watch_nodes(
                 )
             else:
                 prepare.ship_and_probe(
-                    env,
+                    spec,
                     source,
                     new,
                     options.timeout,
@@ -139,8 +141,8 @@ class _Collecting:
         self.reporter = reporter
         self.results: list[NodeResult] = []
 
-    def started(self, value: Mapping[str, Any], nodes: int) -> None:
-        self.reporter.started(value, nodes)
+    def started(self, spec: ParsedUvProject, nodes: int) -> None:
+        self.reporter.started(spec, nodes)
 
     def result(self, result: NodeResult) -> None:
         self.results.append(result)
@@ -165,19 +167,19 @@ def watch_env(options: WatchOptions, reporter: WatchReporter | None = None) -> l
     import ray
 
     check_interval(options.interval)
-    env = prepare.connect_for(options)
+    spec = prepare.connect_for(options)
     told = _Collecting(reporter or Quiet())
     try:
         # After `ray.init`: Ray's core worker installs a SIGTERM handler of its own that ends
         # the process at once, and ours must replace it.
         with stop_on_signals() if options.stop_signals else nullcontext():
             nodes = prepare.alive_nodes()
-            told.started(env.value, len(nodes))
+            told.started(spec, len(nodes))
             first = prepare.prepare_nodes(
-                env, nodes, options.timeout, told.result, options.ship, on_progress=told.progress
+                spec, nodes, options.timeout, told.result, options.ship, on_progress=told.progress
             )
             told.watching()
-            watch_nodes(env, first, options, told)
+            watch_nodes(spec, first, options, told)
     except KeyboardInterrupt:
         pass
     finally:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.agent.spec import FIELD
+from ray_uv_plugin.agent.spec import FIELD, OWN_CHOICE_FIELDS
 from ray_uv_plugin.driver.uv_run import keeps_rays_uv_run, read_uv_run
 from ray_uv_plugin.store import trust
 
@@ -40,7 +40,7 @@ RAY_UV_HOOK = "ray._private.runtime_env.uv_runtime_env_hook.hook"
 # A hook that was set before ours: ours calls it first, so setting ours up drops nothing.
 PREVIOUS_HOOK_ENV = "RAY_UV_PLUGIN_PREVIOUS_HOOK"
 # A job runtime_env with one of these chose its workers' Python itself: Ray's behaviour stays.
-_OWN_CHOICE = ("uv_project", "py_executable", "conda", "pip", "uv")
+_OWN_CHOICE = (FIELD, *OWN_CHOICE_FIELDS)
 
 
 def check_hook_dir(path: Path = HOOK_PATH) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.agent.fields import FIELDS
+from ray_uv_plugin.agent.fields import FIELDS, Field, uv_options
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.driver.project_discovery import (
     find_project,
@@ -86,67 +86,50 @@ def _python_is_the_drivers(request: str, driver_version: str) -> bool:
     return driver_version.split(".")[: len(asked)] == asked
 
 
-# `uv run`'s options that name extras or groups, one per name: the `uv_project` list fields'
-# (`--extra` -> extras), from the table of fields.
-_LISTED = {f.uv.split()[0]: f.name for f in FIELDS if f.kind == "names" and f.uv}
+# `uv run`'s aliases of options that set a field.
+_ALIASES = {"--no-dev": ("--no-group", "dev"), "--only-dev": ("--only-group", "dev")}
 
 
 class _Selection:
-    """The selection that a sequence of options builds, as uv reads them (later wins)."""
+    """The selection that a sequence of options builds, as uv reads them (later wins): the
+    fields they set (`chosen`), each list with every name given. uv's options that set a field
+    (`--extra X` -> extras, `--no-locked` -> locked: False) are the table's (`uv_options`)."""
 
-    def __init__(self) -> None:
-        self.lists: dict[str, list[str]] = {k: [] for k in _LISTED.values()}
-        self.all_extras = self.all_groups = self.no_default_groups = False
-        self.locked = self.frozen = self.no_sync = self.no_install_project = False
-        self.project: str | None = None
-        self.package: str | None = None
+    def __init__(self, table: tuple[Field, ...] = FIELDS) -> None:
+        self.table = table
+        self.options = uv_options(table)
+        self.chosen: dict[str, Any] = {f.name: [] for f in table if f.is_list}
+        self.no_sync = False
 
     def apply(self, name: str, value: str | None) -> None:
-        if name in _LISTED and value is not None:
-            self.lists[_LISTED[name]].append(value)
-        elif name in (
-            "--no-dev",
-            "--only-dev",
-        ):  # uv: aliases of `--no-group dev` / `--only-group dev`
-            self.lists["no_groups" if name == "--no-dev" else "only_groups"].append("dev")
-        elif name in ("--all-extras", "--no-all-extras"):
-            self.all_extras = name == "--all-extras"
-        elif name == "--all-groups":
-            self.all_groups = True
-        elif name == "--no-default-groups":
-            self.no_default_groups = True
-        elif name in ("--locked", "--no-locked"):
-            self.locked = name == "--locked"
-        elif name in ("--frozen", "--no-frozen"):
-            self.frozen = name == "--frozen"
-        elif name == "--no-sync":
+        name, value = _ALIASES.get(name, (name, value))
+        if name == "--no-sync":  # uv: implies --frozen, whatever --no-frozen says
             self.no_sync = True
-        elif name == "--no-install-project":
-            self.no_install_project = True
-        elif name == "--project":
-            self.project = value
-        elif name == "--package":
-            self.package = value
+        elif name in self.options:
+            f, flag_value = self.options[name]
+            if f.is_list:
+                if value is not None:
+                    self.chosen[f.name].append(value)
+            else:
+                self.chosen[f.name] = value if flag_value is None else flag_value
 
     def value(self, install_project: bool, package: str | None) -> dict[str, Any]:
-        """The `uv_project` value, defaults left out. Without --locked or --frozen, `uv run`
-        has just locked the project on the driver: the workers' sync checks the lock is
-        still current (`locked`)."""
-        value: dict[str, Any] = {name: names for name, names in self.lists.items() if names}
-        frozen = self.frozen or self.no_sync  # uv: --no-sync implies --frozen
-        flags = {
-            "all_extras": self.all_extras,
-            "all_groups": self.all_groups,
-            "no_default_groups": self.no_default_groups,
+        """The `uv_project` value, defaults left out but `locked`. Without --locked or
+        --frozen, `uv run` has just locked the project on the driver: the workers' sync checks
+        the lock is still current (`locked`, whatever `--no-locked` said)."""
+        frozen = bool(self.chosen.get("frozen")) or self.no_sync
+        chosen = {
+            **self.chosen,
             "frozen": frozen,
+            "locked": not frozen,
             "install_project": install_project,
+            "package": package,
         }
-        value.update({name: True for name, on in flags.items() if on})
-        if not frozen:
-            value["locked"] = True
-        if package is not None:
-            value["package"] = package
-        return value
+        return {
+            f.name: chosen[f.name]
+            for f in self.table
+            if f.kind != "path" and chosen.get(f.name) not in (None, False, [])
+        }
 
 
 def read_uv_run(
@@ -181,15 +164,16 @@ def read_uv_run(
         selection.apply(name, value)
         if name in SELECTING and name not in ("--project", "--python"):
             chosen.append(_shown(name, value))
-    start = cwd / selection.project if selection.project else cwd
+    picked = selection.chosen
+    start = cwd / picked["project"] if picked.get("project") else cwd
     layout = find_project(start.resolve())
     if layout is None:
         return _refused(
-            _shown("--project", selection.project) if selection.project else "(no project)",
+            _shown("--project", picked["project"]) if picked.get("project") else "(no project)",
             f"found no pyproject.toml at or above {start}, so there is no uv.lock to sync",
         )
     root, member = layout
-    package = selection.package
+    package = picked.get("package")
     target = member
     if package is not None:
         target = workspace_member(root, package)
@@ -200,13 +184,11 @@ def read_uv_run(
     # The groups that hold ray-uv-plugin are the driver's own (`uv run --group driver`): its
     # workers' venvs never get them, also where they are default groups.
     drivers = plugin_groups(target)
-    lists = selection.lists
-    lists["groups"] = [g for g in lists["groups"] if g not in drivers]
-    lists["no_groups"].extend(g for g in drivers if g not in lists["no_groups"])
+    picked["groups"] = [g for g in picked["groups"] if g not in drivers]
+    picked["no_groups"].extend(g for g in drivers if g not in picked["no_groups"])
+    # `--no-install-project` sets it False; uv installs a package project otherwise.
     install = (
-        is_package(target)
-        and not selection.no_install_project
-        and not selection.lists["only_groups"]
+        is_package(target) and picked.get("install_project", True) and not picked["only_groups"]
     )
     value = {"project": str(root), **selection.value(install, package)}
     try:  # as every node will read it: a value they all refuse would fail the whole job

@@ -12,30 +12,17 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from ray_uv_plugin.agent.fields import FIELDS
+from ray_uv_plugin.agent.fields import FIELDS, uv_options
 
 # The options that decide the selection, read by `uv_run._Selection.apply`; value: takes a value.
+# The table's fields' (`--extra`, `--no-locked`...; `--no-install-project` is no option of uv
+# 0.13.9's `uv run`: mapped if one has it), and `uv run`'s own.
 SELECTING = {
-    "--extra": True,
-    "--no-extra": True,
-    "--all-extras": False,
-    "--no-all-extras": False,
-    "--group": True,
-    "--no-group": True,
-    "--only-group": True,
-    "--all-groups": False,
-    "--no-default-groups": False,
+    **{option: value is None for option, (_, value) in uv_options().items()},
     "--dev": False,
     "--no-dev": False,
     "--only-dev": False,
-    "--locked": False,
-    "--no-locked": False,
-    "--frozen": False,
-    "--no-frozen": False,
     "--no-sync": False,
-    "--project": True,
-    "--package": True,
-    "--no-install-project": False,  # not an option of uv 0.13.9's `uv run`; mapped if one has it
     "--python": True,
 }
 

@@ -8,10 +8,10 @@ only looks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ray_uv_plugin.agent.ray_libraries import BY_NAME, LIBRARIES, Status, library_status
 
@@ -57,25 +57,16 @@ def parse_libraries(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _env(
-    project: Path,
-    extras: Sequence[str],
-    groups: Sequence[str],
-    flags: Mapping[str, Any] | None,
-) -> tuple[ParsedUvProject, ProjectFiles]:
-    """The `uv_project` value these flags make, parsed, and the project's files."""
+def _files(project: Path) -> ProjectFiles:
+    """The project's files, or what to pass instead."""
     from ray_uv_plugin.agent.project import load_project
-    from ray_uv_plugin.agent.spec import UvProject, parse_spec
 
     if not (project / "pyproject.toml").is_file():
         raise CheckError(
             f"{project} has no pyproject.toml: pass --project DIR, the directory holding "
             "pyproject.toml and uv.lock."
         )
-    value: dict[str, Any] = dict(
-        UvProject(extras=extras, groups=groups, **dict(flags or {}))  # it refuses a str
-    )
-    return parse_spec(value), load_project(project)
+    return load_project(project)
 
 
 @dataclass(frozen=True)
@@ -102,21 +93,18 @@ ABSENT = "not built"
 
 
 def find_env(
-    project: Path,
-    extras: Sequence[str] = (),
-    groups: Sequence[str] = (),
-    flags: Mapping[str, Any] | None = None,
-    libraries: Sequence[str] = (),
+    project: Path, spec: ParsedUvProject | None = None, libraries: Sequence[str] = ()
 ) -> FoundEnv:
     """`run_check` without building: the env may be GBs (and `uv sync` minutes), and an
     operator may want to know first. Reads the venv dir as `ray-uv list` does: it creates no
     venv dir, and a reuse is not recorded (the marker is not touched)."""
     from ray_uv_plugin.agent.request import make_request
+    from ray_uv_plugin.agent.spec import ParsedUvProject
     from ray_uv_plugin.store import inventory
     from ray_uv_plugin.store.layout import venv_root
 
     wanted = parse_libraries(libraries)
-    key = make_request(*_env(project, extras, groups, flags), {}).key
+    key = make_request(spec or ParsedUvProject(), _files(project), {}).key
     root = venv_root()
     if not inventory.check_venv_dir(root, "check"):
         return FoundEnv(key, root / key, ABSENT, "", None, wanted)
@@ -134,18 +122,18 @@ def find_env(
 
 def run_check(
     project: Path,
-    extras: Sequence[str] = (),
-    groups: Sequence[str] = (),
-    flags: Mapping[str, Any] | None = None,
+    spec: ParsedUvProject | None = None,
     libraries: Sequence[str] = (),
     logger: logging.Logger | None = None,
 ) -> CheckResult:
-    """Build or reuse the env of `project` with these extras and groups, then check it."""
+    """Build or reuse the env of `project` with this selection (default: the project's
+    default env), then check it."""
     from ray_uv_plugin.agent.builder import ensure_venv
+    from ray_uv_plugin.agent.spec import ParsedUvProject
 
     wanted = parse_libraries(libraries)
-    spec, files = _env(project, extras, groups, flags)
-    outcome = ensure_venv(spec, files, logger=logger)
+    files = _files(project)
+    outcome = ensure_venv(spec or ParsedUvProject(), files, logger=logger)
     return CheckResult(
         outcome.key,
         outcome.path,

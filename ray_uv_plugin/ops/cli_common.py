@@ -4,9 +4,12 @@ the selection flags that `prepare` and `check` take, and counting nodes."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ray_uv_plugin.agent.fields import SELECTION
+
+if TYPE_CHECKING:
+    from ray_uv_plugin.agent.spec import ParsedUvProject
 
 
 class CliError(Exception):
@@ -45,16 +48,15 @@ def add_selection(p: argparse.ArgumentParser) -> None:
             group.add_argument(f.flag, dest=f.name, metavar=f.metavar, help=help)
 
 
-def selection(args: argparse.Namespace) -> dict[str, Any]:
-    """The `UvProject` arguments that `add_selection`'s flags gave (what was not given is left
-    to the field's default), checked: flags that no `uv_project` value can hold together are a
-    usage error."""
-    from ray_uv_plugin.agent.spec import UvProject, UvProjectSpecError
+def selection(args: argparse.Namespace) -> ParsedUvProject:
+    """The selection that `add_selection`'s flags gave (what was not given is left to the
+    field's default), parsed: flags that no `uv_project` value can hold together are a usage
+    error."""
+    from ray_uv_plugin.agent.spec import UvProjectSpecError, keyword_value, parse_spec
 
     chosen = {f.name: getattr(args, f.name) for f in SELECTION}
     chosen = {name: value for name, value in chosen.items() if value is not None}
     try:
-        UvProject(**chosen)
+        return parse_spec(keyword_value(chosen))
     except UvProjectSpecError as e:
         raise UsageError(str(e)) from e
-    return chosen

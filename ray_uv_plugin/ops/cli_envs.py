@@ -11,7 +11,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,7 @@ from ray_uv_plugin.cluster.auth import MODE_ENV
 from ray_uv_plugin.ops.cli_common import CliError, UsageError, node_count, selection
 
 if TYPE_CHECKING:
+    from ray_uv_plugin.agent.spec import ParsedUvProject
     from ray_uv_plugin.cluster.prepare import NodeResult
     from ray_uv_plugin.ops.check import CheckResult, FoundEnv
 
@@ -47,8 +47,9 @@ class PrepareLines:
         self.interval = interval
         self.sending: Any = None  # the ship's bar
 
-    def started(self, value: Mapping[str, Any], nodes: int) -> None:
-        line = f"Preparing uv_project {json.dumps(value)} of {self.project} on {node_count(nodes)}"
+    def started(self, spec: ParsedUvProject, nodes: int) -> None:
+        value = json.dumps(spec.as_value())
+        line = f"Preparing uv_project {value} of {self.project} on {node_count(nodes)}"
         self.bars.console.print(line, markup=False)
 
     def result(self, result: NodeResult) -> None:
@@ -94,7 +95,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         raise UsageError("--interval goes with --watch (how often it looks for new nodes)")
     if args.watch and args.json:
         raise UsageError("--json does not go with --watch: the watch prints a line per node")
-    chosen = selection(args)  # every selection field, as `UvProject` takes them
+    chosen = selection(args)  # every selection field, parsed
     interval: float | None = None
     if args.watch:
         interval = watch.DEFAULT_INTERVAL if args.interval is None else args.interval
@@ -235,15 +236,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     from ray_uv_plugin.store.layout import VenvDirError
 
     project = Path(args.project).expanduser().resolve()
-    flags = selection(args)
-    extras, groups = flags.pop("extras", []), flags.pop("groups", [])
+    spec = selection(args)
     try:
         wanted = check.parse_libraries(args.library or [])
     except check.CheckError as e:
         raise UsageError(str(e)) from e
     try:
         if args.dry_run:
-            found = check.find_env(project, extras, groups, flags, wanted)
+            found = check.find_env(project, spec, wanted)
             return _report_found(found, args.json, project)
         print(
             f"Checking the uv_project env of {project} (this builds it if needed; --dry-run "
@@ -251,7 +251,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             file=sys.stderr if args.json else sys.stdout,  # --json: stdout holds JSON alone
             flush=True,
         )
-        result = check.run_check(project, extras, groups, flags, wanted)
+        result = check.run_check(project, spec, wanted)
     except (
         check.CheckError,
         UvProjectSpecError,

@@ -35,18 +35,20 @@ def _read(args: argparse.Namespace) -> Callable[[], dict[str, NodeSetup]]:
             connect(args.address, None)
             return lambda: node_setups(key=args.key, timeout=args.timeout)
         options = prepare.PrepareOptions(args.project, selection(args), args.address, args.shared)
-        env = prepare.connect_for(options)
+        spec = prepare.connect_for(options)
     except (UvProjectSpecError, ProjectError, prepare.PrepareError, ConnectError) as e:
         raise CliError(str(e)) from e
-    return lambda: node_setups(env, timeout=args.timeout)
+    return lambda: node_setups(spec, timeout=args.timeout)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     import ray
 
+    from ray_uv_plugin.agent.spec import ParsedUvProject
     from ray_uv_plugin.cluster.watch import stop_on_signals
 
-    if args.key is not None and (args.project is not None or args.shared or selection(args)):
+    selects = selection(args) != ParsedUvProject()
+    if args.key is not None and (args.project is not None or args.shared or selects):
         raise UsageError(
             "--key names the env itself: it goes without --project, --shared and "
             "the selection flags"

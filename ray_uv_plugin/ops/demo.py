@@ -93,8 +93,8 @@ def run(
     register_plugin()
     import ray
 
-    from ray_uv_plugin.agent.spec import UvProject
     from ray_uv_plugin.cluster import probe
+    from ray_uv_plugin.registration import UvProject
 
     token_setup = logging.getLogger(RAY_TOKEN_SETUP_LOGGER)
     level = token_setup.level

@@ -220,8 +220,9 @@ class VenvReceiver:
 
     def _offer(self, source: Offer, settings: ShipSettings) -> OfferAnswer:
         key = source.key
-        env = sync_environment(settings.env_vars, build_env_vars=settings.build_env_vars)
-        why = self._refusal(source, env, settings.resolves)
+        spec = settings.spec
+        env = sync_environment(settings.env_vars, build_env_vars=spec.build_env_vars)
+        why = self._refusal(source, env, spec.resolves)
         if why is not None:
             return OfferAnswer("refused", why)
         trust.make_root(self.root)

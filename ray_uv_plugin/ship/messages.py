@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ray_uv_plugin.agent.spec import ParsedUvProject
+
 
 @dataclass(frozen=True)
 class Offer:
@@ -37,12 +39,10 @@ class Offer:
 @dataclass(frozen=True)
 class ShipSettings:
     """What a receiver keys the venv with besides its node: the request's runtime_env
-    `env_vars`, whether it resolves (not locked/frozen), and the uv_project's
-    `build_env_vars`."""
+    `env_vars`, and its parsed `uv_project` (whether it resolves, its `build_env_vars`)."""
 
     env_vars: Mapping[str, str] = field(default_factory=dict)
-    resolves: bool = False
-    build_env_vars: tuple[str, ...] = ()
+    spec: ParsedUvProject = field(default_factory=ParsedUvProject)
 
 
 @dataclass(frozen=True)

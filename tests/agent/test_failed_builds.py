@@ -62,7 +62,7 @@ def test_rays_tries_of_one_request_have_the_same_inputs(project):
 
     def inputs(env_vars: dict[str, str]) -> str:
         return failed_builds.sync_inputs(
-            make_request(parse_spec({}), load_project(project), env_vars)
+            make_request(parse_spec({}), load_project(project), env_vars), Path("/venvs/k")
         )
 
     first = inputs({"X": "1", "PYTHONPATH": "/wd:/site"})

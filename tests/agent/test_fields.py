@@ -19,18 +19,21 @@ from ray_uv_plugin.agent.fields import (
     Field,
     readme_table,
     table_in,
+    uv_options,
 )
 from ray_uv_plugin.agent.spec import (
     FIELD_NAMES,
     ParsedUvProject,
-    UvProject,
     UvProjectSpecError,
     UvProjectTypeError,
     parse_spec,
+    value_class,
 )
 from ray_uv_plugin.driver import uv_run_options
+from ray_uv_plugin.driver.uv_run import _Selection
 from ray_uv_plugin.ops import cli
 from ray_uv_plugin.ops.cli_common import UsageError, selection
+from ray_uv_plugin.registration import UvProject
 from ray_uv_plugin.schema import load_schema, make_schema, schema_path, schema_text
 from tests.driver.test_uv_run import make_project, value_of
 
@@ -135,11 +138,10 @@ def test_prepare_and_check_take_every_selection_field() -> None:
         for f in SELECTION:
             given = [f.flag, *([sample(f)[0]] if f.is_list else [sample(f)] * bool(f.metavar))]
             chosen = selection(parser.parse_args([command, *given]))
-            assert chosen == {f.name: sample(f)}, (command, f.name)
-            assert UvProject(**chosen) == UvProject(**{f.name: sample(f)})
+            assert chosen == parse_spec(UvProject(**{f.name: sample(f)})), (command, f.name)
         both = parser.parse_args([command, "--only-group", "a", "--only-group", "b"])
-        assert selection(both) == {"only_groups": ["a", "b"]}
-        assert selection(parser.parse_args([command])) == {}
+        assert selection(both) == parse_spec({"only_groups": ["a", "b"]})
+        assert selection(parser.parse_args([command])) == ParsedUvProject()
 
 
 def test_selection_flags_no_value_can_hold_are_a_usage_error(
@@ -153,3 +155,32 @@ def test_selection_flags_no_value_can_hold_are_a_usage_error(
         for command in ("check", "prepare"):
             assert cli.main([command, "--project", "examples/demo_project", *flags]) == 2
             assert capsys.readouterr().err.startswith("error: uv_project: ")
+
+
+def test_a_field_added_to_the_table_reaches_uv_sync_the_key_and_the_uv_run_hook() -> None:
+    """Adding a field is a row of the table: the parsed value's field (with its row as
+    metadata), its `uv sync` flag, its part of the key (only where set: every venv keyed before
+    keeps its key) and the `uv run` hook's reading of its option all come from it."""
+    no_build = Field("no_build", "bool", False, "Build nothing.", uv="--no-build", cli="--no-build")
+    no_binary = Field("no_binary", "names", (), "Build these.", uv="--no-binary-package P")
+    table = (*FIELDS, no_build, no_binary)
+    more = value_class(table, "ParsedWithMore")
+    assert [f.metadata["field"] for f in dataclasses.fields(more)] == list(table)
+    assert more().selection() == ParsedUvProject().selection()
+    assert more().sync_args() == ParsedUvProject().sync_args()
+    value = more(extras=("x",), no_build=True, no_binary=("Torch",))
+    before = ParsedUvProject(extras=("x",))
+    assert value.sync_args() == [*before.sync_args(), "--no-build", "--no-binary-package", "Torch"]
+    assert value.selection() == {**before.selection(), "no_build": True, "no_binary": ["torch"]}
+    assert value.as_value() == {"extras": ["x"], "no_build": True, "no_binary": ["Torch"]}
+    assert uv_options(table)["--no-build"] == (no_build, True)
+    assert uv_options(table)["--no-binary-package"] == (no_binary, None)
+    read = _Selection(table)
+    for option, given in (("--extra", "x"), ("--no-build", None), ("--no-binary-package", "Torch")):
+        read.apply(option, given)
+    assert read.value(install_project=False, package=None) == {
+        "extras": ["x"],
+        "no_build": True,
+        "no_binary": ["Torch"],
+        "locked": True,  # a `uv run` driver's lock: checked on the nodes
+    }

@@ -1,17 +1,15 @@
 """The `uv_project` value: parsing, defaults, clear errors, the typed builder. No Ray."""
 
-from pathlib import Path
-
 import pytest
 
 from ray_uv_plugin.agent.spec import (
     FIELD_NAMES,
     ParsedUvProject,
-    UvProject,
     UvProjectSpecError,
     UvProjectTypeError,
     parse_spec,
 )
+from ray_uv_plugin.registration import UvProject
 
 
 def test_defaults_are_locked_default_groups_no_project_install():
@@ -38,8 +36,7 @@ def test_every_field_maps_to_uv_sync_flags():
     same = parse_spec({"extras": ["flash-attn", "VLLM", "vllm"]})
     assert same.selection()["extras"] == spec.selection()["extras"]
     assert spec.locked is False
-    assert spec.sync_args() == [
-        "--frozen",
+    assert spec.sync_args() == [  # in the table's order of fields
         "--extra",
         "Flash_Attn",
         "--extra",
@@ -47,8 +44,9 @@ def test_every_field_maps_to_uv_sync_flags():
         "--group",
         "test",
         "--no-default-groups",
+        "--frozen",
     ]
-    assert parse_spec({"all_extras": True}).sync_args()[1] == "--all-extras"
+    assert parse_spec({"all_extras": True}).sync_args()[0] == "--all-extras"
     assert parse_spec({"locked": False}).sync_args() == ["--no-install-project"]
 
 
@@ -90,7 +88,7 @@ def test_type_errors_are_type_errors_too():
 def test_every_list_field_refuses_a_string_whatever_the_way_in(field, given):
     """`UvProject(extras="table")` once became ['t', 'a', 'b', 'l', 'e']: the builder, the
     plain dict and `prepare_env`'s value all get the dict's own message."""
-    from ray_uv_plugin.cluster.prepare import uv_project_value
+    from ray_uv_plugin.agent.spec import keyword_value
 
     with pytest.raises(UvProjectTypeError) as parsed:
         parse_spec({field: given})
@@ -100,7 +98,7 @@ def test_every_list_field_refuses_a_string_whatever_the_way_in(field, given):
     assert str(parsed.value).startswith(f"uv_project.{field} must be a list of strings, got ")
     if field in ("extras", "groups"):  # what prepare_env and `ray-uv check` take
         with pytest.raises(UvProjectTypeError) as prepared:
-            uv_project_value(Path("/p"), False, {field: given})
+            parse_spec(keyword_value({field: given}))
         assert str(prepared.value) == str(parsed.value)
 
 

@@ -3,21 +3,22 @@ asks for, and how shipping folds into a node's result."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from ray_uv_plugin.agent.spec import ParsedUvProject
+from ray_uv_plugin.agent.spec import ParsedUvProject, parse_spec
 from ray_uv_plugin.cluster.prepare import (
     EXCLUDES,
     NodeResult,
     PrepareError,
     check_locally,
+    env_spec,
     job_runtime_env,
     outcome_counts,
     source_first,
-    uv_project_value,
 )
 from ray_uv_plugin.cluster.probe_tasks import _with_shipping
 
@@ -63,9 +64,9 @@ def test_the_project_is_shipped_as_working_dir_unless_shared(tmp_path: Path) -> 
         "excludes": EXCLUDES,
     }
     assert job_runtime_env(tmp_path, shared=True) is None
-    assert uv_project_value(tmp_path, True, {"extras": ["a"]})["project"] == str(tmp_path)
-    selection = {"extras": ["a"], "groups": ["g"], "frozen": True}
-    assert "project" not in uv_project_value(tmp_path, False, selection)
+    selection = parse_spec({"extras": ["a"], "groups": ["g"], "frozen": True, "project": "x"})
+    assert env_spec(tmp_path, True, selection).project == str(tmp_path)
+    assert env_spec(tmp_path, False, selection) == replace(selection, project=None)
 
 
 def test_a_missing_project_fails_here_unless_only_the_nodes_have_it(tmp_path: Path) -> None:
@@ -117,19 +118,21 @@ def test_a_probe_may_take_as_long_as_the_whole_prepare_to_set_up() -> None:
 
 
 def test_the_value_is_parsed_once_where_it_comes_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`UvEnv.of` parses the `uv_project` value; what follows (the local check, each watch
-    round, the ship's settings) reads its `spec`, never the value again (issue 33: three parses
-    before)."""
-    from ray_uv_plugin.agent.spec import UvProjectTypeError, parse_spec
+    """`prepare_env` parses its keywords; what follows (the local check, each watch round, the
+    ship's settings) takes the `ParsedUvProject`, never a value again."""
+    from ray_uv_plugin.agent.spec import UvProjectTypeError
     from ray_uv_plugin.cluster import prepare
 
     parsed: list[object] = []
+    taken: list[prepare.PrepareOptions] = []
     monkeypatch.setattr(prepare, "parse_spec", lambda v: parsed.append(v) or parse_spec(v))
-    env = prepare.UvEnv.of({"extras": ["a"], "build_env_vars": ["CC"]})
-    assert prepare.UvEnv.of(env) is env and len(parsed) == 1
-    assert (env.spec.extras, env.spec.build_env_vars, env.spec.resolves) == (("a",), ("CC",), False)
+    monkeypatch.setattr(prepare, "prepare", lambda options, reporter: taken.append(options))
+    prepare.prepare_env("/p", extras=["a"], build_env_vars=["CC"], groups=[])
+    assert len(parsed) == 1 and taken[0].selection == parse_spec(
+        {"extras": ["a"], "build_env_vars": ["CC"]}
+    )
     with pytest.raises(UvProjectTypeError, match="uv_project.extras must be a list of strings"):
-        prepare.UvEnv.of({"extras": "a"})
+        prepare.prepare_env("/p", extras="a")
 
 
 def test_every_reporter_has_every_event_of_the_watch() -> None:

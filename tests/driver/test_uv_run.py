@@ -16,7 +16,6 @@ import pytest
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import make_request
 from ray_uv_plugin.agent.spec import (
-    UvProject,
     UvProjectSpecError,
     is_uv_run_interpreter,
     parse_spec,
@@ -33,6 +32,7 @@ from ray_uv_plugin.driver.hook import (
 )
 from ray_uv_plugin.driver.uv_run import read_uv_run
 from ray_uv_plugin.driver.uv_run_options import IGNORED, UNMAPPABLE, split_options
+from ray_uv_plugin.registration import UvProject
 from ray_uv_plugin.schema import load_schema
 
 PY = "3.11.7"
@@ -336,21 +336,21 @@ def test_new_fields_reach_uv_sync_and_the_key_but_job_default_does_not(tmp_path:
         }
     )
     assert spec.sync_args() == [
-        "--locked",
-        "--package",
-        "Member",
+        "--all-extras",
         "--no-extra",
         "Y",
         "--only-group",
         "g",
         "--no-group",
         "dev",
-        "--all-extras",
+        "--package",
+        "Member",
+        "--locked",
         "--no-install-project",
     ]
     assert parse_spec({"all_groups": True}).sync_args() == [
-        "--locked",
         "--all-groups",
+        "--locked",
         "--no-install-project",
     ]
     project = make_project(tmp_path / "p", package=False)

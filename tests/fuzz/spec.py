@@ -9,8 +9,9 @@ from typing import Any
 import jsonschema
 from hypothesis import strategies as st
 
-from ray_uv_plugin.agent.spec import FIELD_NAMES, ParsedUvProject, UvProject, parse_spec
+from ray_uv_plugin.agent.spec import FIELD_NAMES, ParsedUvProject, parse_spec
 from ray_uv_plugin.agent.uv_env import UvEnvError
+from ray_uv_plugin.registration import UvProject
 from ray_uv_plugin.schema import load_schema
 from tests.fuzz.harness import Case, Target, Violation, refused_clearly, seeded
 

@@ -299,7 +299,9 @@ def test_prepare_builds_once_and_ships_to_the_other_node(two_nodes, tmp_path: Pa
     _, a, b = two_nodes
     project = new_project(tmp_path)
     syncs_a, syncs_b = a.uv.syncs(), b.uv.syncs()
-    results = prepare_nodes({"project": str(project)}, live_nodes(), 600, chunk_bytes=8 * MiB)
+    results = prepare_nodes(
+        parse_spec({"project": str(project)}), live_nodes(), 600, chunk_bytes=8 * MiB
+    )
     assert [r.outcome for r in results] == ["built", "shipped"], results
     shipped = results[1]
     assert shipped.python.startswith(str(b.venvs)), shipped
@@ -319,7 +321,7 @@ def test_prepare_builds_once_and_ships_to_the_other_node(two_nodes, tmp_path: Pa
     setup = "".join(p.read_text() for p in logs.glob("runtime_env_setup-*.log"))
     assert f"{shipped.key} (made: shipped (" in setup, setup[-2000:]
     works_where_it_is(venv)
-    again = prepare_nodes({"project": str(project)}, live_nodes(), 600)
+    again = prepare_nodes(parse_spec({"project": str(project)}), live_nodes(), 600)
     assert [r.outcome for r in again] == ["reused", "reused"], again
     assert b.uv.syncs() == syncs_b
 
@@ -333,7 +335,7 @@ def test_a_node_with_other_uv_settings_builds_its_own(two_nodes, tmp_path: Path)
     try:
         cluster.wait_for_nodes()
         project = new_project(tmp_path)
-        results = prepare_nodes({"project": str(project)}, live_nodes(), 600)
+        results = prepare_nodes(parse_spec({"project": str(project)}), live_nodes(), 600)
     finally:
         remove(cluster, node)
     on_c = by_dir(results, c)
@@ -398,7 +400,7 @@ def test_a_receiver_killed_mid_unpack_leaves_nothing_used(
 
     syncs_b = b.uv.syncs()
     results = prepare_nodes(
-        {"project": str(project)}, live_nodes(), 600, chunk_bytes=4 * MiB,
+        parse_spec({"project": str(project)}), live_nodes(), 600, chunk_bytes=4 * MiB,
         on_progress=kill_receiver,
     )  # fmt: skip
     assert killed
@@ -422,7 +424,9 @@ def test_a_sender_killed_mid_way_fails_cleanly_and_the_next_attempt_ships(
 
     value = {"project": str(project)}
     # B builds for itself after the failed receive; remove that venv to try shipping again.
-    results = prepare_nodes(value, live_nodes(), 600, chunk_bytes=4 * MiB, on_progress=kill_sender)
+    results = prepare_nodes(
+        parse_spec(value), live_nodes(), 600, chunk_bytes=4 * MiB, on_progress=kill_sender
+    )
     on_b = by_dir(results, b)
     assert on_b.outcome == "built", results
     assert "the source node" in on_b.note and "sending chunk 3" in on_b.note, on_b.note
@@ -430,7 +434,7 @@ def test_a_sender_killed_mid_way_fails_cleanly_and_the_next_attempt_ships(
     from ray_uv_plugin.store.freezing import remove_tree
 
     remove_tree(b.venvs / on_b.key)
-    again = prepare_nodes(value, live_nodes(), 600, chunk_bytes=4 * MiB)
+    again = prepare_nodes(parse_spec(value), live_nodes(), 600, chunk_bytes=4 * MiB)
     assert [r.outcome for r in again] == ["reused", "shipped"], again
 
 
@@ -438,6 +442,7 @@ DRIVER = textwrap.dedent(
     """\
     import sys, time
     import ray
+    from ray_uv_plugin.agent.spec import parse_spec
     from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
 
     def slow(p):
@@ -445,7 +450,7 @@ DRIVER = textwrap.dedent(
         time.sleep(0.5)
 
     ray.init(address=sys.argv[1])
-    prepare_nodes({"project": sys.argv[2]}, alive_nodes(), 600, chunk_bytes=2**21,
+    prepare_nodes(parse_spec({"project": sys.argv[2]}), alive_nodes(), 600, chunk_bytes=2**21,
                   on_progress=slow)
     """
 )
@@ -482,7 +487,7 @@ def test_a_driver_killed_mid_way_leaves_nothing_used(
         marker = read_marker(b.venvs / key) or {}
         assert "received_at" not in marker and marker.get("built_at"), marker
         time.sleep(5)  # so that the prepare below does not count that build as its own
-    results = prepare_nodes({"project": str(project)}, live_nodes(), 600)
+    results = prepare_nodes(parse_spec({"project": str(project)}), live_nodes(), 600)
     outcomes = [r.outcome for r in results]
     assert outcomes == ["reused", "shipped" if why == "absent" else "reused"], results
     assert check_ready(b.venvs, key)
@@ -596,7 +601,7 @@ def test_the_building_node_dying_mid_way_fails_cleanly(
     wait_free(b.venvs / f"{on_b.key}.lock")
     assert check_ready(b.venvs, on_b.key).why_not == "absent"
     assert not list(b.venvs.glob("*.ship-*"))
-    again = prepare_nodes(value, live_nodes(), 600, chunk_bytes=4 * MiB)
+    again = prepare_nodes(parse_spec(value), live_nodes(), 600, chunk_bytes=4 * MiB)
     assert [r.outcome for r in again] == ["reused", "shipped"], again
 
 
@@ -731,7 +736,9 @@ def test_a_venv_moved_while_it_is_sent_is_taken_by_no_node(
     wait_free(b.venvs / f"{key}.lock")
     assert check_ready(b.venvs, key).why_not == "absent"
     assert not list(b.venvs.glob("*.ship-*"))
-    again = prepare_nodes({"project": str(project)}, live_nodes(), 600, chunk_bytes=4 * MiB)
+    again = prepare_nodes(
+        parse_spec({"project": str(project)}), live_nodes(), 600, chunk_bytes=4 * MiB
+    )
     assert [r.outcome for r in again] == ["reused", "shipped"], again
 
 
@@ -758,7 +765,9 @@ def test_a_venv_changed_after_its_build_is_sent_nowhere_and_rebuilt(
     # prepare calls a venv "built" if its build ended within its probe's time + 1 s: let A's
     # build be older than that, so that A's outcome says what prepare did there (reused it).
     time.sleep(max(0.0, read_marker(venv)["built_at"] + 2.0 - time.time()))
-    results = prepare_nodes({"project": str(project)}, live_nodes(), 600, chunk_bytes=4 * MiB)
+    results = prepare_nodes(
+        parse_spec({"project": str(project)}), live_nodes(), 600, chunk_bytes=4 * MiB
+    )
     on_b = by_dir(results, b)
     assert [r.outcome for r in results] == ["reused", "built"], results
     rel = six.relative_to(venv)
@@ -812,13 +821,14 @@ UV_RUN_DRIVER = textwrap.dedent(
     """\
     import json, sys
     import ray
+    from ray_uv_plugin.agent.spec import parse_spec
     from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
 
     # As under `uv run` on a laptop: the job's py_executable and this driver's interpreter are
     # paths that the cluster's nodes do not have.
     ray.init(address=sys.argv[1], runtime_env={"py_executable": "/driver-only/uv run python"})
     sys.executable = "/driver-only/project/.venv/bin/python"
-    results = prepare_nodes({"project": sys.argv[2]}, alive_nodes(), 240)
+    results = prepare_nodes(parse_spec({"project": sys.argv[2]}), alive_nodes(), 240)
     print("RESULT", json.dumps([r.as_json() for r in results]))
     """
 )

@@ -248,7 +248,9 @@ def two_locks(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def prepared(project: Path) -> list:
-    results = prepare_nodes({"project": str(project)}, live_nodes(), 600, chunk_bytes=8 * MiB)
+    results = prepare_nodes(
+        parse_spec({"project": str(project)}), live_nodes(), 600, chunk_bytes=8 * MiB
+    )
     assert [r.outcome for r in results] == ["built", "shipped"], results
     return results
 
@@ -271,7 +273,9 @@ def test_a_node_with_a_near_venv_is_sent_the_difference(two_nodes, tmp_path: Pat
     # The same venv as a full ship: node B without the seed (nor B's venv) is sent it whole.
     freezing.remove_tree(venv)
     freezing.remove_tree(node_b.venvs / to_b.key)
-    again = prepare_nodes({"project": str(project_b)}, live_nodes(), 600, chunk_bytes=8 * MiB)
+    again = prepare_nodes(
+        parse_spec({"project": str(project_b)}), live_nodes(), 600, chunk_bytes=8 * MiB
+    )
     assert [r.outcome for r in again] == ["reused", "shipped"], again
     assert "seed" not in read_marker(venv)["built"]
     assert again[1].shipped_bytes > seeded.shipped_bytes * 10
