@@ -15,8 +15,6 @@ import shutil
 import stat
 import sys
 from collections.abc import Collection
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 
 from ray_uv_plugin.store import tree
@@ -71,24 +69,10 @@ def freeze(venv: Path, own: Collection[str] = (), listed: tree.Tree | None = Non
             drop = 0o222 if rel in own else 0o022
             if st.st_mode & drop:
                 os.chmod(listed.path(rel), stat.S_IMODE(st.st_mode) & ~drop)
-    dirs = [(listed.path(rel), st.st_mode) for rel, st in entries if stat.S_ISDIR(st.st_mode)]
-    chunks = [dirs[i : i + CHUNK] for i in range(0, len(dirs), CHUNK)]
-    with ThreadPoolExecutor(THREADS) as pool:  # chmod and ioctl release the GIL
-        done = list(pool.map(partial(_freeze_dirs, immutable), chunks))
-    return immutable and all(done)
-
-
-THREADS = min(4, len(os.sched_getaffinity(0)) or 1)
-CHUNK = 512  # dirs per task
-
-
-def _freeze_dirs(immutable: bool, dirs: list[tuple[str, int]]) -> bool:
-    """Each dir read-only, and immutable where `immutable` (until one cannot be: False). A
-    dir's mode and flags are its own inode's, so the order (a parent before its children or
-    after) changes nothing."""
-    for path, mode in dirs:
-        os.chmod(path, stat.S_IMODE(mode) & ~0o222)
-        immutable = immutable and _set_immutable(path, True)
+    for rel, st in reversed(entries):  # a dir after what it holds
+        if stat.S_ISDIR(st.st_mode):
+            os.chmod(listed.path(rel), stat.S_IMODE(st.st_mode) & ~0o222)
+            immutable = immutable and _set_immutable(listed.path(rel), True)
     return immutable
 
 
