@@ -142,22 +142,9 @@ def build_venv(
         )
         events.enter("manifest")
         manifest_start = time.perf_counter()
-        # Its own bytecode read-only (a seed's is linked into other venvs), never uv's files:
-        # in a thread of its own while the manifest is written (its syscalls, beside Python's
-        # work), before anything is ready.
-        frozen = freezing.Freezing(venv, compiled.paths - recorded.hashes.keys(), listed)
-        try:
-            made = write_manifest(
-                venv,
-                logger,
-                recorded,
-                compiled,
-                locked,
-                listed,
-                lambda: uv_cache_dir(env, files.path),
-            )
-        finally:  # done before anything else touches the venv, or removes it
-            frozen.wait()
+        made = write_manifest(
+            venv, logger, recorded, compiled, locked, listed, lambda: uv_cache_dir(env, files.path)
+        )
         _took(logger, venv, "manifest", time.perf_counter() - manifest_start)
         try:  # the venv is whole but for its marker: what it adds to the venv dir is known
             budget.make_room(
@@ -167,9 +154,11 @@ def build_venv(
             raise UvSyncError(str(e)) from None
         except budget.BudgetBusy as e:  # the next try may find the lock free
             raise UvSyncError(str(e), transient=True) from None
-        parts_frozen = freezing.freeze_dir(venv / manifest.PARTS)  # made after the listing
-        immutable = frozen.wait() and parts_frozen
-        _took(logger, venv, "freeze", frozen.seconds)  # beside the manifest's, not after it
+        # Its own bytecode read-only (a seed's is linked into other venvs), never uv's files.
+        freeze_start = time.perf_counter()
+        listed.relist([manifest.PARTS])  # its fragments' dir, frozen with the rest
+        immutable = freezing.freeze(venv, compiled.paths - recorded.hashes.keys(), listed)
+        _took(logger, venv, "freeze", time.perf_counter() - freeze_start)
         if os.geteuid() == 0 and not immutable:
             logger.warning("uv_project %s: %s.", venv.name, freezing.unfrozen_note())
         taken = compiled.taken
@@ -343,9 +332,8 @@ def _take(
 
 
 def _took(logger: logging.Logger, venv: Path, step: str, seconds: float) -> None:
-    """One step of a build with its seconds, a line of the setup log each (sync, listing,
-    seeding, compile, manifest, freeze; the freeze runs beside the manifest): where a build's
-    time went (`benchmarks.edit_run` reads them)."""
+    """One step of a build with its seconds, a line of the setup log each (sync, seeding,
+    compile, manifest, freeze): where a build's time went (`benchmarks.edit_run` reads them)."""
     logger.info("uv_project %s: step %s took %.2fs", venv.name, step, seconds)
 
 

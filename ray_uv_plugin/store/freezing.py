@@ -14,8 +14,6 @@ import os
 import shutil
 import stat
 import sys
-import threading
-import time
 from collections.abc import Collection
 from pathlib import Path
 
@@ -76,42 +74,6 @@ def freeze(venv: Path, own: Collection[str] = (), listed: tree.Tree | None = Non
             os.chmod(listed.path(rel), stat.S_IMODE(st.st_mode) & ~0o222)
             immutable = immutable and _set_immutable(listed.path(rel), True)
     return immutable
-
-
-class Freezing:
-    """`freeze` in a thread of its own, started now: `wait` for its result (its error raised
-    there). The caller writes nothing below the top dir meanwhile but dirs it made after
-    listing the venv (`listed`), which `freeze` does not touch."""
-
-    def __init__(self, venv: Path, own: Collection[str], listed: tree.Tree) -> None:
-        self.seconds = 0.0
-        self._result: bool | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(venv, own, listed), name=f"freeze {venv.name}", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, venv: Path, own: Collection[str], listed: tree.Tree) -> None:
-        start = time.perf_counter()
-        try:
-            self._result = freeze(venv, own, listed)
-        except BaseException as e:  # noqa: BLE001 - raised by `wait`
-            self._error = e
-        self.seconds = time.perf_counter() - start
-
-    def wait(self) -> bool:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return bool(self._result)
-
-
-def freeze_dir(path: Path) -> bool:
-    """One dir made after `freeze` (the manifest's fragments) read-only, and immutable as root
-    where it can be: whether it was."""
-    os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) & ~0o222)
-    return os.geteuid() == 0 and _set_immutable(str(path), True)
 
 
 CAP_LINUX_IMMUTABLE = 9  # its bit in `CapEff:` of /proc/self/status
