@@ -273,7 +273,9 @@ def _record(case: Case) -> list[dict[str, Any]]:
     if not case.get("honest"):
         return []
     rows = io.StringIO()
-    writer = csv.writer(rows, lineterminator="\n")
+    # Every field quoted, as uv's writer quotes a name with a "\r" (Python's, with "\n" lines,
+    # would not, and a reader splits the row there).
+    writer = csv.writer(rows, lineterminator="\n", quoting=csv.QUOTE_ALL)
     for m in case["members"]:
         if m["type"] in ("file", "hardlink"):
             writer.writerow([os.path.relpath(m["name"], SITE), "", ""])
