@@ -469,3 +469,40 @@ def test_a_receiver_refuses_a_file_that_is_not_accounted_for(built: Path, tmp_pa
         install_received(root, built.name, tree, {**read_marker(venv), "venv": str(venv)})
     assert str(stray.relative_to(venv)) in str(e.value)
     assert not os.path.lexists(root / built.name)
+
+
+def test_a_manifest_is_kept_by_part_and_its_sha256_is_its_entries_alone(tmp_path: Path) -> None:
+    """A part is a top-level package or module of site-packages (a top-level module's bytecode
+    with it), every dist-info dir together, and the venv's own entries; the plugin's own names
+    are none. What the marker names is a function of the entries (`digest`), whoever writes it,
+    and a fragment that is not its name's is refused."""
+    site = "lib/python3.11/site-packages"
+    prefix = f"{site}/"
+    assert manifest.part_of(f"{site}/numpy/core/__init__.py", prefix) == "numpy"
+    assert manifest.part_of(f"{site}/__pycache__/six.cpython-311.pyc", prefix) == "six.py"
+    assert manifest.part_of(f"{site}/six.py", prefix) == "six.py"
+    assert manifest.part_of(f"{site}/__pycache__", prefix) == manifest.VENV
+    assert manifest.part_of(f"{site}/six-1.0.dist-info/RECORD", prefix) == manifest.DIST_INFOS
+    assert manifest.part_of(site, prefix) == manifest.part_of("bin/python", prefix) == manifest.VENV
+    paths = [".ray-uv-ready", f"{manifest.PARTS}/abc", "bin", f"{site}/six.py"]
+    assert manifest.split(paths, site) == {manifest.VENV: ["bin"], "six.py": [f"{site}/six.py"]}
+    venv = tmp_path / KEY
+    (venv / site / "pkg").mkdir(parents=True)
+    (venv / site / "pkg" / "m.py").write_bytes(b"x = 1\n")
+    (venv / site / "six.py").write_bytes(b"y = 2\n")
+    (venv / "bin").mkdir()
+    files = manifest.scan(venv)
+    sha = manifest.write(venv, files)
+    assert sha == manifest.digest(files)
+    found = manifest.parts(venv, sha)
+    assert found is not None and found[0] == site
+    assert sorted(found[1]) == [manifest.VENV, "pkg", "six.py"]
+    assert manifest.load(venv, sha) == files
+    fragment = venv / manifest.PARTS / found[1]["pkg"]
+    fragment.chmod(0o644)
+    fragment.write_bytes(fragment.read_bytes().replace(b"m.py", b"n.py"))
+    with pytest.raises(manifest.ManifestError, match="not its build's"):
+        manifest.load(venv, sha)
+    fragment.unlink()
+    with pytest.raises(manifest.ManifestError, match="has lost a fragment"):
+        manifest.load(venv, sha)
