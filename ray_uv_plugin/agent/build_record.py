@@ -192,8 +192,11 @@ def _kept(
     listings: Mapping[str, tuple[tuple[int, int], str]],
 ) -> dict[str, hashed.Part]:
     """The parts the seed's records are kept for (see `write_manifest`); `listings`: those
-    the seeding found (`seeding.Taken.listings`), taken again for the same paths."""
-    if seed is None:
+    the seeding found (`seeding.Taken.listings`), taken again for the same paths. A listing
+    names inodes: only a seed of the new venv's file system keeps any part."""
+    if seed is None or not listed.entries:
+        return {}
+    if seed.index.dev != next(iter(listed.entries.values())).st_dev:
         return {}
     kept = {}
     for name, paths in groups.items():
