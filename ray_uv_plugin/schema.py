@@ -76,6 +76,15 @@ _RULES: list[dict[str, Any]] = [
             ],
         }
     },
+    {
+        "not": {
+            "description": "`from_image` needs the lock as it is: not with `locked: false` "
+            "(but with `frozen: true`).",
+            "required": ["from_image", "locked"],
+            "properties": {"from_image": {"minItems": 1}, "locked": {"const": False}},
+            "not": {"required": ["frozen"], "properties": {"frozen": {"const": True}}},
+        }
+    },
 ]
 
 
