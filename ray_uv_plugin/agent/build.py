@@ -11,7 +11,6 @@ import shutil
 import sys
 import tempfile
 import time
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -60,8 +59,7 @@ def build_venv(
     scratch = scratch_project(request, venv.parent) if spec.resolves else None
     project_dir = scratch or files.path
     command = request.sync_command(venv, project_dir)
-    args, left = list(command.args), list(command.left_out)
-    lock = tomllib.loads(files.lock.decode("utf-8")) if spec.from_image else {}  # for its check
+    args, left, lock = list(command.args), list(command.left_out), command.lock
     logger.info("uv_project %s: building: %s %s", venv.name, find_uv(), " ".join(args))
     if withheld := withheld_from_uv(request):
         shown = ", ".join(withheld[:12]) + (

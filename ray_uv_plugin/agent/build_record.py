@@ -71,7 +71,8 @@ def write_manifest(
     foreign = accounting.foreign_distributions(venv, locked)
     parts_of = owners_of(recorded, site)
     listings = compiled.taken.listings if compiled.taken is not None else {}
-    kept = _kept(seed, groups, listed, parts_of.owners, records, set(foreign), clock, listings)
+    dev = _device(venv, site)
+    kept = _kept(seed, groups, listed, parts_of.owners, records, set(foreign), clock, dev, listings)
     if seed is not None:  # its fragments, linked in and checked: else the part is listed
         fragments = manifest.Fragments(venv)
         for name in list(kept):
@@ -158,7 +159,7 @@ def write_records(
     (`owners_of`); `compiled`: the bytecode its build compiled or took (None at a receive:
     every `.pyc` no RECORD lists, whose header was checked)."""
     venv = fresh.venv
-    index = hashed.Index(os.lstat(venv / site if site else venv).st_dev, records=dict(records))
+    index = hashed.Index(_device(venv, site), records=dict(records))
     index.parts.update(kept)
     written = fresh.record(index, owners, compiled, recorded)
     from_seed = {} if seed is None else {name: seed.fragments[name] for name in kept}
@@ -167,6 +168,11 @@ def write_records(
         hashed.write(venv, index),
         written,
     )
+
+
+def _device(venv: Path, site: str) -> int:
+    """The file system of the venv's site-packages (its index's `dev`)."""
+    return os.lstat(venv / site if site else venv).st_dev
 
 
 def owners_of(recorded: accounting.Recorded, site: str) -> Owners:
@@ -189,26 +195,25 @@ def _kept(
     records: Mapping[str, str],
     foreign: set[str],
     clock: int,
-    listings: Mapping[str, tuple[tuple[int, int], str]],
+    dev: int,
+    listings: Mapping[str, tuple[frozenset[str], str]],
 ) -> dict[str, hashed.Part]:
     """The parts the seed's records are kept for (see `write_manifest`); `listings`: those
     the seeding found (`seeding.Taken.listings`), taken again for the same paths. A listing
-    names inodes: only a seed of the new venv's file system keeps any part."""
-    if seed is None or not listed.entries:
-        return {}
-    if seed.index.dev != next(iter(listed.entries.values())).st_dev:
+    names inodes: only a seed of the new venv's file system (`dev`) keeps any part."""
+    if seed is None or seed.index.dev != dev:
         return {}
     kept = {}
     for name, paths in groups.items():
         part = seed.index.parts.get(name)
-        if name in (manifest.VENV, manifest.DIST_INFOS) or part is None or not part.listing:
+        if name in manifest.NEVER_KEPT or part is None or not part.listing:
             continue
         if name not in seed.fragments or set(part.owners) != owners.get(name, set()):
             continue
         if any(d in foreign or records.get(d) != seed.index.records.get(d) for d in part.owners):
             continue
-        key, listing = listings.get(name, (None, ""))
-        if key != seeding.paths_key(paths):
+        found, listing = listings.get(name, (None, ""))
+        if found is None or found != frozenset(paths):  # another part's paths: listed anew
             listing = hashed.listing(listed, paths, clock)
         if listing == part.listing:
             kept[name] = part
@@ -260,7 +265,7 @@ class Fresh:
         fragments = manifest.Fragments(self.venv)
         for name, entries in self.parts.items():
             paths = list(entries)
-            whole = name not in (manifest.VENV, manifest.DIST_INFOS)  # may be kept later
+            whole = name not in manifest.NEVER_KEPT  # may be kept later
             index.parts[name] = hashed.Part(
                 fragments.put(self.rows[name].fragment()),
                 hashed.listing(self.listed, paths, self.clock) if whole else "",

@@ -190,7 +190,7 @@ class VenvRequest:
         left = tuple(image.left_out(lock.get("package", []), spec.from_image))
         args += image.no_install_args(left)
         env = {**self.uv_env, "UV_PROJECT_ENVIRONMENT": str(venv)}
-        return SyncCommand(tuple(args), env, files.path, left)
+        return SyncCommand(tuple(args), env, files.path, left, lock)
 
 
 @dataclass(frozen=True)
@@ -203,6 +203,7 @@ class SyncCommand:
     env: Mapping[str, str] = field(repr=False)
     cwd: Path
     left_out: tuple[str, ...] = ()  # the lock's packages left to the image (`from_image`)
+    lock: Mapping[str, Any] = field(default_factory=dict, repr=False)  # parsed, for `from_image`
 
 
 def make_request(

@@ -83,9 +83,9 @@ class Taken:
     bytes: int
     known: frozenset[str] = field(default_factory=frozenset, repr=False)  # venv-relative
     source: Seed | None = field(default=None, repr=False)  # for the manifest's kept parts
-    # The parts whose listing was found to be the seed's: part -> (`paths_key` of the paths
-    # listed, the listing), for the manifest (`build_record`) while the part is as it was.
-    listings: dict[str, tuple[tuple[int, int], str]] = field(default_factory=dict, repr=False)
+    # The parts whose listing was found to be the seed's: part -> (the paths listed, the
+    # listing), for the manifest (`build_record`) while the part holds those paths.
+    listings: dict[str, tuple[frozenset[str], str]] = field(default_factory=dict, repr=False)
     unused: frozenset[str] = field(default_factory=frozenset, repr=False)  # `remove_empty`
 
     def as_json(self) -> dict[str, object]:
@@ -248,7 +248,7 @@ def take_bytecode(seed: Seed, venv: Path, listed: tree.Tree, dirs: CacheDirs) ->
     wanted = []
     for name, paths in groups.items():
         part = seed.index.parts.get(name)
-        if name in (manifest.VENV, manifest.DIST_INFOS) or part is None or not part.bytecode:
+        if name in manifest.NEVER_KEPT or part is None or not part.bytecode:
             continue
         if part.sources == hashed.sources(listed, paths):
             wanted += part.bytecode
@@ -277,12 +277,6 @@ def remove_empty(listed: tree.Tree, taken: Taken) -> None:
         except OSError:  # the compile step wrote into it
             continue
         listed.entries.pop(folder, None)
-
-
-def paths_key(paths: list[str]) -> tuple[int, int]:
-    """What tells one part's list of paths from another of the same venv (their number, and
-    the sum of their hashes): a listing worked out once is taken again only for these paths."""
-    return len(paths), sum(map(hash, paths))
 
 
 def _chunks(items: list[T]) -> list[list[T]]:
@@ -317,7 +311,7 @@ def _link(seed: str, top: str, chunk: list[str]) -> list[str]:
 
 def _check_linked(
     seed: Seed, venv: Path, listed: tree.Tree, linked: list[str], groups: dict[str, list[str]]
-) -> dict[str, tuple[tuple[int, int], str]]:
+) -> dict[str, tuple[frozenset[str], str]]:
     """Each linked file is the seed's, as its manifest lists it: a part whose listing is the
     seed's is (the same inodes, unchanged since its build hashed them); in another, each file
     is looked up in the seed's rows, or read. SeedError (the file unlinked) for one that is
@@ -332,7 +326,7 @@ def _check_linked(
         part = seed.index.parts[name]
         listing = hashed.listing(listed, groups[name], clock) if part.listing else ""
         if listing and listing == part.listing:
-            listings[name] = (paths_key(groups[name]), listing)
+            listings[name] = (frozenset(groups[name]), listing)
             continue
         try:
             built = manifest.load_part(seed.path, name, seed.fragments[name])

@@ -173,9 +173,14 @@ def rows(venv: Path, sha256: str) -> Hashed | None:
             for ino, (size, mtime, sha) in doc["inodes"].items()
         }
         return Hashed(int(doc["clock_ns"]), int(doc["dev"]), inodes)
-    except (manifest.ManifestError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    except RecursionError:
+    except (
+        manifest.ManifestError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        RecursionError,
+    ):
         return None
 
 

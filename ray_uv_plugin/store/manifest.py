@@ -155,6 +155,9 @@ def scan(
 
 VENV = ""  # the part of the venv's own entries: everything outside site-packages' parts
 DIST_INFOS = "*.dist-info"  # every dist-info dir, one part
+# Parts a build lists anew each time, never kept from a seed nor seeded: `bin/`'s scripts name
+# their venv, and uv writes each dist-info dir's RECORD, INSTALLER and REQUESTED anew.
+NEVER_KEPT = frozenset({VENV, DIST_INFOS})
 PARTS = ".ray-uv-ready.parts"  # the fragments of the manifest and the index, by sha256
 _SITE = re.compile(r"^lib/[^/]+/site-packages$")
 

@@ -542,16 +542,16 @@ def test_a_part_is_kept_only_as_the_seed_had_it_owned_and_listed(tmp_path) -> No
     records["pkg1-1.0.dist-info"] = "0" * 64  # another RECORD
     owners["pkg2"] = owners["pkg2"] | {"pkg0-1.0.dist-info"}  # another distribution's file
     foreign = {"pkg3-1.0.dist-info"}  # of no package of the lock
-    clock = hashed.fs_clock(new)
-    kept = build_record._kept(seed, groups, listed, owners, records, foreign, clock, {})
+    clock, dev = hashed.fs_clock(new), os.lstat(new / SITE).st_dev
+    kept = build_record._kept(seed, groups, listed, owners, records, foreign, clock, dev, {})
     assert sorted(kept) == ["pkg0", "pkg5"]
     assert all(kept[name] == seed.index.parts[name] for name in kept)
     # A listing the seeding found is taken for the same paths only.
     listing = seed.index.parts["pkg4"].listing
-    found = {"pkg4": (seeding.paths_key(groups["pkg4"]), listing)}
+    found = {"pkg4": (frozenset(groups["pkg4"]), listing)}
     records = seeding.record_digests(new / SITE)
-    kept = build_record._kept(seed, groups, listed, owners, records, set(), clock, found)
+    kept = build_record._kept(seed, groups, listed, owners, records, set(), clock, dev, found)
     assert "pkg4" in kept  # as the seeding said it found it
-    found = {"pkg4": (seeding.paths_key(groups["pkg4"][1:]), listing)}
-    kept = build_record._kept(seed, groups, listed, owners, records, set(), clock, found)
+    found = {"pkg4": (frozenset(groups["pkg4"][1:]), listing)}
+    kept = build_record._kept(seed, groups, listed, owners, records, set(), clock, dev, found)
     assert "pkg4" not in kept
