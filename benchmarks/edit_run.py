@@ -13,6 +13,9 @@ compiled extensions. For each B, in one run (ratios; the machine is noisy):
 - `ready`: the same actor once B's venv is ready, in a new Ray session: what any way of making
   the venv adds its build to (Ray's worker start and the first call).
 
+`lstat_walk`: B's seeded venv walked by `find` (one `lstat` per entry, in C): the floor of the
+per-entry work that a build accounting for every entry pays, whatever its own code.
+
 Target: `seeded` within 3 x `nocompile`, with complete bytecode; each build's steps (`step
 <name> took <s>`: sync, listing, seeding, compile, manifest, freeze) come from its setup log.
 
@@ -133,6 +136,17 @@ def one_actor(project: Path, venv_dir: Path) -> tuple[float, Path, list[str]]:
         ray.shutdown()
 
 
+def lstat_walk(venv: Path) -> tuple[int, float]:
+    """B's venv walked by `find` (C: one `lstat` of every entry, its inode, size, mtime and mode
+    printed, as a build's listing takes them): (entries, seconds). What a build that accounts for
+    every entry pays whatever its own code, against the no-compile sync's budget."""
+    start = time.perf_counter()
+    out = subprocess.run(
+        ["find", str(venv), "-printf", "%i %s %T@ %m\\n"], capture_output=True, check=True
+    ).stdout
+    return out.count(b"\n"), time.perf_counter() - start
+
+
 def _tree(venv: Path) -> dict[str, bytes | str]:
     """Every entry below `venv` but the plugin's own: a link's text, a dir, a file's bytes with
     the venv's own path written `<venv>`, a `.pyc`'s header (its body names the path it was
@@ -213,6 +227,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
             b = changed_lock(base, spec, work / f"lock-{case}")
             nocompile = sync_no_compile(b, work / f"nocompile-{case}")
             seeded, venv, steps = one_actor(b, venvs)
+            entries, walk = lstat_walk(venv)
             ready, _, _ = one_actor(b, venvs)  # the floor: B's venv ready, a new Ray session
             built = (read_marker(venv) or {}).get("built")
             full, full_venv, full_steps = one_actor(b, work / f"fresh-{case}")
@@ -226,6 +241,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
                 "seeded_seconds": round(seeded, 2),
                 "full_seconds": round(full, 2),
                 "ready_seconds": round(ready, 2),
+                "entries": entries,
+                "lstat_walk_seconds": round(walk, 2),
                 "seeded_over_nocompile": round(seeded / nocompile, 2),
                 "seeded_over_full": round(seeded / full, 2),
                 "built": built,

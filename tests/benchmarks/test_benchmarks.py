@@ -475,6 +475,19 @@ def test_edit_run_reads_each_build_step_s_seconds_from_the_setup_log() -> None:
     assert step_seconds(lines) == {"sync": 0.91, "seeding": 1.05, "freeze": 12.3}
 
 
+def test_edit_run_s_lstat_walk_counts_every_entry_below_the_venv(tmp_path: Path) -> None:
+    """`benchmarks.edit_run.lstat_walk` counts each entry once, the venv's dir, a file whose name
+    holds a space, and a link among them."""
+    from benchmarks.edit_run import lstat_walk
+
+    (tmp_path / "lib" / "a b").mkdir(parents=True)
+    (tmp_path / "lib" / "a b" / "m.py").write_text("x = 1\n")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").symlink_to("/nowhere")
+    entries, seconds = lstat_walk(tmp_path)
+    assert entries == 6 and seconds >= 0
+
+
 def test_seed_work_s_new_venv_is_the_seed_s_own_inodes_less_bytecode(tmp_path: Path) -> None:
     """`benchmarks.seed_work` stands a hardlink copy of the seed, less its `__pycache__` dirs
     and the plugin's files, for uv's sync: the same inodes, as uv links them from its cache."""
