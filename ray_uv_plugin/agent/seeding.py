@@ -245,22 +245,28 @@ def take_bytecode(seed: Seed, venv: Path, listed: tree.Tree, dirs: CacheDirs) ->
     made = dirs.made()
     listed.relist(made)  # listed while they were made: listed again
     groups = manifest.split(listed.entries, seed.site)
-    wanted = []
+    wanted: dict[str, tuple[str, ...]] = {}  # part -> the seed's bytecode of it (`CacheDirs`)
     for name, paths in groups.items():
         part = seed.index.parts.get(name)
         if name in manifest.NEVER_KEPT or part is None or not part.bytecode:
             continue
         if part.sources == hashed.sources(listed, paths):
-            wanted += part.bytecode
+            wanted[name] = part.bytecode
     with ThreadPoolExecutor(THREADS) as pool:
         link = partial(_link, str(seed.path), str(venv))
-        linked = [pyc for part in pool.map(link, _chunks(wanted)) for pyc in part]
-    folders = sorted({pyc.rpartition("/")[0] for pyc in linked})
-    listed.relist(folders)
-    prefix = f"{seed.site}/"
-    for path in linked:  # what the seed added to each part
-        groups.setdefault(manifest.part_of(path, prefix), []).append(path)
-    listings = _check_linked(seed, venv, listed, linked, groups)
+        linked = []
+        for chunk in pool.map(link, _chunks([pyc for pycs in wanted.values() for pyc in pycs])):
+            for pyc, st in chunk:  # each file listed as linked: its dir holds nothing else new
+                listed.entries[pyc] = st
+                linked.append(pyc)
+    folders = {pyc.rpartition("/")[0] for pyc in linked}
+    found = set(linked)
+    by_part = {}  # what the seed added to each part
+    for name, pycs in wanted.items():
+        if added := [pyc for pyc in pycs if pyc in found]:
+            by_part[name] = added
+            groups[name] += added
+    listings = _check_linked(seed, venv, listed, by_part, groups)
     size = sum(listed.entries[pyc].st_size for pyc in linked if pyc in listed.entries)
     unused = frozenset(made).difference(folders)
     return Taken(
@@ -297,29 +303,31 @@ def _make_cache_dirs(top: str, folders: list[str]) -> list[str]:
     return made
 
 
-def _link(seed: str, top: str, chunk: list[str]) -> list[str]:
-    """One chunk of the seed's `.pyc` files linked into the new venv: those linked."""
+def _link(seed: str, top: str, chunk: list[str]) -> list[tuple[str, os.stat_result]]:
+    """One chunk of the seed's `.pyc` files linked into the new venv: those linked, each with
+    its `lstat` taken after the link (what the venv now holds, checked in `_check_linked`)."""
     linked = []
     for pyc in chunk:
+        path = f"{top}/{pyc}"
         try:
-            os.link(f"{seed}/{pyc}", f"{top}/{pyc}", follow_symlinks=False)
+            os.link(f"{seed}/{pyc}", path, follow_symlinks=False)
         except (FileNotFoundError, FileExistsError):
             continue  # removed meanwhile (gc), or a wheel's own: compiled in step 3 instead
-        linked.append(pyc)
+        linked.append((pyc, os.lstat(path)))
     return linked
 
 
 def _check_linked(
-    seed: Seed, venv: Path, listed: tree.Tree, linked: list[str], groups: dict[str, list[str]]
+    seed: Seed,
+    venv: Path,
+    listed: tree.Tree,
+    by_part: dict[str, list[str]],
+    groups: dict[str, list[str]],
 ) -> dict[str, tuple[frozenset[str], str]]:
     """Each linked file is the seed's, as its manifest lists it: a part whose listing is the
     seed's is (the same inodes, unchanged since its build hashed them); in another, each file
     is looked up in the seed's rows, or read. SeedError (the file unlinked) for one that is
     not. Returns the listings found to be the seed's (`Taken.listings`)."""
-    prefix = f"{seed.site}/"
-    by_part: dict[str, list[str]] = {}
-    for pyc in linked:
-        by_part.setdefault(manifest.part_of(pyc, prefix), []).append(pyc)
     clock = hashed.fs_clock(venv)
     listings = {}
     for name, pycs in by_part.items():
