@@ -26,7 +26,7 @@ from ray_uv_plugin.agent.spec import ParsedUvProject, parse_spec
 from ray_uv_plugin.cluster.connect import connect
 from ray_uv_plugin.cluster.node_result import NodeResult, outcome_counts
 from ray_uv_plugin.cluster.options import PrepareOptions, PrepareReporter, Quiet
-from ray_uv_plugin.cluster.probe_tasks import Probes, probe_nodes
+from ray_uv_plugin.cluster.probe import Probes, probe_nodes
 
 __all__ = [  # the results and the probes were this module's: callers import them from here
     "EXCLUDES",

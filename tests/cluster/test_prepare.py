@@ -20,7 +20,7 @@ from ray_uv_plugin.cluster.prepare import (
     outcome_counts,
     source_first,
 )
-from ray_uv_plugin.cluster.probe_tasks import _with_shipping
+from ray_uv_plugin.cluster.probe import _with_shipping
 
 NODE = "77aa00ff11223344"
 
