@@ -139,7 +139,7 @@ def test_every_reporter_has_every_event_of_the_watch() -> None:
     """`Quiet` and `ray-uv prepare`'s `PrepareLines` implement `WatchReporter` (and so
     `PrepareReporter`) whole: an event added to the protocol must be shown or ignored there."""
     from ray_uv_plugin.cluster.options import PrepareReporter, Quiet, WatchReporter
-    from ray_uv_plugin.ops.cli_envs import PrepareLines
+    from ray_uv_plugin.ops.cli_make_ready import PrepareLines
 
     def events(cls: type) -> set[str]:
         return {name for name in vars(cls) if not name.startswith("_")}
