@@ -25,7 +25,7 @@ from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import ParsedUvProject, parse_spec
 from ray_uv_plugin.cluster.connect import connect
 from ray_uv_plugin.cluster.node_result import NodeResult, outcome_counts
-from ray_uv_plugin.cluster.options import PrepareOptions, PrepareReporter, Quiet
+from ray_uv_plugin.cluster.options import PrepareOptions, PrepareReporter, QuietWatchReporter
 from ray_uv_plugin.cluster.probe import Probes, probe_nodes
 
 __all__ = [  # the results and the probes were this module's: callers import them from here
@@ -237,7 +237,7 @@ def prepare(options: PrepareOptions, reporter: PrepareReporter | None = None) ->
     telling `reporter` as it goes. Connects, and disconnects after."""
     import ray
 
-    reporter = reporter or Quiet()
+    reporter = reporter or QuietWatchReporter()
     spec = connect_for(options)
     try:
         nodes = alive_nodes()
@@ -273,8 +273,8 @@ def prepare_env(
     cluster at `address` and disconnects after. Raises `ConnectError`, `PrepareError` (or the
     spec's and project's errors) for what keeps it from starting; each node's failure is in
     its result.
-    `reporter` (a `PrepareReporter`, e.g. a subclass of `Quiet`) hears of the start, of each
-    node as it is done, and of each shipped chunk.
+    `reporter` (a `PrepareReporter`, e.g. a subclass of `QuietWatchReporter`) hears of the
+    start, of each node as it is done, and of each shipped chunk.
     """
     from ray_uv_plugin.agent.spec import keyword_value
 

@@ -51,7 +51,7 @@ from ray_uv_plugin.ship.launch import (
     start_actors,
 )
 from ray_uv_plugin.ship.messages import OfferAnswer, Progress, ShipResult, ShipSettings
-from ray_uv_plugin.ship.options import STALL_TIMEOUT, Quiet, ShipOptions, ShipReporter
+from ray_uv_plugin.ship.options import STALL_TIMEOUT, QuietShipReporter, ShipOptions, ShipReporter
 from ray_uv_plugin.ship.relay import (
     MAX_FANOUT,
     MAX_WINDOW,
@@ -129,7 +129,7 @@ def ship(
     (`ShipReporter.decided`), and of each chunk. `actors`: started before (`start_actors`)
     from `source_node` to the targets, no others."""
     options = options or ShipOptions()
-    reporter = reporter or Quiet()
+    reporter = reporter or QuietShipReporter()
     if actors is not None and (
         actors.source_node != source_node or set(actors.receivers) != set(targets)
     ):

@@ -34,7 +34,7 @@ from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
 from ray_uv_plugin.ship import archive, relocation
 from ray_uv_plugin.ship.archive import ArchiveError, Packer
 from ray_uv_plugin.ship.install import install_received
-from ray_uv_plugin.ship.options import Quiet, ShipOptions
+from ray_uv_plugin.ship.options import QuietShipReporter, ShipOptions
 from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store.build_lock import is_held
 from ray_uv_plugin.store.disk import venv_size
@@ -50,10 +50,10 @@ def chunked(chunk_bytes: int) -> ShipOptions:
     return ShipOptions(chunk_bytes=chunk_bytes)
 
 
-def on_progress(see: Callable[[Any], None]) -> Quiet:
+def on_progress(see: Callable[[Any], None]) -> QuietShipReporter:
     """A ship's reporter that shows each chunk's progress to `see` (a fault, at a chunk)."""
 
-    class Seeing(Quiet):
+    class Seeing(QuietShipReporter):
         def progress(self, progress: Any) -> None:
             see(progress)
 
