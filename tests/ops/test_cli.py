@@ -271,7 +271,7 @@ def test_a_failed_nodes_error_keeps_its_brackets() -> None:
     """`ray-uv prepare` prints each node's error through rich: `[default]` must survive."""
     from rich.console import Console
 
-    from ray_uv_plugin.cluster.prepare import NodeResult
+    from ray_uv_plugin.cluster.node_result import NodeResult
 
     error = "uv_project: ray[default]==2.60.0 is not in [project] dependencies: [bold]x"
     failed = NodeResult("3f2a9c1d00ff", "10.0.0.7", ok=False, seconds=1.5, error=error)

@@ -572,7 +572,7 @@ def test_the_building_node_dying_mid_way_fails_cleanly(
 ) -> None:
     """Node D has the venv and ships it to B; D's raylet dies after chunk 2. B's receive fails
     naming D and the step, B keeps nothing of it, and B's next prepare ships from A."""
-    from ray_uv_plugin.cluster.prepare import probe_nodes
+    from ray_uv_plugin.cluster.probe import probe_nodes
     from ray_uv_plugin.ship.transfer import ship
 
     cluster, _, b = two_nodes
@@ -614,7 +614,7 @@ def driver_node() -> str:
 
 def build_on_driver_node(project: Path) -> str:
     """The project's venv, built on the driver's node A only; returns its key."""
-    from ray_uv_plugin.cluster.prepare import probe_nodes
+    from ray_uv_plugin.cluster.probe import probe_nodes
 
     here = driver_node()
     (result,) = probe_nodes({"uv_project": {"project": str(project)}}, [(here, "A")], 600)

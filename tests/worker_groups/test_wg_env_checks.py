@@ -26,7 +26,7 @@ from worker_groups import (
     RayWorkerGroup,
 )
 from worker_groups._initializer import WorkerVenvReport
-from worker_groups.group import PluginNotLoadedError, driver_env_vars, runs_outside_its_venv
+from worker_groups.worker_env import PluginNotLoadedError, driver_env_vars, runs_outside_its_venv
 
 pytestmark = pytest.mark.timeout(600)
 
