@@ -476,7 +476,7 @@ def test_check_without_a_project_says_what_to_pass(tmp_path: Path) -> None:
 
 def test_list_says_how_each_venv_was_built(tmp_path: Path) -> None:
     """Full, seeded from which key with how many distributions, shipped with how many bytes:
-    from each marker's `built` (issue 31); `-` for a venv of an earlier version."""
+    from each marker's `built`; `-` for a venv of an earlier version."""
     env = {"RAY_UV_PLUGIN_VENV_DIR": str(tmp_path)}
     how = {
         "a" * 16: {"how": "full"},

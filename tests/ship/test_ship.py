@@ -605,7 +605,7 @@ def test_the_building_node_dying_mid_way_fails_cleanly(
     assert [r.outcome for r in again] == ["reused", "shipped"], again
 
 
-# --- issue 17: stalls, a venv changed while sent, what may go where, the actors' Python ------
+# --- stalls, a venv changed while sent, what may go where, the actors' Python ------------------
 
 
 def driver_node() -> str:
@@ -745,7 +745,7 @@ def test_a_venv_moved_while_it_is_sent_is_taken_by_no_node(
 def test_a_venv_changed_after_its_build_is_sent_nowhere_and_rebuilt(
     two_nodes, tmp_path: Path
 ) -> None:
-    """Issue 29.4: A's venv is changed in place after its build (root, past its read-only and
+    """A's venv is changed in place after its build (root, past its read-only and
     immutable dirs, replaces six.py). prepare sends none of it: B builds its own and says
     why; A's venv is marked not whole, and its next use rebuilds it, as its build made it."""
     from ray_uv_plugin.store.freezing import thaw
