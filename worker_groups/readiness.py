@@ -267,7 +267,7 @@ def joining_nodes_prepared(
     left as they are."""
     from ray_uv_plugin.agent.spec import parse_spec
     from ray_uv_plugin.cluster.node_result import NodeResult
-    from ray_uv_plugin.cluster.options import QuietWatchReporter, WatchOptions
+    from ray_uv_plugin.cluster.options import Quiet, WatchOptions
     from ray_uv_plugin.cluster.watch import watch_nodes
 
     seen = [
@@ -281,7 +281,7 @@ def joining_nodes_prepared(
         for node, address in alive.items()
     ]
 
-    class Told(QuietWatchReporter):
+    class Told(Quiet):
         def result(self, result: NodeResult) -> None:
             logger.info("node %s joined: uv_project env %s", result.address, result.summary)
 

@@ -1,8 +1,7 @@
 """What a prepare or a watch takes (`PrepareOptions`, `WatchOptions`: frozen values) and whom
 it tells how it goes (`PrepareReporter`, `WatchReporter`: protocols): one value and one object
-instead of a dozen keywords and a callback per event. `QuietWatchReporter` reports nothing; a
-caller overrides what it shows (`ray-uv prepare` prints a line per node and a bar while
-shipping)."""
+instead of a dozen keywords and a callback per event. `Quiet` reports nothing; a caller
+overrides what it shows (`ray-uv prepare` prints a line per node and a bar while shipping)."""
 
 from __future__ import annotations
 
@@ -71,7 +70,7 @@ class WatchReporter(PrepareReporter, Protocol):
         """Nodes joined (id, address): shipped from `source`, or built there (None)."""
 
 
-class QuietWatchReporter:
+class Quiet:
     """A `WatchReporter` (and so a `PrepareReporter`) that reports nothing: subclass it to
     show only some events."""
 

@@ -25,7 +25,7 @@ from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import ParsedUvProject, parse_spec
 from ray_uv_plugin.cluster.connect import connect
 from ray_uv_plugin.cluster.node_result import NodeResult
-from ray_uv_plugin.cluster.options import PrepareOptions, PrepareReporter, QuietWatchReporter
+from ray_uv_plugin.cluster.options import PrepareOptions, PrepareReporter, Quiet
 from ray_uv_plugin.cluster.probe import Probes
 
 # Not uploaded with the project: Ray's working_dir upload has a size limit and needs none of it.
@@ -226,7 +226,7 @@ def prepare(options: PrepareOptions, reporter: PrepareReporter | None = None) ->
     telling `reporter` as it goes. Connects, and disconnects after."""
     import ray
 
-    reporter = reporter or QuietWatchReporter()
+    reporter = reporter or Quiet()
     spec = connect_for(options)
     try:
         nodes = alive_nodes()
@@ -262,8 +262,8 @@ def prepare_env(
     cluster at `address` and disconnects after. Raises `ConnectError`, `PrepareError` (or the
     spec's and project's errors) for what keeps it from starting; each node's failure is in
     its result.
-    `reporter` (a `PrepareReporter`, e.g. a subclass of `QuietWatchReporter`) hears of the
-    start, of each node as it is done, and of each shipped chunk.
+    `reporter` (a `PrepareReporter`, e.g. a subclass of `Quiet`) hears of the start, of each
+    node as it is done, and of each shipped chunk.
     """
     from ray_uv_plugin.agent.spec import keyword_value
 

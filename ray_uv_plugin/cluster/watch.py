@@ -32,7 +32,7 @@ from ray_uv_plugin.cluster.node_result import NodeResult
 from ray_uv_plugin.cluster.options import (
     DEFAULT_INTERVAL,
     MIN_INTERVAL,
-    QuietWatchReporter,
+    Quiet,
     WatchOptions,
     WatchReporter,
 )
@@ -166,7 +166,7 @@ def watch_env(options: WatchOptions, reporter: WatchReporter | None = None) -> l
 
     check_interval(options.interval)
     spec = prepare.connect_for(options)
-    told = _Collecting(reporter or QuietWatchReporter())
+    told = _Collecting(reporter or Quiet())
     try:
         # After `ray.init`: Ray's core worker installs a SIGTERM handler of its own that ends
         # the process at once, and ours must replace it.

@@ -135,10 +135,9 @@ def test_the_value_is_parsed_once_where_it_comes_in(monkeypatch: pytest.MonkeyPa
 
 
 def test_every_reporter_has_every_event_of_the_watch() -> None:
-    """`QuietWatchReporter` and `ray-uv prepare`'s `PrepareLines` implement `WatchReporter`
-    (and so `PrepareReporter`) whole: an event added to the protocol must be shown or ignored
-    there."""
-    from ray_uv_plugin.cluster.options import PrepareReporter, QuietWatchReporter, WatchReporter
+    """`Quiet` and `ray-uv prepare`'s `PrepareLines` implement `WatchReporter` (and so
+    `PrepareReporter`) whole: an event added to the protocol must be shown or ignored there."""
+    from ray_uv_plugin.cluster.options import PrepareReporter, Quiet, WatchReporter
     from ray_uv_plugin.ops.cli_make_ready import PrepareLines
 
     def events(cls: type) -> set[str]:
@@ -146,7 +145,7 @@ def test_every_reporter_has_every_event_of_the_watch() -> None:
 
     wanted = events(WatchReporter) | events(PrepareReporter)
     assert wanted == {"started", "result", "progress", "watching", "round"}
-    for reporter in (QuietWatchReporter, PrepareLines):
+    for reporter in (Quiet, PrepareLines):
         assert wanted <= {name for name in dir(reporter) if callable(getattr(reporter, name))}
 
 

@@ -57,7 +57,7 @@ def test_each_round_prepares_the_new_nodes_once(monkeypatch: pytest.MonkeyPatch)
     that has the env, the new nodes build."""
     from ray_uv_plugin.agent.spec import parse_spec
     from ray_uv_plugin.cluster import watch
-    from ray_uv_plugin.cluster.options import QuietWatchReporter, WatchOptions
+    from ray_uv_plugin.cluster.options import Quiet, WatchOptions
 
     looks = iter(
         [
@@ -101,7 +101,7 @@ def test_each_round_prepares_the_new_nodes_once(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(watch.prepare, "prepare_nodes", prepare_nodes)
     monkeypatch.setattr(ray, "get_runtime_context", lambda: _Here("x"))
 
-    class Reporter(QuietWatchReporter):
+    class Reporter(Quiet):
         def result(self, result: NodeResult) -> None:
             reported.append(result)
 
