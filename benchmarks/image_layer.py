@@ -1,4 +1,4 @@
-"""A venv layered on the image's torch (`from_image`, issue 44) against the full one, on the
+"""A venv layered on the image's torch (`from_image`) against the full one, on the
 `torch` set: the build's seconds and the venv's size.
 
 The image is an interpreter environment made for the run: the CPU torch wheel of the machine

@@ -1,4 +1,4 @@
-"""Load held (issue 32.3): many jobs at once on one real Ray node with the node-wide build limit
+"""Load held: many jobs at once on one real Ray node with the node-wide build limit
 on, while `ray-uv gc` runs in a loop and `ray-uv prepare --watch` runs throughout.
 
 A head node is `ray start --head`ed as a subprocess with Ray's defaults (its own free ports and

@@ -1,4 +1,4 @@
-"""Ready before placed (issue 41), measured on simulated nodes: the gate, placement by
+"""Ready before placed, measured on simulated nodes: the gate, placement by
 readiness, a node that joins, `ray-uv status` and the setup metrics.
 
 Four raylets of `ray.cluster_utils.Cluster` on this host (and a head with no CPU), each a

@@ -11,7 +11,7 @@ made once: `benchmarks.edit_run.changed_lock`) and one `uv run` driver starts, i
 ways (`benchmarks.uv_run_driver`):
 
 - ours-change: after `eval "$(ray-uv plugin-config --shell)"`: B's venv is new to the node (its
-  key differs), so the plugin builds it, seeded from A's (issue 31);
+  key differs), so the plugin builds it, seeded from A's;
 - ray-hook: Ray's default hook: every worker runs `uv run` in the job's working_dir.
 
 Each sample is timed from `uv run` to all N actors answered, as the matrix is. For ours, the

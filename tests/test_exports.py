@@ -1,4 +1,4 @@
-"""The package exports the errors a user can catch (issue 33), lazily: `import ray_uv_plugin`
+"""The package exports the errors a user can catch, lazily: `import ray_uv_plugin`
 imports no Ray. Each export is the class the code raises; every error class of the product is
 either exported or named here with why a user does not meet it."""
 

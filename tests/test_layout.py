@@ -12,7 +12,7 @@ import nothing above them. Read from the source (ast), without importing it or s
 
 Besides, no product code imports the checkout's `benchmarks`, and none finds files through the
 checkout (a `Path(__file__)` climbed out of its own package to reach `examples/` and the like):
-a wheel has neither.
+a wheel has neither. No module-level imports run in a circle, in the package or the benchmarks.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def modules(*roots: Path) -> list[Path]:
     return sorted(p for root in roots for p in root.rglob("*.py"))
 
 
-def dotted(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
+def dotted(path: Path, root: Path = ROOT) -> str:
+    rel = path.relative_to(root).with_suffix("")
     parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
     return ".".join(parts)
 
@@ -151,6 +151,77 @@ def test_no_product_code_imports_the_benchmarks() -> None:
         if name.split(".")[0] == "benchmarks"
     ]
     assert not wrong, "\n".join(wrong)
+
+
+def loaded(path: Path, known: set[str], root: Path = ROOT) -> Iterator[str]:
+    """The modules of `known` that importing `path` imports: its module-level imports (in `if`
+    and `try` blocks too), not those in functions or under `TYPE_CHECKING`, which run later or
+    never. `from a import b` is `a.b` where that is a module, else `a`."""
+    name = dotted(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def walk(nodes: list[ast.stmt]) -> Iterator[str]:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                yield from (alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                for alias in node.names:
+                    yield f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                yield from walk(node.orelse)
+            elif isinstance(node, ast.If | ast.Try | ast.With | ast.ClassDef):
+                for field in ("body", "orelse", "finalbody"):
+                    yield from walk(getattr(node, field, []))
+                for handler in getattr(node, "handlers", []):
+                    yield from walk(handler.body)
+
+    yield from (n for n in walk(ast.parse(path.read_text()).body) if n in known and n != name)
+
+
+def import_cycles(paths: list[Path], root: Path = ROOT) -> list[list[str]]:
+    """Each circle of module-level imports among `paths`, as the modules along it."""
+    names = {dotted(p, root): p for p in paths}
+    graph = {n: sorted(set(loaded(p, set(names), root))) for n, p in names.items()}
+    cycles, done = [], set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            cycles.append([*path[path.index(name) :], name])
+            return
+        if name in done:
+            return
+        for target in graph[name]:
+            visit(target, [*path, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+    return cycles
+
+
+def test_no_import_circle_among_the_package_and_the_benchmarks() -> None:
+    """A module imports only modules that can be imported before it; a circle works, or not,
+    by the order in which its modules happen to be imported first."""
+    cycles = import_cycles(modules(*PRODUCT, ROOT / "benchmarks"))
+    assert not cycles, "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_the_circle_check_sees_a_circle(tmp_path: Path) -> None:
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "__init__.py").write_text("")
+    (tmp_path / "b" / "driver.py").write_text("from b.after import main\n")
+    (tmp_path / "b" / "after.py").write_text("from b import driver\n")
+    (tmp_path / "b" / "lazy.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from b import quiet\n"
+    )
+    (tmp_path / "b" / "quiet.py").write_text("def f():\n    from b import lazy\n")
+    found = import_cycles(sorted(tmp_path.rglob("*.py")), tmp_path)
+    assert found == [["b.after", "b.driver", "b.after"]]
 
 
 def _climbs(node: ast.AST) -> int | None:

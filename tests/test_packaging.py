@@ -86,10 +86,9 @@ def test_console_script_is_ray_uv(wheel: Path) -> None:
 
 
 def test_the_installed_wheels_help_lists_what_runs_from_it(wheel: Path, tmp_path: Path) -> None:
-    """Issue 33: an installed wheel's `ray-uv --help` listed `bench`, whose `--help` then
-    exited 2, and sent users to `docs/operations.md`, a path of the checkout. Installed from
-    the wheel, run outside any checkout: `bench` is not listed, the docs line names no
-    checkout path, and `prepare` takes every selection field."""
+    """Installed from the wheel, run outside any checkout: `ray-uv --help` does not list
+    `bench` (a checkout's command, whose `--help` would exit 2), its docs line names no
+    checkout path (no `docs/operations.md`), and `prepare` takes every selection field."""
     uv = shutil.which("uv")
     assert uv is not None
     venv = tmp_path / "venv"

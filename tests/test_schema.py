@@ -190,5 +190,5 @@ def test_the_wheel_ships_the_schema(tmp_path: Path) -> None:
         assert "ray_uv_plugin/ops/cli.py" in names
         # The empty uv config dir that keeps user and system uv.toml files out of builds.
         assert "ray_uv_plugin/agent/uv_config/uv/uv.toml" in names
-        # No generic top-level `benchmarks` package in users' site-packages (issue 12).
+        # No generic top-level `benchmarks` package in users' site-packages.
         assert not [n for n in names if n.startswith("benchmarks/")]

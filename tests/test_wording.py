@@ -1,4 +1,4 @@
-"""The word "shipped" has one meaning (issue 33): a venv that came over the link from another
+"""The word "shipped" has one meaning: a venv that came over the link from another
 node (`ship/`). Ray pickling a module is "by value", the schema is "packaged", a project that
 Ray takes to the nodes as a working_dir is "uploaded". Read from the code, the docs and the
 CLI's help."""

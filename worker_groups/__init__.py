@@ -15,18 +15,16 @@ from worker_groups.builder import RayWorkerBuilder
 from worker_groups.cluster import (
     DEFAULT_MASTER_PORT_RANGE_HIGH,
     DEFAULT_MASTER_PORT_RANGE_LOW,
+    RayVirtualCluster,
+)
+from worker_groups.feasibility import (
     InfeasibleClusterError,
     PlacementGroupTimeoutError,
-    RayVirtualCluster,
     ResourceInsufficientError,
 )
 from worker_groups.futures import MultiWorkerFuture
-from worker_groups.group import (
-    PluginNotLoadedError,
-    RayWorkerGroup,
-    UnknownWorkerMethodError,
-    WorkerStartupTimeoutError,
-)
+from worker_groups.group import RayWorkerGroup, WorkerStartupTimeoutError
+from worker_groups.group_dispatch import UnknownWorkerMethodError
 from worker_groups.readiness import (
     NoReadyNodeError,
     placement_group_on_ready,
@@ -40,6 +38,7 @@ from worker_groups.registry import (
     register_actor_environment,
 )
 from worker_groups.sharding import REPLICATED_AXES, NamedSharding, ShardingError
+from worker_groups.worker_env import PluginNotLoadedError
 
 __all__ = [
     "ACTOR_ENVIRONMENT_REGISTRY",

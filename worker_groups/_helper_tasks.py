@@ -49,7 +49,7 @@ def helper_runtime_env() -> dict[str, Any]:
     the node's Ray Python: the job's default when it sets neither a ``py_executable`` nor a
     job-default ``uv_project``, else an empty ``py_executable``, which overrides the job's (the
     driver's own path may not exist on other nodes)."""
-    from ray_uv_plugin.ship.transfer import node_python_env
+    from ray_uv_plugin.ship.launch import node_python_env
 
     chosen = os.environ.get(HELPER_PYTHON_ENV)
     if chosen:

@@ -44,7 +44,6 @@ from worker_groups.autoscaling import (
 from worker_groups.feasibility import (
     InfeasibleClusterError,
     PlacementGroupTimeoutError,
-    ResourceInsufficientError,
     check_feasible,
     fmt,
 )
@@ -55,14 +54,6 @@ from worker_groups.readiness import (
     place_on_ready,
 )
 from worker_groups.topology import BundleInfo, sort_bundle_indices_by_topology
-
-__all__ = [  # the errors were defined here; `autoscaler_state` is looked up here (tests patch it)
-    "InfeasibleClusterError",
-    "PlacementGroupTimeoutError",
-    "RayVirtualCluster",
-    "ResourceInsufficientError",
-    "autoscaler_state",
-]
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The driver variables that are credentials Ray reads: a worker group never copies them.
 
 A group copies the driver's environment into every worker's and initializer's runtime_env
-(`group.driver_env_vars`), and a runtime_env is not a secret store: Ray shows it in plain text
+(`worker_env.driver_env_vars`), and a runtime_env is not a secret store: Ray shows it in plain text
 (`ray list actors --detail`, the dashboard) and the runtime-env agent of every node writes it to
 `runtime_env_agent.log`. KubeRay gives every Ray container of a token-auth cluster the token in
 `RAY_AUTH_TOKEN`, so a job driven from the head holds it. A worker needs none of these from the

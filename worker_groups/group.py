@@ -34,7 +34,7 @@ from worker_groups.builder import (
 )
 from worker_groups.cluster import RayVirtualCluster
 from worker_groups.dispatch import check_layout_covers
-from worker_groups.group_dispatch import UnknownWorkerMethodError, WorkerDispatch
+from worker_groups.group_dispatch import WorkerDispatch
 from worker_groups.placement import bundles_from_workers_per_node, check_bundle_indices
 from worker_groups.readiness import DEFAULT_READINESS, WaitLines, check_readiness, wait_line
 from worker_groups.sharding import NamedSharding
@@ -46,16 +46,6 @@ from worker_groups.worker_env import (
     outside_venvs_error,
     runs_outside_its_venv,
 )
-
-__all__ = [  # defined here before the split; callers import them from here
-    "DEFAULT_STARTUP_TIMEOUT_S",
-    "PluginNotLoadedError",
-    "RayWorkerGroup",
-    "UnknownWorkerMethodError",
-    "WorkerStartupTimeoutError",
-    "driver_env_vars",
-    "runs_outside_its_venv",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -237,7 +227,8 @@ class RayWorkerGroup(WorkerDispatch):
         from ray.util import placement_group_table
 
         from ray_uv_plugin.agent.spec import parse_spec
-        from ray_uv_plugin.cluster.prepare import outcome_counts, prepare_nodes
+        from ray_uv_plugin.cluster.node_result import outcome_counts
+        from ray_uv_plugin.cluster.prepare import prepare_nodes
 
         value = self._uv_project
         if value is None:

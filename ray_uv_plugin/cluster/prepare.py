@@ -24,23 +24,9 @@ from typing import Any
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import ParsedUvProject, parse_spec
 from ray_uv_plugin.cluster.connect import connect
-from ray_uv_plugin.cluster.node_result import NodeResult, outcome_counts
+from ray_uv_plugin.cluster.node_result import NodeResult
 from ray_uv_plugin.cluster.options import PrepareOptions, PrepareReporter, Quiet
-from ray_uv_plugin.cluster.probe_tasks import Probes, probe_nodes
-
-__all__ = [  # the results and the probes were this module's: callers import them from here
-    "EXCLUDES",
-    "NodeResult",
-    "PrepareError",
-    "PrepareOptions",
-    "Probes",
-    "outcome_counts",
-    "prepare",
-    "prepare_env",
-    "prepare_nodes",
-    "probe_nodes",
-    "ship_and_probe",
-]
+from ray_uv_plugin.cluster.probe import Probes
 
 # Not uploaded with the project: Ray's working_dir upload has a size limit and needs none of it.
 EXCLUDES = [".venv", ".git", "__pycache__", "*.pyc", ".ruff_cache", ".pytest_cache"]
@@ -110,6 +96,7 @@ def prepare_nodes(
     of nodes known to have the env ready already: the ship's source is one of them (no build),
     if any is in `nodes`."""
     from ray_uv_plugin.ship import transfer as shipping
+    from ray_uv_plugin.ship.launch import start_actors
 
     probes = Probes(probe_env or {"uv_project": spec.as_value()}, timeout)
     ship = shipping.shipping_enabled() if ship is None else ship
@@ -123,7 +110,7 @@ def prepare_nodes(
     source, rest = source_first(nodes, set(ready), here)
     probes.submit(source)
     # The sender and the receivers start while the first node builds.
-    actors = shipping.start_actors(source[0], [node_id for node_id, _ in rest], runtime_env)
+    actors = start_actors(source[0], [node_id for node_id, _ in rest], runtime_env)
     try:
         first = probes.collect(on_result)
     except BaseException:
@@ -172,19 +159,21 @@ def ship_and_probe(
     says why. `prepare` ships from the node it built on; `ray-uv prepare --watch` from any node
     that has the env, to the nodes that joined since. `probes`: the prepare's, whose runtime_env
     and time limit the probes share (default: new ones for `probe_env`, as `prepare_nodes`
-    takes it, within `timeout`); `actors`: the ship's, started before (`transfer.start_actors`)
+    takes it, within `timeout`); `actors`: the ship's, started before (`launch.start_actors`)
     from `source`'s node to `nodes`."""
     from ray_uv_plugin.ship import transfer as shipping
+    from ray_uv_plugin.ship.messages import ShipSettings
+    from ray_uv_plugin.ship.options import ShipOptions
 
     if source.key is None:
         if actors is not None:
             actors.stop()
         raise ValueError(f"no venv to ship from {source.label}: {source}")
     probes = probes or Probes(probe_env or {"uv_project": spec.as_value()}, timeout)
-    options = shipping.ShipOptions(
-        settings=shipping.ShipSettings(env_vars=probes.env.get("env_vars") or {}, spec=spec),
+    options = ShipOptions(
+        settings=ShipSettings(env_vars=probes.env.get("env_vars") or {}, spec=spec),
         runtime_env=runtime_env,
-        chunk_bytes=chunk_bytes or shipping.ShipOptions.chunk_bytes,
+        chunk_bytes=chunk_bytes or ShipOptions.chunk_bytes,
         timeout=timeout,
     )
     reporter = _ProbeWhenDecided(probes, dict(nodes), on_progress)
@@ -195,7 +184,7 @@ def ship_and_probe(
 
 
 class _ProbeWhenDecided:
-    """A ship's reporter (`transfer.ShipReporter`) that probes each node as soon as its part is
+    """A ship's reporter (`ship.options.ShipReporter`) that probes each node as soon as its part is
     decided, and passes the chunks' progress on."""
 
     def __init__(

@@ -40,8 +40,6 @@ from ray_uv_plugin.cluster.options import (
 if TYPE_CHECKING:
     from ray_uv_plugin.agent.spec import ParsedUvProject
 
-__all__ = ["DEFAULT_INTERVAL", "WatchOptions", "check_interval", "watch_env", "watch_nodes"]
-
 
 def check_interval(interval: float) -> None:
     if not MIN_INTERVAL <= interval < math.inf:  # also NaN

@@ -151,7 +151,7 @@ def node_notes(venv: Path, project: Path) -> list[str]:
     reused venv too."""
     import os
 
-    from ray_uv_plugin.agent.builder import cache_split_note
+    from ray_uv_plugin.agent.cache_split import cache_split_note
     from ray_uv_plugin.agent.uv_env import sync_environment
     from ray_uv_plugin.store import freezing
     from ray_uv_plugin.store.layout import read_marker

@@ -1,6 +1,7 @@
 """`ray-uv`: the operator's command line, a thin layer over plain functions. This module reads
-the command line (argparse) and runs the small commands; `cli_venvs` (list, gc) and `cli_envs`
-(prepare, check, demo) run and render the others.
+the command line (argparse) and runs the small commands; `cli_venv_dir` (list, gc: this host's
+venv dir) and `cli_make_ready` (prepare, check, demo: an env made ready on nodes, here, or in
+the demo's Ray) run and render the others.
 
 Imports stay inside the commands: `ray-uv plugin-config` runs before every `ray start`, and
 must not pay for importing Ray.
@@ -19,10 +20,10 @@ from typing import Any
 
 from ray_uv_plugin import PLUGINS_ENV, plugins_setting
 from ray_uv_plugin.ops.cli_common import CliError, UsageError, add_selection
-from ray_uv_plugin.ops.cli_envs import cmd_check, cmd_demo, cmd_prepare
 from ray_uv_plugin.ops.cli_help import HelpFormatter, VersionAction, docs_line
+from ray_uv_plugin.ops.cli_make_ready import cmd_check, cmd_demo, cmd_prepare
 from ray_uv_plugin.ops.cli_status import add_status
-from ray_uv_plugin.ops.cli_venvs import cmd_gc, cmd_list
+from ray_uv_plugin.ops.cli_venv_dir import cmd_gc, cmd_list
 
 # --- plugin-config ---------------------------------------------------------------------------
 

@@ -28,13 +28,14 @@ def _read(args: argparse.Namespace) -> Callable[[], dict[str, NodeSetup]]:
     from ray_uv_plugin.agent.spec import UvProjectSpecError
     from ray_uv_plugin.cluster import prepare
     from ray_uv_plugin.cluster.connect import ConnectError, connect
+    from ray_uv_plugin.cluster.options import PrepareOptions
     from ray_uv_plugin.cluster.readiness import node_setups
 
     try:
         if args.key is not None:
             connect(args.address, None)
             return lambda: node_setups(key=args.key, timeout=args.timeout)
-        options = prepare.PrepareOptions(args.project, selection(args), args.address, args.shared)
+        options = PrepareOptions(args.project, selection(args), args.address, args.shared)
         spec = prepare.connect_for(options)
     except (UvProjectSpecError, ProjectError, prepare.PrepareError, ConnectError) as e:
         raise CliError(str(e)) from e

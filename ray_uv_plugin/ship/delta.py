@@ -38,15 +38,14 @@ import hashlib
 import os
 import stat
 import tarfile
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ray_uv_plugin.agent import seeding
 from ray_uv_plugin.agent.request import interpreter_tag
-from ray_uv_plugin.ship.archive import MAX_MEMBERS, ArchiveError
 from ray_uv_plugin.ship.archive import SEED_REFERENCE as REFERENCE
+from ray_uv_plugin.ship.archive import ArchiveError
 from ray_uv_plugin.ship.messages import Offer, OfferAnswer
 from ray_uv_plugin.store import freezing, manifest
 from ray_uv_plugin.store.build_lock import hold_shared
@@ -66,17 +65,6 @@ def distributions(venv: Path) -> list[str]:
     """The dist-info dir names of a venv: what a receiver weighs its seeds by."""
     site = site_packages(venv)
     return sorted(seeding.dist_infos(site)) if site is not None else []
-
-
-def check_offered(source: Mapping[str, Any]) -> None:
-    """The offer's part for seeding: two lists of strings, no longer than a venv's members (or
-    absent: a sender that offers no seeding, and the receiver stages nothing)."""
-    for name in ("files", "distributions"):
-        value = source.get(name, [])
-        if not (isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)):
-            raise ArchiveError(f"the offer's {name} is no list of strings")
-        if len(value) > MAX_MEMBERS:
-            raise ArchiveError(f"the offer's {name} lists more than {MAX_MEMBERS}")
 
 
 @dataclass

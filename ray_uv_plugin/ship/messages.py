@@ -4,8 +4,9 @@ receive's `Installed`, and what the driver makes of it all (`ShipResult`, `Progr
 
 Both ends import this module, and each value is built once and never changed
 (`dataclasses.replace` makes another). A receiver never trusts an offer's types, though: the
-sending node may run another version of the plugin, or be hostile; `actors.check_offer` reads
-any value (an `Offer`, or a mapping of its fields) and builds the `Offer` it then uses.
+sending node may run another version of the plugin, or be hostile; `check_offer` reads any
+value (an `Offer`, or a mapping of its fields) before any part of it is used, and builds the
+`Offer` the receiver then uses.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ray_uv_plugin.agent.spec import ParsedUvProject
+from ray_uv_plugin.ship import archive
+
+
+class ShipError(RuntimeError):
+    """A venv could not be sent or received; the message names the node and the step."""
 
 
 @dataclass(frozen=True)
@@ -96,3 +102,55 @@ class Progress:
     size: int  # the venv's file bytes (the stream is about this size)
     receivers: int  # still taking it
     source_pid: int  # the sending actor's process, on the source node
+
+
+# What a receiver reads of an offer (`VenvSender.describe`), and the type of each.
+_OFFER_FIELDS = {"key": str, "venv": str, "host": str, "platform": str, "marker": dict}
+
+
+def check_offer(offered: Any) -> Offer:
+    """The sender's description of its venv (an `Offer`, or a mapping of its fields), checked
+    before any part of it is used: one of another shape (another version's plugin, a hostile
+    node) is refused naming the part. Returns the `Offer` to use from here on."""
+    if isinstance(offered, Offer):
+        fields = Offer.__dataclass_fields__  # a sender's of another version may lack some
+        source = {name: getattr(offered, name) for name in fields if hasattr(offered, name)}
+    elif isinstance(offered, dict):
+        source = offered
+    else:
+        raise ShipError(f"the offer is a {type(offered).__name__}, not a venv's description")
+    for name, kind in _OFFER_FIELDS.items():
+        if not isinstance(source.get(name), kind):
+            raise ShipError(
+                f"the offer's {name} is {source.get(name)!r}, not a {kind.__name__}: the "
+                "sending node runs another version of the plugin?"
+            )
+    try:
+        archive.check_key(source["key"])
+    except archive.ArchiveError as e:
+        raise ShipError(f"the offer's key: {e}") from e
+    for name in ("files", "distributions"):  # for the receiver's seed (`delta`), or absent
+        value = source.get(name, [])
+        if not (isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)):
+            wrong = "is no list of strings"
+        elif len(value) > archive.MAX_MEMBERS:
+            wrong = f"lists more than {archive.MAX_MEMBERS}"
+        else:
+            continue
+        raise ShipError(
+            f"the offer's {name} {wrong}: the sending node runs another version of the plugin?"
+        )
+    built, target = source.get("built_here"), source.get("target")
+    if built and not (
+        isinstance(built, dict)
+        and isinstance(target, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in built.items())
+    ):
+        raise ShipError(
+            f"the offer's built_here {built!r} (with target {target!r}) is no map of "
+            "distributions to the wheel tags built on the sending node, with that node's target"
+        )
+    known = {name: source[name] for name in Offer.__dataclass_fields__ if name in source}
+    for name in ("distributions", "files"):
+        known[name] = tuple(source.get(name, ()))
+    return Offer(**{**known, "built_here": dict(built or {}), "target": target if built else None})

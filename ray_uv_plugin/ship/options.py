@@ -1,6 +1,6 @@
 """What a ship takes (`ShipOptions`: a frozen value) and whom it tells how it goes
 (`ShipReporter`: a protocol), as `cluster.options` does for a prepare: one value and one object
-instead of a dozen keywords and a callback per event. `Quiet` reports nothing."""
+instead of a dozen keywords and a callback per event. `QuietShipReporter` reports nothing."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class ShipReporter(Protocol):
         """A chunk was sent on to the receivers."""
 
 
-class Quiet:
+class QuietShipReporter:
     """A `ShipReporter` that reports nothing: subclass it to hear only some events."""
 
     def decided(self, node: str, decision: str) -> None:

@@ -42,52 +42,14 @@ import ray
 
 from ray_uv_plugin.ship import delta
 from ray_uv_plugin.ship.launch import (
-    NODE_PYTHON,
     ShipActors,
     actors_env,
     already_there,
-    node_python_env,
     refused_by_job,
-    start_actors,
 )
-from ray_uv_plugin.ship.messages import OfferAnswer, Progress, ShipResult, ShipSettings
-from ray_uv_plugin.ship.options import STALL_TIMEOUT, Quiet, ShipOptions, ShipReporter
-from ray_uv_plugin.ship.relay import (
-    MAX_FANOUT,
-    MAX_WINDOW,
-    RELAY_WAIT_SHARE,
-    WINDOW,
-    relay_depth,
-    relay_fanout,
-    relay_parents,
-    window,
-)
+from ray_uv_plugin.ship.messages import OfferAnswer, ShipResult
+from ray_uv_plugin.ship.options import QuietShipReporter, ShipOptions, ShipReporter
 from ray_uv_plugin.ship.stream import Stream, each_answer, node_error
-
-__all__ = [  # the parts of a ship were this module's: callers import them from here
-    "MAX_FANOUT",
-    "MAX_WINDOW",
-    "NODE_PYTHON",
-    "RELAY_WAIT_SHARE",
-    "SEEDS_ENV",
-    "SHIP_ENV",
-    "STALL_TIMEOUT",
-    "WINDOW",
-    "Progress",
-    "ShipActors",
-    "ShipOptions",
-    "ShipReporter",
-    "ShipResult",
-    "ShipSettings",
-    "node_python_env",
-    "relay_depth",
-    "relay_fanout",
-    "relay_parents",
-    "ship",
-    "shipping_enabled",
-    "start_actors",
-    "window",
-]
 
 SHIP_ENV = "RAY_UV_PLUGIN_SHIP"  # "0" on the driver: `prepare` and worker groups never ship
 # "0" on the driver: a ship sends the whole venv, never the difference from a receiver's seed
@@ -129,7 +91,7 @@ def ship(
     (`ShipReporter.decided`), and of each chunk. `actors`: started before (`start_actors`)
     from `source_node` to the targets, no others."""
     options = options or ShipOptions()
-    reporter = reporter or Quiet()
+    reporter = reporter or QuietShipReporter()
     if actors is not None and (
         actors.source_node != source_node or set(actors.receivers) != set(targets)
     ):

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ray_uv_plugin.store import disk, gc
-from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, BuildLock, _backoff
+from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, BuildLock, poll_delays
 from ray_uv_plugin.store.layout import BUDGET_LOCK, VenvDirError
 from ray_uv_plugin.store.units import format_bytes
 
@@ -86,7 +86,7 @@ def _one_at_a_time(root: Path, venv: str, deadline: float) -> Iterator[None]:
     without a bound would run past its timeout. Held only while a build makes room: seconds."""
     lock = BuildLock(root / BUDGET_LOCK, "the budget lock")
     start = time.monotonic()
-    for delay in _backoff():
+    for delay in poll_delays():
         if lock.try_acquire():
             break
         if time.monotonic() >= deadline:

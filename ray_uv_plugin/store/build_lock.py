@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ray_uv_plugin.store import trust
@@ -157,7 +158,7 @@ class BuildLock:
 
     async def acquire_async(self, timeout: float, what: str) -> None:
         start = time.monotonic()
-        for delay in _backoff():
+        for delay in poll_delays():
             if self.try_acquire():
                 return
             waited = time.monotonic() - start
@@ -166,7 +167,9 @@ class BuildLock:
             await asyncio.sleep(min(delay, timeout - waited))
 
 
-def _backoff():
+def poll_delays() -> Iterator[float]:
+    """The waits between tries of a lock or a slot held by another process: from 20 ms,
+    doubling, up to half a second."""
     delay = 0.02
     while True:
         yield delay

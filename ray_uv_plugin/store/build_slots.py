@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ray_uv_plugin.store import trust
-from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, DiskFullError, _backoff
+from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, DiskFullError, poll_delays
 from ray_uv_plugin.store.layout import BUDGET_LOCK, BUILD_TICKET_PREFIX, VenvDirError
 
 MAX_BUILDS_ENV = "RAY_UV_PLUGIN_MAX_BUILDS"
@@ -238,7 +238,7 @@ class BuildSlot:
         self._enter()
         try:
             reported: tuple[float, int] | None = None  # (waited, place) at the last line
-            for delay in _backoff():
+            for delay in poll_delays():
                 standing = self.standing()
                 waited = time.monotonic() - start
                 if standing.may_build:

@@ -1,5 +1,5 @@
-"""Every error says what and where (issue 8.7). Real uv and real files; the errors of a node's
-setup as the driver reads them, from a real Ray (issue 33): the cause first, paths as the user
+"""Every error says what and where. Real uv and real files; the errors of a node's
+setup as the driver reads them, from a real Ray: the cause first, paths as the user
 wrote them. Every bad input reaching a Ray caller is in tests/agent/test_plugin.py's bad-input
 test."""
 
@@ -135,7 +135,7 @@ def test_a_failed_sync_says_what_to_do_and_whether_to_try_again(output, hint, tr
     assert error.transient is transient
 
 
-# --- a node's setup error as the driver reads it (issue 33) ------------------------------------
+# --- a node's setup error as the driver reads it -----------------------------------------------
 
 
 def test_a_setup_error_hides_the_traceback_and_names_the_working_dir_as_given(tmp_path):

@@ -1,4 +1,4 @@
-"""What a failed build leaves behind (issue 17): a memory of it that answers only the same sync,
+"""What a failed build leaves behind: a memory of it that answers only the same sync,
 a uv killed by someone else's signal that is tried again, a uv that dies with the process that
 started it, and a message that says how long Ray itself keeps the failure. Real uv; Ray at the
 end."""

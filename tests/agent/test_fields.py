@@ -1,4 +1,4 @@
-"""One table of `uv_project` fields (`agent/fields.py`, issue 33): the shipped JSON schema, the
+"""One table of `uv_project` fields (`agent/fields.py`): the shipped JSON schema, the
 README's field table, `UvProject`, `ParsedUvProject`, the key, `uv sync`'s options, the `uv
 run` hook's options and `ray-uv prepare`/`check`'s flags all agree with it. No Ray."""
 

@@ -1,4 +1,4 @@
-"""`uv_project.from_image` (issue 44): a locked venv layered on the image's own torch.
+"""`uv_project.from_image`: a locked venv layered on the image's own torch.
 
 The image is a stub: an interpreter environment made for the test, holding a pure-Python
 `torch` 2.8.0a0+nv (with a dependency of its own), from which Ray is started; the projects lock

@@ -1,4 +1,4 @@
-"""A job's own environment never shapes a venv that another job reuses (issue 29.1): real Ray
+"""A job's own environment never shapes a venv that another job reuses: real Ray
 actors, real uv. A job's variable reaches the build only where the key records it (uv's own,
 the known build variables, those it names in `build_env_vars`) or where it cannot change what
 is installed (proxies); `PYTHONPATH`, `LD_PRELOAD`, `PATH` and every other variable stay its
@@ -216,7 +216,7 @@ def test_an_unknown_uv_variable_is_refused_as_a_typo(local_ray) -> None:
 def test_a_jobs_uv_cache_is_refused_and_says_how_to_set_the_nodes(local_ray) -> None:
     """uv checks a wheel's hash when it downloads it, not when it installs it from its cache: a
     job's UV_CACHE_DIR (a cache it wrote, a dir in its working_dir) or its project's
-    `cache-dir` would decide what a venv that other jobs reuse holds (issue 38.2). Refused
+    `cache-dir` would decide what a venv that other jobs reuse holds. Refused
     before uv runs, saying how to set the node's; nothing is built."""
     tmp, venvs = local_ray
     project = write_project(tmp / "own-cache", ["six"])

@@ -276,7 +276,7 @@ def test_prepare_builds_on_every_node_then_reuses(cluster: Cluster, project: Pat
 def test_prepare_warms_the_key_of_a_job_that_selects_with_any_field(
     cluster: Cluster, project: Path
 ) -> None:
-    """Every selection field is a `prepare` flag (issue 33: 6 of 14 were): here `no_extras`
+    """Every selection field is a `prepare` flag: here `no_extras`
     and `no_groups` beside `all_extras`; the venv it makes ready is the one `check` finds for
     the same flags, which is the key a job with that `uv_project` value gets."""
     flags = ["--all-extras", "--no-extra", "six", "--no-group", "lint"]

@@ -1,4 +1,4 @@
-"""What reaches a real build and what the key makes of it (issue 8): real uv, real PyPI. No Ray."""
+"""What reaches a real build and what the key makes of it: real uv, real PyPI. No Ray."""
 
 from __future__ import annotations
 

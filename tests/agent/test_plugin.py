@@ -76,7 +76,7 @@ def test_extras_and_groups_select_packages_and_the_driver_env_is_invisible(env):
     venv = Path(with_fig["executable"]).parent.parent
     assert venv.parent == env["venvs"]
     assert with_fig["prefix"] == with_fig["RAY_UV_PLUGIN_VENV"] == str(venv)
-    # Nothing invites uv in the worker to write into the shared venv (issue 8.4).
+    # Nothing invites uv in the worker to write into the shared venv.
     assert with_fig["VIRTUAL_ENV"] == with_fig["UV_PROJECT_ENVIRONMENT"] == ""
     assert with_fig["PATH"].split(os.pathsep)[0] == str(venv / "bin")
     assert with_fig["has"] == {
@@ -311,7 +311,7 @@ def test_a_worker_cannot_change_the_shared_venv(env):
 
 def test_the_jobs_own_path_survives_after_the_venv(env):
     """env_vars={"PATH": "/opt/x:${PATH}"} works without uv_project; with it, the venv's bin
-    comes first and the job's own entries stay (issue 12)."""
+    comes first and the job's own entries stay."""
     runtime_env = {
         "uv_project": {"project": str(env["project"])},
         "env_vars": {"PATH": "/opt/job-tools:${PATH}"},

@@ -1,4 +1,4 @@
-"""A venv that Ray still holds for a live job is in use (issue 38.4): Ray's agent keeps a
+"""A venv that Ray still holds for a live job is in use: Ray's agent keeps a
 runtime_env it set up while a job refers to it and starts the job's later workers without the
 plugin, so the plugin holds the venv (`store.holds`) until the agent releases its URI."""
 

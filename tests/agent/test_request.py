@@ -47,7 +47,7 @@ def test_installed_project_pins_its_path(tmp_path):
     assert venv_key(spec, load_project(a)) != venv_key(spec, load_project(b))
 
 
-# --- Every input that changes what is installed: keyed, controlled, or refused (issue 8). ---
+# --- Every input that changes what is installed: keyed, controlled, or refused. ---
 
 KEYED_VARS = {
     "UV_NO_DEV": "1",  # drops the dev group
@@ -291,7 +291,7 @@ def test_editable_source_is_keyed_by_path_not_content(tmp_path):
     assert venv_key(parse_spec({}), load_project(proj)) == request.key
 
 
-# --- The key and the marker's record of its inputs, pinned (issue 19): a venv built before a
+# --- The key and the marker's record of its inputs, pinned: a venv built before a
 # change of this code must be found again after it. The node-dependent inputs (interpreter, uv)
 # are fixed here, the rest is the project's bytes and the request's settings. ---
 

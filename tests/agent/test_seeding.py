@@ -1,4 +1,4 @@
-"""A changed lock costs what changed (issue 31): a new venv takes the bytecode of the
+"""A changed lock costs what changed: a new venv takes the bytecode of the
 distributions that did not change from the nearest ready venv of the node, and is what a fresh
 `uv sync --locked` with bytecode gives. Real uv, real packages; no Ray."""
 
@@ -252,7 +252,7 @@ def test_when_the_compile_workers_fail_uv_compiles(locks, tmp_path, monkeypatch,
 def test_a_seed_whose_marker_names_a_site_packages_outside_it_is_passed_over(
     locks, tmp_path, caplog, where: str
 ) -> None:
-    """A marker's `site_packages` (a receiver copied the sender's before: issue 38) must name a
+    """A marker's `site_packages` (a receiver may have copied the sender's) must name a
     dir inside the venv. An absolute one failed every later seeded build with a ValueError; a
     `../<other key>/...` one read another venv's files as the seed's. Either: not a seed."""
     a, b = locks
@@ -289,7 +289,7 @@ def test_a_seed_site_must_resolve_inside_its_venv(tmp_path) -> None:
         assert seeding.seed_site(venv, {"site_packages": bad}) is None, bad
 
 
-# --- ready means accounted for (issue 38, point 1) ---------------------------------------------
+# --- ready means accounted for -----------------------------------------------------------------
 
 TAG = sys.implementation.cache_tag
 
@@ -378,7 +378,7 @@ def test_a_seeded_venv_s_bytecode_is_read_only_and_uv_s_files_keep_their_mode(
     locks, tmp_path
 ) -> None:
     """A seed's `.pyc` is hardlinked into the venvs seeded from it: with a write bit, a write
-    in place in one venv changed another key's (issue 38). The build's own bytecode loses its
+    in place in one venv changed another key's. The build's own bytecode loses its
     write bits; uv's files, its cache's inodes, keep the mode uv gave them."""
     a, b = locks
     root = tmp_path / "venvs"
@@ -396,7 +396,7 @@ def test_a_seeded_venv_s_bytecode_is_read_only_and_uv_s_files_keep_their_mode(
     assert (site / "six.py").stat().st_mode & 0o200  # uv's: its cache's inode, as uv made it
 
 
-# --- the seed's kernel work in threads (issue 43) ----------------------------------------------
+# --- the seed's kernel work in threads ---------------------------------------------------------
 
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
 

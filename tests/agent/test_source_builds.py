@@ -1,5 +1,5 @@
 """`agent.source_builds`: a lock that builds anything from source keys what that build fetches
-with, its indexes, proxies and CAs (issue 38.3); a lock of wheels keeps the key it had. No Ray."""
+with, its indexes, proxies and CAs; a lock of wheels keeps the key it had. No Ray."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`agent.uv_cache`: the uv cache is the node's; a job's choice of it is refused (issue 38.2).
+"""`agent.uv_cache`: the uv cache is the node's; a job's choice of it is refused.
 No Ray: `make_request`, as the plugin keys a request (tests/agent/test_job_env.py: through Ray)."""
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ def test_hardlink_is_the_default_and_symlink_is_refused() -> None:
         sync_environment({}, {"UV_LINK_MODE": "symlink"})
 
 
-# --- The uv cache is the node's; a source build keys what it fetches with (issue 38) ----------
+# --- The uv cache is the node's; a source build keys what it fetches with ---------------------
 
 
 @pytest.mark.parametrize("name", ["UV_CACHE_DIR", "UV_NO_CACHE"])

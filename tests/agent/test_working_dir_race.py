@@ -1,4 +1,4 @@
-"""The project dir comes from the request alone (issue 8.5): two jobs with different working
+"""The project dir comes from the request alone: two jobs with different working
 dirs, set up at the same time on one node, each get their own project's venv.
 
 Ray's working_dir plugin names the unpacked dir in a process-wide env var around the other

@@ -438,7 +438,7 @@ def test_the_after_change_bench_is_its_own_entry_point_without_an_import_circle(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """`benchmarks.uv_run_after_change` takes the driver bench's options and `--change`; the
-    driver bench no longer imports it back (issue 42)."""
+    driver bench does not import it back."""
     import ast
 
     import benchmarks.uv_run_driver as driver

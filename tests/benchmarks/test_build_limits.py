@@ -1,4 +1,4 @@
-"""A slow or hung build cannot freeze the node (issue 8.3): builds time out, lock waits are
+"""A slow or hung build cannot freeze the node: builds time out, lock waits are
 bounded and cancellable, different keys never wait on each other. Real uv; Ray at the end."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The chaos run's invariants (`benchmarks.chaos_invariants`), its blame (`chaos_blame`) and
 their wiring (`chaos.check_round`): each check is fed the breakage it names and must report it.
-The planted violations of issue 39: a venv missing a locked package (a real `uv sync
+The planted violations: a venv missing a locked package (a real `uv sync
 --no-install-package six`), a worker in the wrong venv, a worker outside every venv, a hung
 setup under an actor driver, a lock leaked in the last round, a temp dir left by a killed
 build. Rounds are data here; the venvs, locks, projects and `ray-uv gc` are real."""

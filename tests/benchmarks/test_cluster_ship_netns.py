@@ -237,7 +237,9 @@ def test_a_stalled_relaying_receiver_costs_the_one_it_relays_to_nothing_but_time
     """Three raylets; the first receiver, which passes each chunk on to the second, stops
     (SIGSTOP) after chunk 1: the second takes the sender's copies instead and gets the venv;
     the first is given up on alone."""
-    from ray_uv_plugin.ship.transfer import ShipOptions, relay_parents, ship
+    from ray_uv_plugin.ship.options import ShipOptions
+    from ray_uv_plugin.ship.relay import relay_parents
+    from ray_uv_plugin.ship.transfer import ship
 
     cluster, _, _ = two_nodes
     c = Node(tmp_path / "node-c")
@@ -274,7 +276,7 @@ def test_the_relay_tree_sends_each_chunk_out_of_a_node_at_most_fanout_times() ->
     """The sender passes a chunk to one receiver, each receiver to at most `fanout` more;
     every receiver's parent comes before it (it holds the chunk first); `relay_depth` is the
     depth of the last one."""
-    from ray_uv_plugin.ship.transfer import relay_depth, relay_parents
+    from ray_uv_plugin.ship.relay import relay_depth, relay_parents
 
     for fanout in (1, 2, 3):
         for count in (1, 2, 3, 7, 127):
@@ -299,7 +301,7 @@ def test_the_relay_shape_is_a_chain_unless_it_would_be_much_deeper_than_the_stre
     """A chain carries the venv once on every link, a chunk per hop behind; a receiver that
     passes each chunk to two others sends the venv twice. The shape that finishes first by
     (chunks + depth - 1) * fanout, within the window's limit; the window covers the depth."""
-    from ray_uv_plugin.ship.transfer import MAX_WINDOW, WINDOW, relay_depth, relay_fanout, window
+    from ray_uv_plugin.ship.relay import MAX_WINDOW, WINDOW, relay_depth, relay_fanout, window
 
     assert relay_fanout(10, 1) == 1
     assert relay_fanout(10, 7) == 1  # 16 chunk-times, against 2 * 12 for a binary tree

@@ -10,23 +10,22 @@ from types import SimpleNamespace
 import pytest
 
 from ray_uv_plugin.agent.spec import ParsedUvProject, parse_spec
+from ray_uv_plugin.cluster.node_result import NodeResult, outcome_counts
 from ray_uv_plugin.cluster.prepare import (
     EXCLUDES,
-    NodeResult,
     PrepareError,
     check_locally,
     env_spec,
     job_runtime_env,
-    outcome_counts,
     source_first,
 )
-from ray_uv_plugin.cluster.probe_tasks import _with_shipping
+from ray_uv_plugin.cluster.probe import Probes, _with_shipping
 
 NODE = "77aa00ff11223344"
 
 
 def ship_result(node_id: str, outcome: str, **fields: object) -> SimpleNamespace:
-    """`ship.transfer.ShipResult`'s fields, without importing Ray (this module runs without)."""
+    """`ship.messages.ShipResult`'s fields, without importing Ray (this module runs without)."""
     return SimpleNamespace(
         node_id=node_id, outcome=outcome, **{"bytes": None, "seconds": 0.0, "why": None, **fields}
     )
@@ -107,7 +106,6 @@ def test_a_received_venv_is_never_counted_as_built_on_its_node() -> None:
 def test_a_probe_may_take_as_long_as_the_whole_prepare_to_set_up() -> None:
     """Ray's runtime_env setup timeout (600 s by default) would fail a probe waiting for a long
     build or receive: probes get the prepare's timeout, unless the env sets its own."""
-    from ray_uv_plugin.cluster.prepare import Probes
 
     assert Probes({"uv_project": {}}, 1800.0).env == {
         "uv_project": {},
@@ -122,9 +120,10 @@ def test_the_value_is_parsed_once_where_it_comes_in(monkeypatch: pytest.MonkeyPa
     ship's settings) takes the `ParsedUvProject`, never a value again."""
     from ray_uv_plugin.agent.spec import UvProjectTypeError
     from ray_uv_plugin.cluster import prepare
+    from ray_uv_plugin.cluster.options import PrepareOptions
 
     parsed: list[object] = []
-    taken: list[prepare.PrepareOptions] = []
+    taken: list[PrepareOptions] = []
     monkeypatch.setattr(prepare, "parse_spec", lambda v: parsed.append(v) or parse_spec(v))
     monkeypatch.setattr(prepare, "prepare", lambda options, reporter: taken.append(options))
     prepare.prepare_env("/p", extras=["a"], build_env_vars=["CC"], groups=[])
@@ -139,7 +138,7 @@ def test_every_reporter_has_every_event_of_the_watch() -> None:
     """`Quiet` and `ray-uv prepare`'s `PrepareLines` implement `WatchReporter` (and so
     `PrepareReporter`) whole: an event added to the protocol must be shown or ignored there."""
     from ray_uv_plugin.cluster.options import PrepareReporter, Quiet, WatchReporter
-    from ray_uv_plugin.ops.cli_envs import PrepareLines
+    from ray_uv_plugin.ops.cli_make_ready import PrepareLines
 
     def events(cls: type) -> set[str]:
         return {name for name in vars(cls) if not name.startswith("_")}

@@ -22,7 +22,8 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from ray_uv_plugin.cluster.prepare import NodeResult, alive_nodes
+from ray_uv_plugin.cluster.node_result import NodeResult
+from ray_uv_plugin.cluster.prepare import alive_nodes
 from ray_uv_plugin.store.layout import check_ready, read_marker
 from tests.ship.test_ship import run_on
 from tests.support.raylets import Raylet

@@ -1,4 +1,4 @@
-"""The driver hook's directory is trusted as the venv dir is (issue 29 part 5).
+"""The driver hook's directory is trusted as the venv dir is.
 
 `ray-uv plugin-config --shell` puts the hook's directory first on PYTHONPATH, ahead of the
 standard library in every Python of that shell. Each test runs the real CLI from a copy of the
@@ -81,7 +81,7 @@ ALL = "`chmod -R go-w {package}`"  # the package the hook loads, its hook dir in
         ("hook_path", 0o775, "its group can write it", ALL),
         ("hook_path", 0o1777, "others can write it", ALL),  # sticky or not
         ("hook_path/ray_uv_plugin_hook.py", 0o666, "others can write it", ALL),
-        # What the hook loads from the package (issue 38): every module, and the dirs of them.
+        # What the hook loads from the package: every module, and the dirs of them.
         (".", 0o1777, "others can write it", ALL),
         ("__init__.py", 0o664, "its group can write it", ALL),
         ("driver/hook.py", 0o666, "others can write it", ALL),

@@ -21,7 +21,7 @@ from ray_uv_plugin.agent.request import KeyInputs, interpreter_tag
 from ray_uv_plugin.agent.spec import ParsedUvProject
 from ray_uv_plugin.agent.uv import uv_version
 from ray_uv_plugin.agent.uv_env import UvEnvError, keyed_settings, sync_environment
-from ray_uv_plugin.ship import actors, unpack
+from ray_uv_plugin.ship import actors, messages, unpack
 from ray_uv_plugin.ship.archive import ArchiveError
 from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store import freezing
@@ -166,10 +166,10 @@ def check(case: Case) -> None:
     except UvEnvError:
         return  # refused before the offer is read
     try:
-        checked = actors.check_offer(offer)  # `offer`'s first step: the typed offer
+        checked = messages.check_offer(offer)  # `offer`'s first step: the typed offer
         why = receiver._refusal(checked, env, settings_["resolves"])
     except Exception as e:  # noqa: BLE001 - judged
-        refused_clearly(e, (actors.ShipError,), "judging the offer")
+        refused_clearly(e, (messages.ShipError,), "judging the offer")
         return
     if why is not None:
         if not isinstance(why, str) or not why:
@@ -203,7 +203,7 @@ TARGET = Target(
     cases=seeded("offer", fresh, _mutate),
     check=check,
     modules=(
-        "ray_uv_plugin.ship.offer",
+        "ray_uv_plugin.ship.messages",
         "ray_uv_plugin.ship.actors",
         "ray_uv_plugin.agent.request",
     ),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import ray_uv_plugin
-from ray_uv_plugin.ops import cli, cli_envs
+from ray_uv_plugin.ops import cli, cli_make_ready
 from ray_uv_plugin.schema import SCHEMAS_ENV, schema_path
 from ray_uv_plugin.store.layout import MARKER, MARKER_FORMAT, read_marker, write_marker
 from ray_uv_plugin.store.units import format_bytes
@@ -271,14 +271,14 @@ def test_a_failed_nodes_error_keeps_its_brackets() -> None:
     """`ray-uv prepare` prints each node's error through rich: `[default]` must survive."""
     from rich.console import Console
 
-    from ray_uv_plugin.cluster.prepare import NodeResult
+    from ray_uv_plugin.cluster.node_result import NodeResult
 
     error = "uv_project: ray[default]==2.60.0 is not in [project] dependencies: [bold]x"
     failed = NodeResult("3f2a9c1d00ff", "10.0.0.7", ok=False, seconds=1.5, error=error)
     built = NodeResult("77aa00", "10.0.0.8", ok=True, seconds=2.0, built=True, key="[red]k")
     console = Console(file=io.StringIO(), width=300, color_system=None, soft_wrap=True)
-    console.print(cli_envs.node_line(failed))
-    console.print(cli_envs.node_line(built))
+    console.print(cli_make_ready.node_line(failed))
+    console.print(cli_make_ready.node_line(built))
     assert console.file.getvalue().splitlines() == [
         f"10.0.0.7 (3f2a9c1d): failed: {error}",
         "10.0.0.8 (77aa00): uv_project [red]k: built in 2.00s",
@@ -476,7 +476,7 @@ def test_check_without_a_project_says_what_to_pass(tmp_path: Path) -> None:
 
 def test_list_says_how_each_venv_was_built(tmp_path: Path) -> None:
     """Full, seeded from which key with how many distributions, shipped with how many bytes:
-    from each marker's `built` (issue 31); `-` for a venv of an earlier version."""
+    from each marker's `built`; `-` for a venv of an earlier version."""
     env = {"RAY_UV_PLUGIN_VENV_DIR": str(tmp_path)}
     how = {
         "a" * 16: {"how": "full"},

@@ -1,4 +1,4 @@
-"""`ray-uv` as `ray` and `uv` users expect it (issue 33): exit status 2 for a wrong command line
+"""`ray-uv` as `ray` and `uv` users expect it: exit status 2 for a wrong command line
 and 1 for a failure while running, `--json` on `check` and `gc` as on `list`, `bench` listed
 only where it runs, help that says where the docs are from a wheel, and defaults shown. The
 real console script in a subprocess where the exit status is the point; no Ray is started."""
@@ -176,7 +176,7 @@ def test_gc_json_says_what_went_and_what_stayed(tmp_path: Path) -> None:
 def test_bench_is_listed_only_where_the_benchmarks_are(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """A wheel has no benchmarks (they stay in the checkout, issue 12): from outside a
+    """A wheel has no benchmarks (they stay in the checkout): from outside a
     checkout, as from an installed wheel, `bench` is not in the help, and `bench --help` says
     where it runs instead of failing as a listed command would."""
     monkeypatch.chdir(REPO)

@@ -1,4 +1,4 @@
-"""What an operator meets at the `ray-uv` prompt (issue 20, operator surfaces): other plugins kept
+"""What an operator meets at the `ray-uv` prompt: other plugins kept
 in `RAY_RUNTIME_ENV_PLUGINS`, advice that never deletes a shared directory, clear errors instead
 of tracebacks, `--version`, closed pipes, `gc` amounts, `check --dry-run`, and a `list` that a
 user can read. The real console script in a subprocess, real files; no Ray is started."""

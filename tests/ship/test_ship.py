@@ -34,7 +34,7 @@ from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
 from ray_uv_plugin.ship import archive, relocation
 from ray_uv_plugin.ship.archive import ArchiveError, Packer
 from ray_uv_plugin.ship.install import install_received
-from ray_uv_plugin.ship.options import Quiet, ShipOptions
+from ray_uv_plugin.ship.options import QuietShipReporter, ShipOptions
 from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store.build_lock import is_held
 from ray_uv_plugin.store.disk import venv_size
@@ -50,10 +50,10 @@ def chunked(chunk_bytes: int) -> ShipOptions:
     return ShipOptions(chunk_bytes=chunk_bytes)
 
 
-def on_progress(see: Callable[[Any], None]) -> Quiet:
+def on_progress(see: Callable[[Any], None]) -> QuietShipReporter:
     """A ship's reporter that shows each chunk's progress to `see` (a fault, at a chunk)."""
 
-    class Seeing(Quiet):
+    class Seeing(QuietShipReporter):
         def progress(self, progress: Any) -> None:
             see(progress)
 
@@ -572,7 +572,7 @@ def test_the_building_node_dying_mid_way_fails_cleanly(
 ) -> None:
     """Node D has the venv and ships it to B; D's raylet dies after chunk 2. B's receive fails
     naming D and the step, B keeps nothing of it, and B's next prepare ships from A."""
-    from ray_uv_plugin.cluster.prepare import probe_nodes
+    from ray_uv_plugin.cluster.probe import probe_nodes
     from ray_uv_plugin.ship.transfer import ship
 
     cluster, _, b = two_nodes
@@ -605,7 +605,7 @@ def test_the_building_node_dying_mid_way_fails_cleanly(
     assert [r.outcome for r in again] == ["reused", "shipped"], again
 
 
-# --- issue 17: stalls, a venv changed while sent, what may go where, the actors' Python ------
+# --- stalls, a venv changed while sent, what may go where, the actors' Python ------------------
 
 
 def driver_node() -> str:
@@ -614,7 +614,7 @@ def driver_node() -> str:
 
 def build_on_driver_node(project: Path) -> str:
     """The project's venv, built on the driver's node A only; returns its key."""
-    from ray_uv_plugin.cluster.prepare import probe_nodes
+    from ray_uv_plugin.cluster.probe import probe_nodes
 
     here = driver_node()
     (result,) = probe_nodes({"uv_project": {"project": str(project)}}, [(here, "A")], 600)
@@ -745,7 +745,7 @@ def test_a_venv_moved_while_it_is_sent_is_taken_by_no_node(
 def test_a_venv_changed_after_its_build_is_sent_nowhere_and_rebuilt(
     two_nodes, tmp_path: Path
 ) -> None:
-    """Issue 29.4: A's venv is changed in place after its build (root, past its read-only and
+    """A's venv is changed in place after its build (root, past its read-only and
     immutable dirs, replaces six.py). prepare sends none of it: B builds its own and says
     why; A's venv is marked not whole, and its next use rebuilds it, as its build made it."""
     from ray_uv_plugin.store.freezing import thaw

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ray_uv_plugin.ship.transfer import NODE_PYTHON, node_python_env
+from ray_uv_plugin.ship.launch import NODE_PYTHON, node_python_env
 
 
 @pytest.mark.parametrize(

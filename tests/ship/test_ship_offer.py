@@ -19,8 +19,8 @@ from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import KeyInputs, make_request
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv_env import sync_environment
-from ray_uv_plugin.ship.actors import ShipError, VenvReceiver, check_offer, platform_tag
-from ray_uv_plugin.ship.messages import Offer, ShipSettings
+from ray_uv_plugin.ship.actors import VenvReceiver, platform_tag
+from ray_uv_plugin.ship.messages import Offer, ShipError, ShipSettings, check_offer
 from ray_uv_plugin.store import trust
 from tests.agent.test_request import PINNED_LOCK, PINNED_PYPROJECT
 

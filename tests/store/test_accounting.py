@@ -1,4 +1,4 @@
-"""Ready means accounted for (issue 38, point 1): each file of a venv is listed by a RECORD of a
+"""Ready means accounted for: each file of a venv is listed by a RECORD of a
 distribution of the lock, bytecode its build compiled, uv's scaffolding, or the plugin's own.
 Pure logic on small trees made here; the builds and receives that use it: test_seeding.py,
 test_venv_manifest.py."""

@@ -1,4 +1,4 @@
-"""The venv dir keeps a budget (issue 29.3): a build that would pass it removes the least recently
+"""The venv dir keeps a budget: a build that would pass it removes the least recently
 used venvs that nothing uses, with gc's removal, and names them; when nothing can go the build
 fails clearly and keeps nothing; `ray-uv list` shows what the budget holds. Real uv, no Ray."""
 

@@ -1,4 +1,4 @@
-"""A crowd of keys queues (issue 29.3): at most RAY_UV_PLUGIN_MAX_BUILDS syncs at once per venv
+"""A crowd of keys queues: at most RAY_UV_PLUGIN_MAX_BUILDS syncs at once per venv
 dir, in order of arrival, across processes; waits are logged, bounded and cancellable; a reuse
 takes no slot. Pure parts, then real uv (`CountingUv` counts the syncs that overlap), then Ray."""
 
@@ -101,8 +101,7 @@ def tickets(root: Path) -> list[str]:
 def test_distinct_keys_build_at_most_the_limit_at_once(
     base_project, tmp_path, slow_uv, monkeypatch
 ):
-    """Five keys at once, limit 2: two syncs run at a time, the others say they wait, all build.
-    Before issue 29.3 all five ran at once."""
+    """Five keys at once, limit 2: two syncs run at a time, the others say they wait, all build."""
     monkeypatch.setenv(MAX_BUILDS_ENV, "2")
     root = tmp_path / "venvs"
     requests = [request_for(p) for p in project_variants(base_project, tmp_path, 5)]

@@ -20,7 +20,7 @@ def test_the_plugins_own_files_lose_their_write_bits_and_uvs_cache_files_keep_th
     tmp_path: Path,
 ) -> None:
     """A seed's `.pyc` is hardlinked into the venvs seeded from it: a write in place to it in
-    one changed them all (issue 38). uv's files are its cache's inodes: a chmod would change
+    one changed them all. uv's files are its cache's inodes: a chmod would change
     the cache's file, so they keep their owner's write bit."""
     cache = tmp_path / "uv-cache" / "six.py"
     cache.parent.mkdir()

@@ -1,5 +1,5 @@
 """`holds`: a venv that Ray's agent holds for a live job is in use for `gc` and the budget
-until the agent releases it or dies (issue 38.4). No Ray, no uv: the records alone."""
+until the agent releases it or dies. No Ray, no uv: the records alone."""
 
 from __future__ import annotations
 

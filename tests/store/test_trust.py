@@ -1,4 +1,4 @@
-"""Only the plugin user's own, private files are ever used as a venv (issue 8.1). Real uv, no Ray
+"""Only the plugin user's own, private files are ever used as a venv. Real uv, no Ray
 (tests/agent/test_plugin.py shows the same refusal reaching a Ray caller)."""
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def test_a_second_user_cannot_use_or_build_in_our_venv_dir(other_user):
     assert "owned by another user" in result.stdout and "owner root (uid 0)" in result.stdout
 
 
-# --- The venv dir's own path (issue 17): symlinks on its way, the dirs we make, a full disk ---
+# --- The venv dir's own path: symlinks on its way, the dirs we make, a full disk ---
 
 
 def sticky_dir(parent: Path, mode: int = 0o1777, gid: int = 0) -> Path:

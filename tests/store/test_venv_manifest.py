@@ -1,4 +1,4 @@
-"""What is shipped is what was built (`store.manifest`, issue 29 part 4), without Ray: a real
+"""What is shipped is what was built (`store.manifest`), without Ray: a real
 build writes the manifest of every file and its marker names it; the sender refuses a venv
 that changed since (and the ways it may change); a receiver installs only what the build made
 and writes a manifest of its own. Through Ray, with two raylets: tests/ship/test_ship.py.
@@ -300,7 +300,7 @@ def test_a_venv_marked_not_whole_is_rebuilt_at_its_next_use(tmp_path: Path) -> N
     venv = small_venv(root / KEY)
     write_marker(venv, {**read_marker(venv), "format": 1, "site_packages": SITE})
     ready = check_ready(root, KEY)
-    # A value for a ready venv (issue 33): the marker it read, so that callers read it once.
+    # A value for a ready venv: the marker it read, so that callers read it once.
     assert ready and ready.why_not is None and ready.marker == read_marker(venv)
     mark_not_whole(venv, "lib/x.py has other content now")
     not_ready = check_ready(root, KEY)

@@ -26,7 +26,7 @@ from worker_groups import (
     RayWorkerGroup,
 )
 from worker_groups._initializer import WorkerVenvReport
-from worker_groups.group import PluginNotLoadedError, driver_env_vars, runs_outside_its_venv
+from worker_groups.worker_env import PluginNotLoadedError, driver_env_vars, runs_outside_its_venv
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -95,7 +95,7 @@ def test_the_drivers_proxy_keys_a_groups_venv_where_the_lock_builds_from_source(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Workers get the driver's proxy and CA variables (they may need them), and so does each
-    node's build: with a path source in the lock they are keyed (issue 38.3), so a group whose
+    node's build: with a path source in the lock they are keyed, so a group whose
     driver has another proxy than the node gets a venv of its own, not the node's."""
     from ray_uv_plugin.agent.project import load_project
     from ray_uv_plugin.agent.request import make_request

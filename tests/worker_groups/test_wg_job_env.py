@@ -1,4 +1,4 @@
-"""A worker group's venv is the one the same selection gives a plain actor (issue 29.1): the
+"""A worker group's venv is the one the same selection gives a plain actor: the
 driver's environment, copied into every worker's runtime_env, holds build variables and
 anything else the driver's shell had, and none of it may give the group a key of its own or
 reach the build."""

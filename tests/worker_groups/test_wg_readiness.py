@@ -1,4 +1,4 @@
-"""Placement by readiness and the gate (issue 41): where a group's env is ready decides where it
+"""Placement by readiness and the gate: where a group's env is ready decides where it
 is placed (Ray 2.50+), a node that joins while a group waits is prepared and used, and no rank
 starts before its env is ready on every node, with a line per node while it waits and a
 timeout that names the node and what it is doing.

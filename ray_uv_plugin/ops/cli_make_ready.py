@@ -20,7 +20,7 @@ from ray_uv_plugin.ops.cli_common import CliError, UsageError, node_count, selec
 
 if TYPE_CHECKING:
     from ray_uv_plugin.agent.spec import ParsedUvProject
-    from ray_uv_plugin.cluster.prepare import NodeResult
+    from ray_uv_plugin.cluster.node_result import NodeResult
     from ray_uv_plugin.ops.check import CheckResult, FoundEnv
 
 
@@ -87,6 +87,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from ray_uv_plugin.agent.spec import UvProjectSpecError
     from ray_uv_plugin.cluster import prepare, watch
     from ray_uv_plugin.cluster.connect import ConnectError
+    from ray_uv_plugin.cluster.node_result import outcome_counts
+    from ray_uv_plugin.cluster.options import DEFAULT_INTERVAL, PrepareOptions, WatchOptions
 
     console = Console(stderr=True, soft_wrap=True)  # log-friendly: no hard wraps in pipes
     project = Path(args.project).expanduser().resolve()
@@ -98,15 +100,15 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     chosen = selection(args)  # every selection field, parsed
     interval: float | None = None
     if args.watch:
-        interval = watch.DEFAULT_INTERVAL if args.interval is None else args.interval
+        interval = DEFAULT_INTERVAL if args.interval is None else args.interval
         try:
             watch.check_interval(interval)
         except prepare.PrepareError as e:
             raise UsageError(str(e)) from e
     where = (project, chosen, args.address, args.shared, ship, args.timeout)
-    options = prepare.PrepareOptions(*where)
+    options = PrepareOptions(*where)
     if interval is not None:
-        options = watch.WatchOptions(*where, interval=interval, stop_signals=True)
+        options = WatchOptions(*where, interval=interval, stop_signals=True)
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -117,7 +119,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     ) as bars:
         shown = PrepareLines(bars, project, interval)
         try:
-            if isinstance(options, watch.WatchOptions):
+            if isinstance(options, WatchOptions):
                 results = watch.watch_env(options, shown)
             else:
                 results = prepare.prepare(options, shown)
@@ -149,7 +151,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             markup=False,
         )
         return 1
-    console.print(f"Prepared {node_count(len(results))} ({prepare.outcome_counts(results)})")
+    console.print(f"Prepared {node_count(len(results))} ({outcome_counts(results)})")
     return 0
 
 
