@@ -19,7 +19,6 @@ from typing import Any
 
 from ray_uv_plugin.agent import failed_builds
 from ray_uv_plugin.agent.build import build_venv
-from ray_uv_plugin.agent.cache_split import cache_split_note
 from ray_uv_plugin.agent.phase_events import PhaseEvents
 from ray_uv_plugin.agent.project import ProjectFiles
 from ray_uv_plugin.agent.request import VenvRequest, make_request
@@ -30,8 +29,6 @@ from ray_uv_plugin.store.build_lock import LOCK_MARGIN, BuildLock, build_timeout
 from ray_uv_plugin.store.build_slots import BuildSlot
 from ray_uv_plugin.store.layout import check_ready, lock_path, read_marker, venv_root
 from ray_uv_plugin.store.setup_state import made_how
-
-__all__ = ["Outcome", "cache_split_note", "ensure_venv", "ensure_venv_async", "lookup"]
 
 
 @dataclass(frozen=True)

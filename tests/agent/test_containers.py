@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.agent.builder import cache_split_note, ensure_venv
+from ray_uv_plugin.agent.builder import ensure_venv
+from ray_uv_plugin.agent.cache_split import cache_split_note
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv_env import sync_environment
