@@ -32,8 +32,9 @@ from ray_uv_plugin.agent.spec import (
     yields_to,
 )
 from ray_uv_plugin.agent.uv import UvSyncError, format_duration
+from ray_uv_plugin.settings import VENV_ENV
 from ray_uv_plugin.store.holds import Hold
-from ray_uv_plugin.store.layout import VENV_ENV, venv_root
+from ray_uv_plugin.store.layout import venv_root
 from ray_uv_plugin.store.units import built_label
 
 if TYPE_CHECKING:

@@ -27,6 +27,7 @@ from ray_uv_plugin.cluster.connect import connect
 from ray_uv_plugin.cluster.node_result import NodeResult, outcome_counts
 from ray_uv_plugin.cluster.options import PrepareOptions, PrepareReporter, Quiet
 from ray_uv_plugin.cluster.probe_tasks import Probes, probe_nodes
+from ray_uv_plugin.settings import NodeSettings
 
 __all__ = [  # the results and the probes were this module's: callers import them from here
     "EXCLUDES",
@@ -112,7 +113,7 @@ def prepare_nodes(
     from ray_uv_plugin.ship import transfer as shipping
 
     probes = Probes(probe_env or {"uv_project": spec.as_value()}, timeout)
-    ship = shipping.shipping_enabled() if ship is None else ship
+    ship = NodeSettings.read().ships() if ship is None else ship
     if not ship or len(nodes) < 2:
         for node in nodes:
             probes.submit(node)

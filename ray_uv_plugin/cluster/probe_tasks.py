@@ -61,7 +61,8 @@ class Probes:
     def submit(self, node: tuple[str, str]) -> None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from ray_uv_plugin.store.layout import MARKER, VENV_ENV
+        from ray_uv_plugin.settings import VENV_ENV
+        from ray_uv_plugin.store.layout import MARKER
 
         node_id, address = node
         ref = self._remote.options(

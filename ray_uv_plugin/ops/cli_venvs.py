@@ -104,8 +104,7 @@ def _limits(root: Path, held: int) -> dict[str, Any]:
 
 
 def _limit_lines(limits: dict[str, Any]) -> list[str]:
-    from ray_uv_plugin.store.budget import VENV_DIR_MAX_BYTES_ENV
-    from ray_uv_plugin.store.build_slots import MAX_BUILDS_ENV
+    from ray_uv_plugin.settings import MAX_BUILDS_ENV, VENV_DIR_MAX_BYTES_ENV
 
     limit, held = limits["budget_bytes"], limits["budget_held_bytes"]
     if limit is None:
@@ -124,8 +123,9 @@ def _limit_lines(limits: dict[str, Any]) -> list[str]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from ray_uv_plugin.settings import VenvDirError
     from ray_uv_plugin.store import disk, inventory, trust
-    from ray_uv_plugin.store.layout import VenvDirError, lock_path, venv_root
+    from ray_uv_plugin.store.layout import lock_path, venv_root
 
     try:
         root = venv_root()
@@ -239,8 +239,9 @@ def gc_json(root: Path, report: GcReport) -> dict[str, Any]:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    from ray_uv_plugin.settings import VenvDirError
     from ray_uv_plugin.store import gc, trust
-    from ray_uv_plugin.store.layout import VenvDirError, venv_root
+    from ray_uv_plugin.store.layout import venv_root
 
     try:
         root = venv_root()

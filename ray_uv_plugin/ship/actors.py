@@ -22,13 +22,14 @@ from ray_uv_plugin.agent.build import no_space
 from ray_uv_plugin.agent.phase_events import PhaseEvents
 from ray_uv_plugin.agent.request import KeyInputs
 from ray_uv_plugin.agent.uv_env import sync_environment
+from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV
 from ray_uv_plugin.ship import archive, delta, unpack
 from ray_uv_plugin.ship.build_target import build_target, local_builds, target_differs
 from ray_uv_plugin.ship.install import install_received
 from ray_uv_plugin.ship.messages import ChunkMeta, Installed, Offer, OfferAnswer, ShipSettings
 from ray_uv_plugin.ship.offer import ShipError, check_offer
 from ray_uv_plugin.store import outcomes, trust
-from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, BuildLock, build_timeout, hold_shared
+from ray_uv_plugin.store.build_lock import BuildLock, build_timeout, hold_shared
 from ray_uv_plugin.store.disk import venv_size
 from ray_uv_plugin.store.layout import (
     check_ready,

@@ -17,24 +17,16 @@ import socket
 import time
 from pathlib import Path
 
+from ray_uv_plugin.settings import NodeSettings
 from ray_uv_plugin.store import trust
-from ray_uv_plugin.store.layout import VenvDirError, seconds_setting
 
-BUILD_TIMEOUT_ENV = "RAY_UV_PLUGIN_BUILD_TIMEOUT_S"
-DEFAULT_BUILD_TIMEOUT = 1800.0  # a vLLM + torch env from a cold cache, on a slow link
 LOCK_MARGIN = 60.0  # a waiter gives up this long after the build it waits for must have ended
 
 
-def build_timeout() -> float:
+def build_timeout(settings: NodeSettings | None = None) -> float:
     """How long a build may hold its key's lock (`RAY_UV_PLUGIN_BUILD_TIMEOUT_S`): uv is killed
     then, a ship receiver gives up, and a waiter waits that plus `LOCK_MARGIN`."""
-    seconds = seconds_setting(BUILD_TIMEOUT_ENV, DEFAULT_BUILD_TIMEOUT, lambda s: not s <= 0)
-    if seconds is None:
-        value = os.environ[BUILD_TIMEOUT_ENV]
-        raise VenvDirError(
-            f"uv_project: {BUILD_TIMEOUT_ENV}={value!r} must be a number of seconds > 0."
-        )
-    return seconds
+    return (settings or NodeSettings.read()).build_timeout_s()
 
 
 class LockTimeout(TimeoutError):

@@ -42,11 +42,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV, MAX_BUILDS_ENV, NodeSettings
 from ray_uv_plugin.store import trust
-from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, DiskFullError, _backoff
-from ray_uv_plugin.store.layout import BUDGET_LOCK, BUILD_TICKET_PREFIX, VenvDirError
+from ray_uv_plugin.store.build_lock import DiskFullError, _backoff
+from ray_uv_plugin.store.layout import BUDGET_LOCK, BUILD_TICKET_PREFIX
 
-MAX_BUILDS_ENV = "RAY_UV_PLUGIN_MAX_BUILDS"
 _NAME = r"\d{20}-\d+-[0-9a-f]{8}"
 TICKET = re.compile(rf"^{re.escape(BUILD_TICKET_PREFIX)}{_NAME}$")
 NEW_PREFIX = f"{BUILD_TICKET_PREFIX}new-"  # a ticket being made: not counted; removed once old
@@ -95,17 +95,10 @@ def default_max_builds() -> int:
     return usable_cores(len(os.sched_getaffinity(0)), _cgroup_cpu_max())
 
 
-def max_builds() -> int:
-    """Builds at once per venv dir (`RAY_UV_PLUGIN_MAX_BUILDS`; unset: `default_max_builds`)."""
-    value = os.environ.get(MAX_BUILDS_ENV, "").strip()
-    if not value:
-        return default_max_builds()
-    if value.isdigit() and int(value) >= 1:
-        return int(value)
-    raise VenvDirError(
-        f"uv_project: {MAX_BUILDS_ENV}={value!r} must be a whole number >= 1 (builds at once "
-        f"per venv dir); unset, it is this node's usable cores ({default_max_builds()})."
-    )
+def max_builds(settings: NodeSettings | None = None) -> int:
+    """Builds at once per venv dir (`RAY_UV_PLUGIN_MAX_BUILDS` of `settings`, else of this
+    process; unset: `default_max_builds`)."""
+    return (settings or NodeSettings.read()).max_builds_at_once(default_max_builds)
 
 
 @dataclass(frozen=True)
