@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import fcntl
 import math
 import os
@@ -45,6 +44,7 @@ from pathlib import Path
 from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV, MAX_BUILDS_ENV, NodeSettings
 from ray_uv_plugin.store import trust
 from ray_uv_plugin.store.build_lock import DiskFullError, _backoff
+from ray_uv_plugin.store.disk import NO_SPACE, disk_full
 from ray_uv_plugin.store.layout import BUDGET_LOCK, BUILD_TICKET_PREFIX
 
 _NAME = r"\d{20}-\d+-[0-9a-f]{8}"
@@ -53,7 +53,6 @@ NEW_PREFIX = f"{BUILD_TICKET_PREFIX}new-"  # a ticket being made: not counted; r
 NEW_TICKET = re.compile(rf"^{re.escape(NEW_PREFIX)}{_NAME}$")
 STALE_NEW_SECONDS = 60.0
 REPORT_EVERY = 10.0  # at most one "still waiting" line per this many seconds
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 class SlotTimeout(TimeoutError):
@@ -199,13 +198,9 @@ class BuildSlot:
         try:
             fd = trust.open_no_follow(new, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
         except OSError as e:
-            if e.errno in _NO_SPACE:
-                raise DiskFullError(
-                    f"uv_project: the disk of the venv dir {self.root} is full (or your disk "
-                    f"quota is used up): no room for a build ticket {new.name}. Free space "
-                    "(`ray-uv gc --max-size ...`), or set RAY_UV_PLUGIN_VENV_DIR to a larger "
-                    "disk. Nothing was built or kept."
-                ) from e
+            if e.errno in NO_SPACE:
+                why = disk_full(self.root, f"with no room for a build ticket {new.name}")
+                raise DiskFullError(why) from e
             raise
         try:
             os.fchmod(fd, mode)  # whatever the umask: the trusted group must open it too
