@@ -337,6 +337,7 @@ def test_the_tests_mirror_the_modules() -> None:
         "test_wording.py",  # words across the code and docs
         "test_registration.py",  # ray_uv_plugin/registration.py
         "test_schema.py",  # ray_uv_plugin/schema.py
+        "test_settings.py",  # ray_uv_plugin/settings.py
         "test_exports.py",  # ray_uv_plugin/__init__.py
         "test_driver_group.py",  # the README's driver dependency group, end to end
     }, top
