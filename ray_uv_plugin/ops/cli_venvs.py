@@ -89,10 +89,12 @@ def _json_row(e: VenvEntry, size: int) -> dict[str, Any]:
 def _limits(root: Path, held: int) -> dict[str, Any]:
     """The venv dir's budget and build limit as this shell's environment sets them (run `list`
     with the node's settings), what the budget holds, and the builds running and queued now."""
+    from ray_uv_plugin.settings import NodeSettings
     from ray_uv_plugin.store import budget, build_slots
 
-    limit = budget.venv_dir_budget()
-    max_builds = build_slots.max_builds()
+    node = NodeSettings.read()
+    limit = budget.venv_dir_budget(node)
+    max_builds = build_slots.max_builds(node)
     tickets = build_slots.living_tickets(root)
     return {
         "budget_bytes": limit,  # null: no budget
