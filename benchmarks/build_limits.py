@@ -43,10 +43,10 @@ from ray_uv_plugin.agent.builder import ensure_venv_async
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import make_request
 from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.agent.uv import UV_ENV_VAR, find_uv
+from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.settings import MAX_BUILDS_ENV, UV_ENV_VAR, VENV_DIR_MAX_BYTES_ENV
 from ray_uv_plugin.store import disk
-from ray_uv_plugin.store.budget import VENV_DIR_MAX_BYTES_ENV
-from ray_uv_plugin.store.build_slots import MAX_BUILDS_ENV, default_max_builds
+from ray_uv_plugin.store.build_slots import default_max_builds
 from ray_uv_plugin.store.freezing import remove_tree
 from ray_uv_plugin.store.layout import MARKER, lock_path
 from ray_uv_plugin.store.units import format_bytes

@@ -20,8 +20,8 @@ from typing import Any
 
 import ray_uv_plugin
 from benchmarks.raylets import free_ports
-from ray_uv_plugin.store.budget import VENV_DIR_MAX_BYTES_ENV
-from ray_uv_plugin.store.build_slots import MAX_BUILDS_ENV, default_max_builds
+from ray_uv_plugin.settings import MAX_BUILDS_ENV, VENV_DIR_MAX_BYTES_ENV
+from ray_uv_plugin.store.build_slots import default_max_builds
 
 from .load_stats import percentile
 

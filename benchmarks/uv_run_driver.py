@@ -67,8 +67,9 @@ from benchmarks.uv_run_report import (
     targets,
     write_json,
 )
-from ray_uv_plugin.agent.uv import UV_ENV_VAR, find_uv
-from ray_uv_plugin.store.layout import MARKER, VENV_DIR_ENV
+from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.settings import UV_ENV_VAR, VENV_DIR_ENV
+from ray_uv_plugin.store.layout import MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY_UV = Path(sys.executable).parent / "ray-uv"

@@ -13,8 +13,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-PLUGIN_CLASS = "ray_uv_plugin.UvProjectPlugin"
-PLUGINS_ENV = "RAY_RUNTIME_ENV_PLUGINS"
+from ray_uv_plugin.settings import PLUGIN_CLASS, PLUGINS_ENV
 
 # The errors a user can catch, by the module that raises them: imported on first use, so that
 # `import ray_uv_plugin` stays cheap (no Ray). On the driver, a node's setup failure is Ray's
@@ -35,7 +34,7 @@ EXCEPTIONS = {
     "UvProjectSpecError": "ray_uv_plugin.agent.spec",  # a bad `uv_project` value
     "UvProjectTypeError": "ray_uv_plugin.agent.spec",  # a field of the wrong type
     "UvSyncError": "ray_uv_plugin.agent.uv",  # `uv sync` gave no usable venv
-    "VenvDirError": "ray_uv_plugin.store.layout",  # RAY_UV_PLUGIN_VENV_DIR cannot be used
+    "VenvDirError": "ray_uv_plugin.settings",  # RAY_UV_PLUGIN_VENV_DIR cannot be used
 }
 
 __all__ = [
@@ -80,9 +79,9 @@ if TYPE_CHECKING:
     from ray_uv_plugin.cluster.prepare import PrepareError, prepare_env
     from ray_uv_plugin.cluster.readiness import NodeSetup, ReadinessError, node_setups
     from ray_uv_plugin.registration import PluginNotLoadedError, UvProject
+    from ray_uv_plugin.settings import VenvDirError
     from ray_uv_plugin.store.build_lock import LockTimeout
     from ray_uv_plugin.store.build_slots import SlotTimeout
-    from ray_uv_plugin.store.layout import VenvDirError
     from ray_uv_plugin.store.trust import UntrustedPathError
 
 

@@ -820,15 +820,15 @@ def _counts() -> list[tuple[str, str, tuple[float, ...]]]:
     """(page, its words with `{}` for each count, the counts as the code has them)."""
     from ray._private import ray_constants
 
-    from ray_uv_plugin.agent.failed_builds import REMEMBER_SECONDS
-    from ray_uv_plugin.store.build_lock import DEFAULT_BUILD_TIMEOUT, LOCK_MARGIN
+    from ray_uv_plugin.settings import DEFAULT_BUILD_TIMEOUT, DEFAULT_FAILED_BUILD_MEMO
+    from ray_uv_plugin.store.build_lock import LOCK_MARGIN
 
     ray_agent = _ray_agent_consts()
     tries = ray_agent.RUNTIME_ENV_RETRY_TIMES  # type: ignore[attr-defined]
     apart = ray_agent.RUNTIME_ENV_RETRY_INTERVAL_MS / 1000  # type: ignore[attr-defined]
     ray_cache = ray_agent.BAD_RUNTIME_ENV_CACHE_TTL_SECONDS  # type: ignore[attr-defined]
     setup = ray_constants.DEFAULT_RUNTIME_ENV_TIMEOUT_SECONDS
-    build, memo, margin = DEFAULT_BUILD_TIMEOUT, REMEMBER_SECONDS, LOCK_MARGIN
+    build, memo, margin = DEFAULT_BUILD_TIMEOUT, DEFAULT_FAILED_BUILD_MEMO, LOCK_MARGIN
     return [
         ("docs/guarantees.md", "tries a failing setup {} times, {} s apart", (tries, apart)),
         ("docs/troubleshooting.md", "Ray's agent tries a failing setup {} times", (tries,)),

@@ -77,7 +77,8 @@ def test_each_export_is_the_class_its_module_raises(name: str) -> None:
 def test_the_code_raises_the_exported_classes(tmp_path, monkeypatch) -> None:
     from ray_uv_plugin.agent.project import load_project
     from ray_uv_plugin.agent.spec import parse_spec
-    from ray_uv_plugin.store.layout import VENV_DIR_ENV, venv_root
+    from ray_uv_plugin.settings import VENV_DIR_ENV
+    from ray_uv_plugin.store.layout import venv_root
 
     with pytest.raises(ray_uv_plugin.UvProjectTypeError):
         parse_spec({"extras": "gpu"})

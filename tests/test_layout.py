@@ -1,6 +1,8 @@
 """The package's layout is a contract: each folder says where its code runs, and lower layers
 import nothing above them. Read from the source (ast), without importing it or starting Ray.
 
+    settings       the settings and the names shared with Ray (`ray_uv_plugin.settings`):
+                   imports nothing of the package; every layer may import it
     store          the venv dir every role reads: imports only store
     agent          Ray's runtime-env agent, on every request: store and agent
     ship           moving venvs between nodes: store, agent and ship
@@ -29,15 +31,16 @@ PACKAGE = ROOT / "ray_uv_plugin"
 PRODUCT = (PACKAGE, ROOT / "worker_groups")
 LAYERS = ("store", "agent", "ship", "cluster", "driver", "ops")
 ALLOWED = {
-    "store": {"store"},
-    "agent": {"store", "agent"},
-    "ship": {"store", "agent", "ship"},
-    "cluster": {"store", "agent", "ship", "cluster"},
+    "settings": set(),
+    "store": {"settings", "store"},
+    "agent": {"settings", "store", "agent"},
+    "ship": {"settings", "store", "agent", "ship"},
+    "cluster": {"settings", "store", "agent", "ship", "cluster"},
     # the hook waits for the plugin's registration (`registration`, a top module)
-    "driver": {"store", "agent", "driver", "top"},
+    "driver": {"settings", "store", "agent", "driver", "top"},
     # ops may use the public helpers (`plugins_setting`, the schema)
-    "ops": {"store", "agent", "ship", "cluster", "driver", "ops", "top"},
-    "worker_groups": {"store", "agent", "ship", "cluster", "top", "worker_groups"},
+    "ops": {"settings", "store", "agent", "ship", "cluster", "driver", "ops", "top"},
+    "worker_groups": {"settings", "store", "agent", "ship", "cluster", "top", "worker_groups"},
 }
 
 
@@ -72,14 +75,17 @@ def imports(path: Path) -> Iterator[tuple[int, str]]:
 
 
 def layer_of(name: str) -> str | None:
-    """The layer (`store` ... `ops`) of a module of the package's folders; `top` for another
-    module of the package (its `__init__`, `driver_hook`, `registration`, `schema`);
-    `worker_groups` for that package's; None outside both."""
+    """The layer (`store` ... `ops`) of a module of the package's folders; `settings` for
+    `ray_uv_plugin.settings` (and a name it defines); `top` for another module of the package
+    (its `__init__`, `driver_hook`, `registration`, `schema`); `worker_groups` for that
+    package's; None outside both."""
     parts = name.split(".")
     if parts[0] == "worker_groups":
         return "worker_groups"
     if parts[0] != "ray_uv_plugin":
         return None
+    if parts[1:2] == ["settings"]:
+        return "settings"
     if len(parts) > 1 and parts[1] in LAYERS:
         return parts[1]
     return "top"
@@ -88,19 +94,21 @@ def layer_of(name: str) -> str | None:
 def test_every_product_module_sits_in_a_layer_or_is_named_here() -> None:
     """A module added beside the layers is a choice to make here, not by default."""
     top = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.glob("*.py")}
-    assert top == {"__init__.py", "driver_hook.py", "registration.py", "schema.py"}
+    assert top == {"__init__.py", "driver_hook.py", "registration.py", "schema.py", "settings.py"}
     for layer in LAYERS:
         assert (PACKAGE / layer / "__init__.py").is_file()
 
 
-def folder(layer: str) -> Path:
-    return ROOT / "worker_groups" if layer == "worker_groups" else PACKAGE / layer
+def folder(layer: str) -> list[Path]:
+    if layer == "settings":
+        return [PACKAGE / "settings.py"]
+    return modules(ROOT / "worker_groups" if layer == "worker_groups" else PACKAGE / layer)
 
 
-@pytest.mark.parametrize("layer", [*LAYERS, "worker_groups"])
+@pytest.mark.parametrize("layer", ["settings", *LAYERS, "worker_groups"])
 def test_lower_layers_import_nothing_above_them(layer: str) -> None:
     wrong = []
-    for path in modules(folder(layer)):
+    for path in folder(layer):
         for line, name in imports(path):
             target = layer_of(name)
             if target is None or name == "ray_uv_plugin" or target in ALLOWED[layer]:
@@ -284,12 +292,16 @@ def test_the_climb_check_sees_what_it_looks_for() -> None:
 
 
 @pytest.mark.parametrize(
-    ("literal", "name"),
-    [('"RAY_UV_PLUGIN_VENV"', "VENV_ENV"), ('".ray-uv-ready"', "MARKER"), ("16", "KEY_LENGTH")],
+    ("literal", "name", "module"),
+    [
+        ('"RAY_UV_PLUGIN_VENV"', "VENV_ENV", "ray_uv_plugin/settings.py"),
+        ('".ray-uv-ready"', "MARKER", "ray_uv_plugin/store/layout.py"),
+        ("16", "KEY_LENGTH", "ray_uv_plugin/store/layout.py"),
+    ],
 )
-def test_store_constants_are_defined_once(literal: str, name: str) -> None:
-    """The venv variable, the marker's name and the key's length live in `store.layout`;
-    other modules import them (the probe takes them as arguments)."""
+def test_store_constants_are_defined_once(literal: str, name: str, module: str) -> None:
+    """The venv variable lives in `settings`, the marker's name and the key's length in
+    `store.layout`; other modules import them (the probe takes them as arguments)."""
     where = [
         f"{path.relative_to(ROOT)}:{node.lineno}"
         for path in modules(*PRODUCT)
@@ -297,22 +309,56 @@ def test_store_constants_are_defined_once(literal: str, name: str) -> None:
         if isinstance(node, ast.Assign)
         and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
     ]
-    assert [w.rsplit(":", 1)[0] for w in where] == ["ray_uv_plugin/store/layout.py"], where
-    text = (PACKAGE / "store" / "layout.py").read_text()
-    assert f"{name} = {literal}" in text
+    assert [w.rsplit(":", 1)[0] for w in where] == [module], where
+    assert f"{name} = {literal}" in (ROOT / module).read_text()
     if literal.startswith('"'):
         copies = [
             str(p.relative_to(ROOT))
             for p in modules(*PRODUCT)
-            if literal in p.read_text() and p.name not in ("layout.py", "_initializer.py")
+            if literal in p.read_text()
+            and p.relative_to(ROOT).as_posix() != module
+            and p.name != "_initializer.py"
         ]
         assert not copies
+
+
+def _string_constants(path: Path) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.lineno, node.value
+
+
+def test_every_plugin_variable_is_a_setting_defined_once() -> None:
+    """Every `RAY_UV_PLUGIN_*` name the product mentions (in code, messages or docs) is one that
+    `settings` defines, and only there is it written as a value of its own; the
+    initializer's copy of the venv variable is checked against it below."""
+    import re
+
+    from ray_uv_plugin import settings
+
+    defined = {
+        value
+        for name, value in vars(settings).items()
+        if name.isupper() and isinstance(value, str) and value.startswith("RAY_UV_PLUGIN_")
+    }
+    assert set(settings.VARIABLES.values()) <= defined
+    undefined, copies = [], []
+    for path in modules(*PRODUCT):
+        where = path.relative_to(ROOT)
+        for name in set(re.findall(r"RAY_UV_PLUGIN_[A-Z0-9_]*[A-Z0-9]", path.read_text())):
+            if name not in defined:
+                undefined.append(f"{where}: {name}")
+        if path.name in ("settings.py", "_initializer.py"):
+            continue
+        copies += [f"{where}:{n} {v}" for n, v in _string_constants(path) if v in defined]
+    assert not undefined, undefined
+    assert not copies, copies
 
 
 def test_the_initializers_copy_of_the_venv_variable_agrees() -> None:
     """worker_groups' initializer runs where ray_uv_plugin may not be installed, so it writes
     the name out; it must be the plugin's. Read from the source: importing it imports Ray."""
-    from ray_uv_plugin.store.layout import VENV_ENV
+    from ray_uv_plugin.settings import VENV_ENV
 
     tree = ast.parse((ROOT / "worker_groups" / "_initializer.py").read_text())
     (value,) = [
@@ -326,9 +372,10 @@ def test_the_initializers_copy_of_the_venv_variable_agrees() -> None:
 
 
 def test_the_initializers_copy_of_the_own_choice_fields_agrees() -> None:
-    """The fields with which a worker chose its own Python are `spec.OWN_CHOICE_FIELDS`; the
+    """The fields with which a worker chose its own Python are `settings.OWN_CHOICE_FIELDS`; the
     initializer, which runs where ray_uv_plugin may not be installed, writes them out."""
-    from ray_uv_plugin.agent.spec import FIELD, OWN_CHOICE_FIELDS
+    from ray_uv_plugin.agent.spec import FIELD
+    from ray_uv_plugin.settings import OWN_CHOICE_FIELDS
 
     tree = ast.parse((ROOT / "worker_groups" / "_initializer.py").read_text())
     (value,) = [
@@ -361,6 +408,7 @@ def test_the_tests_mirror_the_modules() -> None:
         "test_wording.py",  # words across the code and docs
         "test_registration.py",  # ray_uv_plugin/registration.py
         "test_schema.py",  # ray_uv_plugin/schema.py
+        "test_settings.py",  # ray_uv_plugin/settings.py
         "test_exports.py",  # ray_uv_plugin/__init__.py
         "test_driver_group.py",  # the README's driver dependency group, end to end
     }, top

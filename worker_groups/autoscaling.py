@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 
 import ray
 
+from ray_uv_plugin.settings import boolish
+
 logger = logging.getLogger(__name__)
 
 # Set on the driver: "1" waits for nodes to join, "0" never does; unset: wait only where an
@@ -42,10 +44,9 @@ def wait_for_nodes_setting(value: bool | None) -> bool | None:
     raw = os.environ.get(WAIT_FOR_NODES_ENV, "").strip().lower()
     if raw in ("", "auto"):
         return None
-    if raw in ("1", "true", "yes"):
-        return True
-    if raw in ("0", "false", "no"):
-        return False
+    wait = boolish(raw)
+    if wait is not None:
+        return wait
     raise ValueError(
         f"{WAIT_FOR_NODES_ENV}={raw!r}: use 1 (wait for nodes to join), 0 (never wait) or leave "
         "it unset (wait where an autoscaler manages the cluster)"

@@ -12,7 +12,7 @@ import ray
 
 from ray_uv_plugin import registration
 from ray_uv_plugin.agent.uv_env import is_build_var
-from ray_uv_plugin.store.layout import VENV_ENV
+from ray_uv_plugin.settings import VENV_ENV
 from worker_groups._initializer import PLUGIN_FIX, WorkerVenvReport
 from worker_groups.credentials import is_ray_credential
 

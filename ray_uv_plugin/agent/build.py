@@ -27,8 +27,8 @@ from ray_uv_plugin.agent.project import (
 )
 from ray_uv_plugin.agent.request import VenvRequest, interpreter_tag, withheld_from_uv
 from ray_uv_plugin.agent.uv import UvResult, UvSyncError, UvTimeout, find_uv, run_uv, sync_failure
+from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV
 from ray_uv_plugin.store import accounting, budget, freezing, manifest, tree
-from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV
 from ray_uv_plugin.store.layout import installed_ray_version, remove_leftovers, site_packages
 
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.settings import boolish
 
 
 def _device(path: Path) -> int | None:
@@ -27,7 +28,7 @@ def cache_split_note(uv_env: Mapping[str, str], venv_dir: Path, cwd: Path) -> st
 
     One `uv cache dir` (a few ms, in uv's environment and the project's dir, where a uv.toml
     may set `cache-dir`) and two stats: asked per build, never per reuse."""
-    no_cache = uv_env.get("UV_NO_CACHE", "").lower() in ("1", "true", "yes", "on")
+    no_cache = boolish(uv_env.get("UV_NO_CACHE"))  # as uv reads it
     if no_cache or uv_env.get("UV_LINK_MODE") == "copy":  # copies whatever the volumes
         return None
     cache = uv_cache_dir(uv_env, cwd)

@@ -35,10 +35,8 @@ from pathlib import Path
 
 from ray_uv_plugin.agent.request import VenvRequest
 from ray_uv_plugin.agent.uv import UvSyncError, find_uv
-from ray_uv_plugin.store.layout import seconds_setting
+from ray_uv_plugin.settings import NodeSettings
 
-REMEMBER_SECONDS = 60.0  # the default of `MEMO_ENV`
-MEMO_ENV = "RAY_UV_PLUGIN_FAILED_BUILD_MEMO_S"
 RAY_CACHE_ENV = "BAD_RUNTIME_ENV_CACHE_TTL_SECONDS"  # Ray's own setting, read by its agent
 
 # (venv, sync_inputs) -> (when, the error's message)
@@ -55,15 +53,9 @@ class RememberedFailure(UvSyncError):
         self.first = first
 
 
-def remember_seconds() -> float:
+def remember_seconds(settings: NodeSettings | None = None) -> float:
     """How long a failure is remembered: `RAY_UV_PLUGIN_FAILED_BUILD_MEMO_S`, else 60 s."""
-    seconds = seconds_setting(MEMO_ENV, REMEMBER_SECONDS, lambda s: 0 <= s < float("inf"))
-    if seconds is None:
-        raise ValueError(
-            f"uv_project: {MEMO_ENV}={os.environ[MEMO_ENV]!r} must be a number of seconds >= 0 "
-            "(0: Ray's retries of a failed setup run uv again) in the environment of `ray start`."
-        )
-    return seconds
+    return (settings or NodeSettings.read()).failed_build_memo_s()
 
 
 def ray_failure_cache_seconds() -> int | None:

@@ -32,8 +32,9 @@ from ray_uv_plugin.agent.spec import (
     yields_to,
 )
 from ray_uv_plugin.agent.uv import UvSyncError, format_duration
+from ray_uv_plugin.settings import VENV_ENV, NodeSettings
 from ray_uv_plugin.store.holds import Hold
-from ray_uv_plugin.store.layout import VENV_ENV, venv_root
+from ray_uv_plugin.store.layout import venv_root
 from ray_uv_plugin.store.units import built_label
 
 if TYPE_CHECKING:
@@ -214,9 +215,10 @@ class UvProjectPlugin(RuntimeEnvPlugin):
             "local://"
         )
         files = load_project(resolve_project_dir(spec, working_dir), uploaded=uploaded)
-        root = venv_root()
+        node = NodeSettings.read()  # the node's settings, read once for this request
+        root = venv_root(node)
         request = make_request(spec, files, runtime_env.get("env_vars") or {})
-        outcome = await ensure_venv_async(request, root, logger)
+        outcome = await ensure_venv_async(request, root, logger, node.build_timeout_s())
         verb = "built" if outcome.built else "reused"
         took = time.perf_counter() - start
         # A reused venv says how it came to be: built here, seeded, or shipped from a node.

@@ -18,7 +18,6 @@ from packaging.utils import canonicalize_name
 
 from ray_uv_plugin.agent.lock_memo import LockMemo
 from ray_uv_plugin.agent.spec import ParsedUvProject
-from ray_uv_plugin.store import accounting
 
 
 class ProjectError(ValueError):
@@ -99,6 +98,10 @@ def lock_packages(files: ProjectFiles) -> list[dict]:
 
 
 def _locked_sources(files: ProjectFiles) -> LockedSources:
+    # Here, not at the top: the `uv run` driver hook, imported by every Ray driver, reads
+    # pyproject.toml files with this module and needs nothing of the venv dir's accounting.
+    from ray_uv_plugin.store.accounting import distributions_of
+
     packages = lock_packages(files)
     refers, copied, names = False, set(), []
     for package in packages:
@@ -124,7 +127,7 @@ def _locked_sources(files: ProjectFiles) -> LockedSources:
         refers_to_paths=refers,
         copied=tuple(sorted(copied)),
         copied_names=tuple(sorted(names)),
-        distributions=accounting.distributions_of(packages),
+        distributions=distributions_of(packages),
     )
 
 
@@ -206,10 +209,26 @@ def _upload_skips(name: str) -> str:
     )
 
 
+def read_pyproject(pyproject: Path) -> dict | None:
+    """A pyproject.toml, parsed; None where it cannot be read or is not TOML in UTF-8 (uv
+    would not take it for a project either). For files beside the request's: the `uv run`
+    hook's project discovery, and what a build copies."""
+    try:
+        return tomllib.loads(pyproject.read_text())
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return None
+
+
+def declared_name(pyproject: object) -> str | None:
+    """`[project] name` of a parsed pyproject.toml, where it is a string."""
+    table = pyproject.get("project") if isinstance(pyproject, dict) else None
+    name = table.get("name") if isinstance(table, dict) else None
+    return name if isinstance(name, str) else None
+
+
 def project_name(files: ProjectFiles) -> str:
     """`[project] name`, which `ray-uv list` shows beside the (often temporary) path."""
-    table = files.pyproject_table.get("project", {})
-    return str(table.get("name", "?")) if isinstance(table, dict) else "?"
+    return declared_name(files.pyproject_table) or "?"
 
 
 def _table(files: ProjectFiles, data: dict, key: str, where: str) -> dict:
@@ -357,10 +376,7 @@ def copied_sources(
 
 
 def _has_tool_uv(pyproject: Path) -> bool:
-    try:
-        return "uv" in tomllib.loads(pyproject.read_text()).get("tool", {})
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-        return False
+    return "uv" in (read_pyproject(pyproject) or {}).get("tool", {})
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from packaging.utils import canonicalize_name
 
 from ray_uv_plugin.agent.fields import BY_NAME, FIELDS, Field
 from ray_uv_plugin.agent.uv_env import check_build_env_vars
+from ray_uv_plugin.settings import OWN_CHOICE_FIELDS
 
 FIELD = "uv_project"
 
@@ -299,12 +300,6 @@ def is_uv_run_interpreter(py_executable: str) -> bool:
     except ValueError:  # an unbalanced quote: not a command line Ray could run either
         return False
     return len(words) >= 2 and os.path.basename(words[0]) == "uv" and words[1] == "run"
-
-
-# What an actor or task sets to choose its own interpreter or packages, defined here only (the
-# `uv run` driver hook's and worker groups' too). Ray merges its runtime_env over the job's
-# field by field, so it also inherits the job's `uv_project`.
-OWN_CHOICE_FIELDS = ("py_executable", "pip", "uv", "conda")
 
 
 def yields_to(spec: ParsedUvProject, runtime_env: Mapping[str, Any]) -> str | None:

@@ -13,16 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-UV_ENV_VAR = "RAY_UV_PLUGIN_UV"
+from ray_uv_plugin.settings import UV_ENV_VAR, NodeSettings
 
 
 class UvNotFoundError(FileNotFoundError):
     """No usable uv binary; the message says which setting to fix."""
 
 
-def find_uv() -> str:
+def find_uv(settings: NodeSettings | None = None) -> str:
     """`RAY_UV_PLUGIN_UV`, else `uv` on PATH, else the binary of the `uv` package we depend on."""
-    configured = os.environ.get(UV_ENV_VAR)
+    configured = (settings or NodeSettings.read()).uv_binary()
     if configured:
         if not os.path.isfile(configured) or not os.access(configured, os.X_OK):
             what = "is not executable" if os.path.isfile(configured) else "does not exist"

@@ -27,6 +27,7 @@ from ray_uv_plugin.cluster.connect import connect
 from ray_uv_plugin.cluster.node_result import NodeResult
 from ray_uv_plugin.cluster.options import PrepareOptions, PrepareReporter, Quiet
 from ray_uv_plugin.cluster.probe import Probes
+from ray_uv_plugin.settings import NodeSettings
 
 # Not uploaded with the project: Ray's working_dir upload has a size limit and needs none of it.
 EXCLUDES = [".venv", ".git", "__pycache__", "*.pyc", ".ruff_cache", ".pytest_cache"]
@@ -95,11 +96,10 @@ def prepare_nodes(
     (its env_vars may shape the venv), default `{"uv_project": spec.as_value()}`. `ready`: ids
     of nodes known to have the env ready already: the ship's source is one of them (no build),
     if any is in `nodes`."""
-    from ray_uv_plugin.ship import transfer as shipping
     from ray_uv_plugin.ship.launch import start_actors
 
     probes = Probes(probe_env or {"uv_project": spec.as_value()}, timeout)
-    ship = shipping.shipping_enabled() if ship is None else ship
+    ship = NodeSettings.read().ships() if ship is None else ship
     if not ship or len(nodes) < 2:
         for node in nodes:
             probes.submit(node)

@@ -45,7 +45,7 @@ def environment_report(
     packages: tuple[str, ...], venv_env: str, marker_name: str
 ) -> EnvironmentReport:
     """What the worker runs in: interpreter, venv, its ready-marker, and package versions.
-    `venv_env` and `marker_name` are `store.layout`'s `VENV_ENV` and `MARKER`."""
+    `venv_env` and `marker_name` are `settings.VENV_ENV` and `store.layout.MARKER`."""
     venv = os.environ.get(venv_env)  # set by the plugin in every worker
     marker: dict[str, Any] | None = None
     if venv:
@@ -158,7 +158,8 @@ class Probes:
     def submit(self, node: tuple[str, str]) -> None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from ray_uv_plugin.store.layout import MARKER, VENV_ENV
+        from ray_uv_plugin.settings import VENV_ENV
+        from ray_uv_plugin.store.layout import MARKER
 
         node_id, address = node
         ref = self._remote.options(

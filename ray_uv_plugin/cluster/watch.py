@@ -36,6 +36,7 @@ from ray_uv_plugin.cluster.options import (
     WatchOptions,
     WatchReporter,
 )
+from ray_uv_plugin.settings import NodeSettings
 
 if TYPE_CHECKING:
     from ray_uv_plugin.agent.spec import ParsedUvProject
@@ -81,9 +82,7 @@ def watch_nodes(
     (a group's env_vars may shape the venv, and so its key)."""
     import ray
 
-    from ray_uv_plugin.ship import transfer as shipping
-
-    ship = shipping.shipping_enabled() if options.ship is None else options.ship
+    ship = NodeSettings.read().ships() if options.ship is None else options.ship
     here = ray.get_runtime_context().get_node_id()
     results = {r.node_id: r for r in seen}
 

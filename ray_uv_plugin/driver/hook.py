@@ -21,8 +21,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.agent.spec import FIELD, OWN_CHOICE_FIELDS
+from ray_uv_plugin.agent.spec import FIELD
 from ray_uv_plugin.driver.uv_run import keeps_rays_uv_run, read_uv_run
+from ray_uv_plugin.settings import OWN_CHOICE_FIELDS, PREVIOUS_HOOK_ENV
 from ray_uv_plugin.store import trust
 
 logger = logging.getLogger(__name__)
@@ -37,8 +38,6 @@ OUR_HOOKS = (THIS_HOOK, PORTABLE_HOOK)
 # Ray's own `uv run` hook: on while this is unset or true, and then it replaces ours.
 RAY_UV_HOOK_ENV = "RAY_ENABLE_UV_RUN_RUNTIME_ENV"
 RAY_UV_HOOK = "ray._private.runtime_env.uv_runtime_env_hook.hook"
-# A hook that was set before ours: ours calls it first, so setting ours up drops nothing.
-PREVIOUS_HOOK_ENV = "RAY_UV_PLUGIN_PREVIOUS_HOOK"
 # A job runtime_env with one of these chose its workers' Python itself: Ray's behaviour stays.
 _OWN_CHOICE = (FIELD, *OWN_CHOICE_FIELDS)
 

@@ -1,25 +1,23 @@
 """Where uv finds a project from a directory, as `uv run` does from the driver's: the nearest
 pyproject.toml at or above it, the workspace above that which lists it, and whether uv installs
-the project itself. No Ray.
+the project itself, read as the agent reads a project (`agent.project`). No Ray.
 """
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from ray_uv_plugin.agent.project import declared_name, read_pyproject
+
 PLUGIN_NAME = "ray-uv-plugin"  # this package's distribution
 
 
 def _pyproject(directory: Path) -> dict[str, Any] | None:
-    try:
-        return tomllib.loads((directory / "pyproject.toml").read_text())
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-        return None
+    return read_pyproject(directory / "pyproject.toml")
 
 
 def _get(table: Any, *keys: str) -> Any:
@@ -34,8 +32,7 @@ def _get(table: Any, *keys: str) -> Any:
 
 def project_name(directory: Path) -> str | None:
     """`[project] name` of the pyproject.toml in `directory`, if it has one."""
-    name = _get(_pyproject(directory), "project", "name")
-    return name if isinstance(name, str) else None
+    return declared_name(_pyproject(directory))
 
 
 def is_package(directory: Path) -> bool:

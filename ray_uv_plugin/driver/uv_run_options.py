@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from ray_uv_plugin.agent.fields import FIELDS, uv_options
+from ray_uv_plugin.settings import boolish
 
 # The options that decide the selection, read by `uv_run._Selection.apply`; value: takes a value.
 # The table's fields' (`--extra`, `--no-locked`...; `--no-install-project` is no option of uv
@@ -178,7 +179,6 @@ ENV_VALUES = {
     "UV_FORK_STRATEGY": "--fork-strategy",
     "UV_LINK_MODE": "--link-mode",
 }
-_TRUE = {"1", "true", "yes", "y", "t", "on"}  # as uv reads a boolean env var
 # The options whose value names an extra, a group or a package: a blank one names none.
 NAMING = tuple(f.uv.split()[0] for f in FIELDS if f.kind in ("names", "name") and f.uv)
 
@@ -240,7 +240,7 @@ def env_options(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
     """The options the driver's env vars stand for, to be read before the command line's."""
     options: list[tuple[str, str | None]] = []
     for var, name in ENV_FLAGS.items():
-        if environ.get(var, "").strip().lower() in _TRUE:
+        if boolish(environ.get(var)):  # as uv reads a boolean env var
             options.append((name, None))
     for var, name in ENV_VALUES.items():
         if environ.get(var):

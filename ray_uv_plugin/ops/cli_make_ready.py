@@ -234,8 +234,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from ray_uv_plugin.agent.spec import UvProjectSpecError
     from ray_uv_plugin.agent.uv import UvSyncError
     from ray_uv_plugin.ops import check
+    from ray_uv_plugin.settings import VenvDirError
     from ray_uv_plugin.store import trust
-    from ray_uv_plugin.store.layout import VenvDirError
 
     project = Path(args.project).expanduser().resolve()
     spec = selection(args)

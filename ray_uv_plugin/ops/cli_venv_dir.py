@@ -89,10 +89,12 @@ def _json_row(e: VenvEntry, size: int) -> dict[str, Any]:
 def _limits(root: Path, held: int) -> dict[str, Any]:
     """The venv dir's budget and build limit as this shell's environment sets them (run `list`
     with the node's settings), what the budget holds, and the builds running and queued now."""
+    from ray_uv_plugin.settings import NodeSettings
     from ray_uv_plugin.store import budget, build_slots
 
-    limit = budget.venv_dir_budget()
-    max_builds = build_slots.max_builds()
+    node = NodeSettings.read()
+    limit = budget.venv_dir_budget(node)
+    max_builds = build_slots.max_builds(node)
     tickets = build_slots.living_tickets(root)
     return {
         "budget_bytes": limit,  # null: no budget
@@ -104,8 +106,7 @@ def _limits(root: Path, held: int) -> dict[str, Any]:
 
 
 def _limit_lines(limits: dict[str, Any]) -> list[str]:
-    from ray_uv_plugin.store.budget import VENV_DIR_MAX_BYTES_ENV
-    from ray_uv_plugin.store.build_slots import MAX_BUILDS_ENV
+    from ray_uv_plugin.settings import MAX_BUILDS_ENV, VENV_DIR_MAX_BYTES_ENV
 
     limit, held = limits["budget_bytes"], limits["budget_held_bytes"]
     if limit is None:
@@ -124,8 +125,9 @@ def _limit_lines(limits: dict[str, Any]) -> list[str]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from ray_uv_plugin.settings import VenvDirError
     from ray_uv_plugin.store import disk, inventory, trust
-    from ray_uv_plugin.store.layout import VenvDirError, lock_path, venv_root
+    from ray_uv_plugin.store.layout import lock_path, venv_root
 
     try:
         root = venv_root()
@@ -239,8 +241,9 @@ def gc_json(root: Path, report: GcReport) -> dict[str, Any]:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    from ray_uv_plugin.settings import VenvDirError
     from ray_uv_plugin.store import gc, trust
-    from ray_uv_plugin.store.layout import VenvDirError, venv_root
+    from ray_uv_plugin.store.layout import venv_root
 
     try:
         root = venv_root()

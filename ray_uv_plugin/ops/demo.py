@@ -20,7 +20,8 @@ from ray_uv_plugin.cluster.connect import init_unhooked
 from ray_uv_plugin.cluster.prepare import EXCLUDES
 from ray_uv_plugin.cluster.probe import EnvironmentReport
 from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
-from ray_uv_plugin.store.layout import MARKER, VENV_ENV
+from ray_uv_plugin.settings import VENV_ENV
+from ray_uv_plugin.store.layout import MARKER
 
 DEMO_EXTRAS = ("banner", "toml")
 DEMO_PACKAGES = ("pyfiglet", "tomli-w", "ray")

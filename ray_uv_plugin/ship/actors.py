@@ -6,7 +6,6 @@ other is typed in `messages`.
 
 from __future__ import annotations
 
-import errno
 import os
 import platform
 import queue
@@ -18,10 +17,10 @@ from typing import Any
 
 import ray
 
-from ray_uv_plugin.agent.build import no_space
 from ray_uv_plugin.agent.phase_events import PhaseEvents
 from ray_uv_plugin.agent.request import KeyInputs
 from ray_uv_plugin.agent.uv_env import sync_environment
+from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV
 from ray_uv_plugin.ship import archive, delta, unpack
 from ray_uv_plugin.ship.build_target import build_target, local_builds, target_differs
 from ray_uv_plugin.ship.install import install_received
@@ -35,8 +34,8 @@ from ray_uv_plugin.ship.messages import (
     check_offer,
 )
 from ray_uv_plugin.store import outcomes, trust
-from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, BuildLock, build_timeout, hold_shared
-from ray_uv_plugin.store.disk import venv_size
+from ray_uv_plugin.store.build_lock import BuildLock, build_timeout, hold_shared
+from ray_uv_plugin.store.disk import NO_SPACE, disk_full, venv_size
 from ray_uv_plugin.store.layout import (
     check_ready,
     lock_path,
@@ -192,10 +191,10 @@ class VenvReceiver:
             with self._guard:
                 return self._offer(offer, settings)
         except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT) or offer is None:
+            if e.errno not in NO_SPACE or offer is None:
                 raise self._fail("checking the offer", e) from e
-            venv = self.root / offer.key
-            raise self._fail("checking the offer", OSError(no_space(venv, "receiving"))) from e
+            full = disk_full(self.root, f"while receiving {offer.key}")
+            raise self._fail("checking the offer", OSError(full)) from e
         except Exception as e:
             raise self._fail("checking the offer", e) from e
 

@@ -33,13 +33,13 @@ What is checked, and what may go where:
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from dataclasses import replace
 from typing import Any
 
 import ray
 
+from ray_uv_plugin.settings import NodeSettings
 from ray_uv_plugin.ship import delta
 from ray_uv_plugin.ship.launch import (
     ShipActors,
@@ -51,19 +51,7 @@ from ray_uv_plugin.ship.messages import OfferAnswer, ShipResult
 from ray_uv_plugin.ship.options import QuietShipReporter, ShipOptions, ShipReporter
 from ray_uv_plugin.ship.stream import Stream, each_answer, node_error
 
-SHIP_ENV = "RAY_UV_PLUGIN_SHIP"  # "0" on the driver: `prepare` and worker groups never ship
-# "0" on the driver: a ship sends the whole venv, never the difference from a receiver's seed
-# (`delta`): where the link is faster than a node's disk copies them.
-SEEDS_ENV = "RAY_UV_PLUGIN_SHIP_SEEDS"
 ACTOR_START = 60.0  # besides the stall timeout, for an actor's first answer: its process starts
-
-
-def _on(name: str) -> bool:
-    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def shipping_enabled() -> bool:
-    return _on(SHIP_ENV)
 
 
 def _addresses() -> dict[str, str]:
@@ -135,7 +123,7 @@ def ship(
                 reporter.decided(n, "failed")
             return {**results, **{n: ShipResult(n, "failed", why=why) for n in targets}}
         offer = replace(offer, node_id=source_node)
-        if not _on(SEEDS_ENV):
+        if not NodeSettings.read().ships_seeds():
             offer = replace(offer, files=())  # nothing a receiver may take from its seed
         marks.append(time.monotonic())
         offers = {n: r.offer.remote(offer, options.settings) for n, r in actors.receivers.items()}

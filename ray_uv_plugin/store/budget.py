@@ -29,20 +29,16 @@ before the venv is published, by removing the least recently used venvs that not
 from __future__ import annotations
 
 import contextlib
-import os
-import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV, VENV_DIR_MAX_BYTES_ENV, NodeSettings
 from ray_uv_plugin.store import disk, gc
-from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, BuildLock, poll_delays
-from ray_uv_plugin.store.layout import BUDGET_LOCK, VenvDirError
+from ray_uv_plugin.store.build_lock import BuildLock, poll_delays
+from ray_uv_plugin.store.layout import BUDGET_LOCK
 from ray_uv_plugin.store.units import format_bytes
 
-VENV_DIR_MAX_BYTES_ENV = "RAY_UV_PLUGIN_VENV_DIR_MAX_BYTES"
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?$", re.IGNORECASE)
-_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 ROUNDS = 3  # collect again while a chosen venv was used meanwhile and others may go instead
 _READY = disk.ReadyTrees()  # the ready venvs this process measured: walked once (`make_room`)
 
@@ -51,28 +47,10 @@ class OverBudget(RuntimeError):
     """The new venv does not fit the venv dir's budget and nothing more can be removed."""
 
 
-def parse_size(text: str) -> int | None:
-    """Bytes from `50G`, `1.5T`, `500MiB`, `1048576` (K, M, G, T: powers of 1024, as `du -h`
-    and `ray-uv list` print them); None for anything else or less than one byte."""
-    found = _SIZE.match(text.strip())
-    if found is None:
-        return None
-    size = int(float(found[1]) * _UNITS[found[2].upper()])
-    return size if size >= 1 else None
-
-
-def venv_dir_budget() -> int | None:
-    """The budget in bytes, None if unset; a value that is no size raises `VenvDirError`."""
-    value = os.environ.get(VENV_DIR_MAX_BYTES_ENV, "").strip()
-    if not value:
-        return None
-    size = parse_size(value)
-    if size is None:
-        raise VenvDirError(
-            f"uv_project: {VENV_DIR_MAX_BYTES_ENV}={value!r} is no size: set bytes, or a number "
-            "with K, M, G or T (powers of 1024), e.g. 50G; unset it for no budget."
-        )
-    return size
+def venv_dir_budget(settings: NodeSettings | None = None) -> int | None:
+    """The budget in bytes (`settings`', else this process's), None if unset; a value that is
+    no size raises `VenvDirError`."""
+    return (settings or NodeSettings.read()).budget_bytes()
 
 
 class BudgetBusy(TimeoutError):

@@ -12,30 +12,22 @@ import asyncio
 import errno
 import fcntl
 import os
-import shutil
 import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ray_uv_plugin.settings import NodeSettings
 from ray_uv_plugin.store import trust
-from ray_uv_plugin.store.layout import VenvDirError, seconds_setting
+from ray_uv_plugin.store.disk import NO_SPACE, disk_full
 
-BUILD_TIMEOUT_ENV = "RAY_UV_PLUGIN_BUILD_TIMEOUT_S"
-DEFAULT_BUILD_TIMEOUT = 1800.0  # a vLLM + torch env from a cold cache, on a slow link
 LOCK_MARGIN = 60.0  # a waiter gives up this long after the build it waits for must have ended
 
 
-def build_timeout() -> float:
+def build_timeout(settings: NodeSettings | None = None) -> float:
     """How long a build may hold its key's lock (`RAY_UV_PLUGIN_BUILD_TIMEOUT_S`): uv is killed
     then, a ship receiver gives up, and a waiter waits that plus `LOCK_MARGIN`."""
-    seconds = seconds_setting(BUILD_TIMEOUT_ENV, DEFAULT_BUILD_TIMEOUT, lambda s: not s <= 0)
-    if seconds is None:
-        value = os.environ[BUILD_TIMEOUT_ENV]
-        raise VenvDirError(
-            f"uv_project: {BUILD_TIMEOUT_ENV}={value!r} must be a number of seconds > 0."
-        )
-    return seconds
+    return (settings or NodeSettings.read()).build_timeout_s()
 
 
 class LockTimeout(TimeoutError):
@@ -44,9 +36,6 @@ class LockTimeout(TimeoutError):
 
 class DiskFullError(OSError):
     """The venv dir's disk has no room for a lock file; says where and what to do."""
-
-
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 class BuildLock:
@@ -98,7 +87,7 @@ class BuildLock:
             except FileExistsError:
                 pass
             except OSError as e:
-                if e.errno in _NO_SPACE:  # no room for even an empty file
+                if e.errno in NO_SPACE:  # no room for even an empty file
                     raise DiskFullError(self._disk_full()) from e
                 raise
             try:
@@ -114,21 +103,14 @@ class BuildLock:
             os.pwrite(fd, record, 0)
             os.ftruncate(fd, len(record))
         except OSError as e:
-            if e.errno not in _NO_SPACE:
+            if e.errno not in NO_SPACE:
                 raise
             if created:  # we hold it and it is our inode (checked): nobody else uses it
                 os.unlink(self.path)
             raise DiskFullError(self._disk_full()) from e
 
     def _disk_full(self) -> str:
-        root = self.path.parent
-        free = shutil.disk_usage(root).free
-        return (
-            f"uv_project: the disk of the venv dir {root} is full ({free / 1024**2:.0f} MiB "
-            f"free; or your disk quota is used up): no room for the build lock {self.path.name}. "
-            "Free space (`ray-uv gc --max-size ...`), or set RAY_UV_PLUGIN_VENV_DIR to a "
-            "larger disk. Nothing was built or kept."
-        )
+        return disk_full(self.path.parent, f"with no room for the build lock {self.path.name}")
 
     def release(self) -> None:
         if self._fd is not None:

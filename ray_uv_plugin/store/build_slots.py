@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import fcntl
 import math
 import os
@@ -42,18 +41,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV, MAX_BUILDS_ENV, NodeSettings
 from ray_uv_plugin.store import trust
-from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, DiskFullError, poll_delays
-from ray_uv_plugin.store.layout import BUDGET_LOCK, BUILD_TICKET_PREFIX, VenvDirError
+from ray_uv_plugin.store.build_lock import DiskFullError, poll_delays
+from ray_uv_plugin.store.disk import NO_SPACE, disk_full
+from ray_uv_plugin.store.layout import BUDGET_LOCK, BUILD_TICKET_PREFIX
 
-MAX_BUILDS_ENV = "RAY_UV_PLUGIN_MAX_BUILDS"
 _NAME = r"\d{20}-\d+-[0-9a-f]{8}"
 TICKET = re.compile(rf"^{re.escape(BUILD_TICKET_PREFIX)}{_NAME}$")
 NEW_PREFIX = f"{BUILD_TICKET_PREFIX}new-"  # a ticket being made: not counted; removed once old
 NEW_TICKET = re.compile(rf"^{re.escape(NEW_PREFIX)}{_NAME}$")
 STALE_NEW_SECONDS = 60.0
 REPORT_EVERY = 10.0  # at most one "still waiting" line per this many seconds
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 class SlotTimeout(TimeoutError):
@@ -95,17 +94,10 @@ def default_max_builds() -> int:
     return usable_cores(len(os.sched_getaffinity(0)), _cgroup_cpu_max())
 
 
-def max_builds() -> int:
-    """Builds at once per venv dir (`RAY_UV_PLUGIN_MAX_BUILDS`; unset: `default_max_builds`)."""
-    value = os.environ.get(MAX_BUILDS_ENV, "").strip()
-    if not value:
-        return default_max_builds()
-    if value.isdigit() and int(value) >= 1:
-        return int(value)
-    raise VenvDirError(
-        f"uv_project: {MAX_BUILDS_ENV}={value!r} must be a whole number >= 1 (builds at once "
-        f"per venv dir); unset, it is this node's usable cores ({default_max_builds()})."
-    )
+def max_builds(settings: NodeSettings | None = None) -> int:
+    """Builds at once per venv dir (`RAY_UV_PLUGIN_MAX_BUILDS` of `settings`, else of this
+    process; unset: `default_max_builds`)."""
+    return (settings or NodeSettings.read()).max_builds_at_once(default_max_builds)
 
 
 @dataclass(frozen=True)
@@ -206,13 +198,9 @@ class BuildSlot:
         try:
             fd = trust.open_no_follow(new, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
         except OSError as e:
-            if e.errno in _NO_SPACE:
-                raise DiskFullError(
-                    f"uv_project: the disk of the venv dir {self.root} is full (or your disk "
-                    f"quota is used up): no room for a build ticket {new.name}. Free space "
-                    "(`ray-uv gc --max-size ...`), or set RAY_UV_PLUGIN_VENV_DIR to a larger "
-                    "disk. Nothing was built or kept."
-                ) from e
+            if e.errno in NO_SPACE:
+                why = disk_full(self.root, f"with no room for a build ticket {new.name}")
+                raise DiskFullError(why) from e
             raise
         try:
             os.fchmod(fd, mode)  # whatever the umask: the trusted group must open it too

@@ -7,16 +7,32 @@ it is counted as far as we can see (the venv dir may be changing while we walk i
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import stat
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ray_uv_plugin.settings import VENV_DIR_ENV
 from ray_uv_plugin.store.layout import MARKER
 
 Inode = tuple[int, int]  # (st_dev, st_ino)
+# A write that found no room: no free block, or this user's disk quota used up.
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_full(root: Path, what: str) -> str:
+    """What a write under the venv dir `root` that failed with one of `NO_SPACE` says: `what`
+    found no room (`while building <key>`, `with no room for the build lock <key>.lock`)."""
+    free = shutil.disk_usage(root).free
+    return (
+        f"uv_project: the disk of the venv dir {root} is full ({free / 1024**2:.0f} MiB free, "
+        f"or your disk quota is used up) {what}: free space (`ray-uv gc --max-size ...`), or "
+        f"set {VENV_DIR_ENV} to a larger disk. Nothing half-built was kept."
+    )
 
 
 def walk(path: Path) -> Iterator[os.stat_result]:

@@ -21,15 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ray_uv_plugin.settings import VenvDirError
 from ray_uv_plugin.store import build_slots, holds, outcomes, phases, trust
-from ray_uv_plugin.store.layout import (
-    KEY_LENGTH,
-    MARKER,
-    SHIP_INFIX,
-    VenvDirError,
-    lock_path,
-    read_marker,
-)
+from ray_uv_plugin.store.layout import KEY_LENGTH, MARKER, SHIP_INFIX, lock_path, read_marker
 from ray_uv_plugin.store.ownership import build_record, kind, lock_form, lock_held, lstat
 from ray_uv_plugin.store.processes import processes
 

@@ -2,7 +2,7 @@
 
 Every role reads it: the plugin (in Ray's runtime-env agent) builds and reuses venvs here, a
 ship receiver installs venvs here, and `list`/`gc` read and prune it. So this module imports
-only `trust` and the standard library.
+only the settings, `trust`, `freezing` and the standard library.
 
 Layout under the venv dir (`RAY_UV_PLUGIN_VENV_DIR`, absolute, private to this user: `trust`):
     <key>/                 the venv, made by `uv sync` with UV_PROJECT_ENVIRONMENT=<key>,
@@ -40,18 +40,14 @@ import json
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ray_uv_plugin.settings import NodeSettings
 from ray_uv_plugin.store import freezing, trust
 
-VENV_DIR_ENV = "RAY_UV_PLUGIN_VENV_DIR"
-DEFAULT_VENV_DIR = Path("~/.cache/ray-uv-plugin/venvs")
-# Set by the plugin in every worker it starts in a venv: the venv's path (for `ray-uv gc`, which
-# must not remove it, and for the worker's own code: worker groups, the in-venv probe).
-VENV_ENV = "RAY_UV_PLUGIN_VENV"
 KEY_LENGTH = 16  # hex digits of a venv's key: its dir's name
 MARKER = ".ray-uv-ready"
 MARKER_FORMAT = 1
@@ -67,38 +63,15 @@ PHASE_PREFIX = ".phase-"  # `.phase-<key>`: what a build or receive of <key> doe
 DIST_INFO = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)\.dist-info$")
 
 
-class VenvDirError(ValueError):
-    """A node setting of ours that cannot be used; says what to set."""
-
-
-def venv_root() -> Path:
-    """The venv dir, with the symlinks on its way that we trust resolved (`trust.resolve_root`),
-    so that a link changed later cannot move the venvs that workers were handed."""
-    root = Path(os.environ.get(VENV_DIR_ENV) or DEFAULT_VENV_DIR).expanduser()
-    if not root.is_absolute():
-        raise VenvDirError(
-            f"uv_project: {VENV_DIR_ENV}={str(root)!r} is relative, so it would mean another "
-            "directory in every worker and session: set an absolute path in the environment "
-            "of `ray start` on every node."
-        )
+def venv_root(settings: NodeSettings | None = None) -> Path:
+    """The venv dir (`settings`', else this process's), with the symlinks on its way that we
+    trust resolved (`trust.resolve_root`), so that a link changed later cannot move the venvs
+    that workers were handed."""
+    root = (settings or NodeSettings.read()).venv_dir_path()
     try:
         return trust.resolve_root(root, must_exist=False)
     except OSError:
         return root  # as given: `trust.check_root`, which every use of it passes, says why
-
-
-def seconds_setting(name: str, default: float, valid: Callable[[float], bool]) -> float | None:
-    """A node setting in seconds, from the environment of `ray start`: `default` where it is
-    unset or empty, None where it is no number `valid` accepts (the caller says what it must
-    be)."""
-    value = os.environ.get(name)
-    if not value:
-        return default
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if valid(seconds) else None
 
 
 def lock_path(root: Path, key: str) -> Path:

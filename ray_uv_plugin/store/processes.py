@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ray_uv_plugin.settings import VENV_ENV
 from ray_uv_plugin.store import holds, trust
-from ray_uv_plugin.store.layout import VENV_ENV
 
 VENV_SETTING = f"{VENV_ENV}=".encode()  # in a worker's /proc/<pid>/environ
 OLD_VENV_SETTING = b"VIRTUAL_ENV="  # what versions before it set

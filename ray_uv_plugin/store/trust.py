@@ -31,7 +31,7 @@ import shlex
 import stat
 from pathlib import Path
 
-TRUSTED_GROUP_ENV = "RAY_UV_PLUGIN_TRUSTED_GROUP"
+from ray_uv_plugin.settings import TRUSTED_GROUP_ENV, NodeSettings
 
 
 class UntrustedPathError(PermissionError):
@@ -42,9 +42,9 @@ class WrongTypeError(UntrustedPathError):
     """A trusted path of the wrong kind: a file where a directory belongs, or the reverse."""
 
 
-def trusted_gid() -> int | None:
-    value = os.environ.get(TRUSTED_GROUP_ENV, "").strip()
-    if not value:
+def trusted_gid(settings: NodeSettings | None = None) -> int | None:
+    value = (settings or NodeSettings.read()).trusted_group_name()
+    if value is None:
         return None
     if value.isdigit():
         return int(value)

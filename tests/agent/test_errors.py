@@ -16,8 +16,9 @@ import pytest
 from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import ProjectError, check_ray_pin, load_project
 from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.agent.uv import UV_ENV_VAR, UvNotFoundError, UvResult, UvSyncError, sync_failure
-from ray_uv_plugin.store.layout import VENV_DIR_ENV, VenvDirError, venv_root
+from ray_uv_plugin.agent.uv import UvNotFoundError, UvResult, UvSyncError, sync_failure
+from ray_uv_plugin.settings import UV_ENV_VAR, VENV_DIR_ENV, VenvDirError
+from ray_uv_plugin.store.layout import venv_root
 from ray_uv_plugin.store.trust import UntrustedPathError
 from tests.support.uvproject import RAY_PIN, CountingUv, left_in, write_project
 

@@ -21,11 +21,11 @@ from ray.exceptions import RuntimeEnvSetupError
 
 from ray_uv_plugin.agent import failed_builds
 from ray_uv_plugin.agent.builder import ensure_venv
-from ray_uv_plugin.agent.failed_builds import MEMO_ENV, RAY_CACHE_ENV
+from ray_uv_plugin.agent.failed_builds import RAY_CACHE_ENV
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.agent.uv import UV_ENV_VAR, UvResult, UvSyncError, find_uv, run_uv, sync_failure
-from ray_uv_plugin.store.layout import VENV_DIR_ENV
+from ray_uv_plugin.agent.uv import UvResult, UvSyncError, find_uv, run_uv, sync_failure
+from ray_uv_plugin.settings import FAILED_BUILD_MEMO_ENV, UV_ENV_VAR, VENV_DIR_ENV
 from tests.support.uvproject import CountingUv, tamper_hashes, write_project
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,7 +205,7 @@ def test_the_message_says_how_long_ray_keeps_the_failure_and_how_to_retry_now(
     from ray._private.runtime_env.agent import runtime_env_consts
 
     monkeypatch.setattr(runtime_env_consts, RAY_CACHE_ENV, 123)
-    monkeypatch.setenv(MEMO_ENV, "45")
+    monkeypatch.setenv(FAILED_BUILD_MEMO_ENV, "45")
     venv = tmp_path / "venvs" / "0123456789abcdef"
     failed_builds.remember(venv, "inputs", "uv_project: it failed")
     failure = failed_builds.recent(venv, "inputs")
@@ -225,14 +225,16 @@ def test_the_message_says_how_long_ray_keeps_the_failure_and_how_to_retry_now(
     assert 'change the runtime_env\'s env_vars (e.g. add "RETRY": "1")' in message
     assert "or lower it in the environment of `ray start`" in message
     assert failed_builds.recent(venv, "other inputs") is None
-    monkeypatch.setenv(MEMO_ENV, "0")
+    monkeypatch.setenv(FAILED_BUILD_MEMO_ENV, "0")
     assert failed_builds.recent(venv, "inputs") is None
 
 
 @pytest.mark.parametrize("value", ["soon", "-1", "nan", "inf"])
 def test_a_bad_memo_setting_says_what_to_set(monkeypatch, value):
-    monkeypatch.setenv(MEMO_ENV, value)
-    with pytest.raises(ValueError, match=f"{MEMO_ENV}='{value}' must be a number of seconds >= 0"):
+    monkeypatch.setenv(FAILED_BUILD_MEMO_ENV, value)
+    with pytest.raises(
+        ValueError, match=f"{FAILED_BUILD_MEMO_ENV}='{value}' must be a number of seconds >= 0"
+    ):
         failed_builds.recent(Path("/v/k"), "inputs")
 
 
@@ -244,14 +246,14 @@ WINDOW = 8  # seconds, for Ray's cache of failures and for the memo
 @pytest.fixture(scope="module")
 def ray_with_short_memories(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ray-failed")
-    names = (UV_ENV_VAR, VENV_DIR_ENV, MEMO_ENV, RAY_CACHE_ENV)
+    names = (UV_ENV_VAR, VENV_DIR_ENV, FAILED_BUILD_MEMO_ENV, RAY_CACHE_ENV)
     saved = {k: os.environ.get(k) for k in names}
     uv = CountingUv(tmp / "uvbin")
     os.environ.update(
         {
             UV_ENV_VAR: str(uv.path),
             VENV_DIR_ENV: str(tmp / "venvs"),
-            MEMO_ENV: str(WINDOW),
+            FAILED_BUILD_MEMO_ENV: str(WINDOW),
             RAY_CACHE_ENV: str(WINDOW),
         }
     )
@@ -301,7 +303,7 @@ def test_the_memo_holds_one_failure_per_venv_and_inputs_for_its_window(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(failed_builds, "ray_failure_cache_seconds", lambda: 600)
-    monkeypatch.setenv(MEMO_ENV, "60")
+    monkeypatch.setenv(FAILED_BUILD_MEMO_ENV, "60")
     venv = tmp_path / "0123456789abcdef"
     failed_builds.remember(venv, "inputs-a", "uv_project: it failed")
     failure = failed_builds.recent(venv, "inputs-a")
@@ -311,12 +313,12 @@ def test_the_memo_holds_one_failure_per_venv_and_inputs_for_its_window(
     assert "with this error for 600s" in said
     assert failed_builds.recent(venv, "inputs-b") is None  # other settings: built again
     assert failed_builds.recent(tmp_path / "fedcba9876543210", "inputs-a") is None
-    monkeypatch.setenv(MEMO_ENV, "0.05")
+    monkeypatch.setenv(FAILED_BUILD_MEMO_ENV, "0.05")
     time.sleep(0.1)
     assert failed_builds.recent(venv, "inputs-a") is None  # the window is over
 
 
 def test_a_zero_memo_remembers_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(MEMO_ENV, "0")
+    monkeypatch.setenv(FAILED_BUILD_MEMO_ENV, "0")
     failed_builds.remember(tmp_path / "v", "inputs", "uv_project: it failed")
     assert failed_builds.recent(tmp_path / "v", "inputs") is None

@@ -16,7 +16,7 @@ import ray
 from ray.exceptions import RuntimeEnvSetupError
 
 from ray_uv_plugin.agent.uv import find_uv
-from ray_uv_plugin.store.layout import VENV_DIR_ENV
+from ray_uv_plugin.settings import VENV_DIR_ENV
 from tests.support.uvproject import write_project
 
 pytestmark = pytest.mark.timeout(900)

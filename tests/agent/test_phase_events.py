@@ -21,9 +21,10 @@ from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import make_request
 from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.agent.uv import UvSyncError, find_uv
+from ray_uv_plugin.settings import MAX_BUILDS_ENV
 from ray_uv_plugin.store import outcomes, phases
 from ray_uv_plugin.store.build_lock import BuildLock
-from ray_uv_plugin.store.build_slots import MAX_BUILDS_ENV, BuildSlot
+from ray_uv_plugin.store.build_slots import BuildSlot
 from ray_uv_plugin.store.layout import lock_path
 from ray_uv_plugin.store.setup_state import SetupState, read_setup
 from ray_uv_plugin.store.units import format_bytes

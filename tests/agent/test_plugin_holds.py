@@ -24,9 +24,9 @@ from ray_uv_plugin.agent.builder import Outcome, ensure_venv
 from ray_uv_plugin.agent.plugin import RELEASED_AT_ONCE, UvProjectPlugin
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.settings import VENV_DIR_ENV, VENV_DIR_MAX_BYTES_ENV
 from ray_uv_plugin.store import holds, processes
-from ray_uv_plugin.store.budget import VENV_DIR_MAX_BYTES_ENV
-from ray_uv_plugin.store.layout import MARKER, VENV_DIR_ENV
+from ray_uv_plugin.store.layout import MARKER
 from tests.support.uvproject import project_variants, write_project
 
 GIB = 1024**3

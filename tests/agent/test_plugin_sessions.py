@@ -14,8 +14,9 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ray_uv_plugin.agent.uv import UV_ENV_VAR, find_uv
-from ray_uv_plugin.store.layout import MARKER, VENV_DIR_ENV
+from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.settings import UV_ENV_VAR, VENV_DIR_ENV
+from ray_uv_plugin.store.layout import MARKER
 from tests.support.uvproject import CountingUv, write_project
 
 ROOT = Path(__file__).resolve().parents[2]

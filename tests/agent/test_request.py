@@ -11,8 +11,9 @@ import pytest
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import KeyInputs, make_request
 from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.agent.uv import UV_ENV_VAR, find_uv
+from ray_uv_plugin.agent.uv import find_uv
 from ray_uv_plugin.agent.uv_env import UvEnvError
+from ray_uv_plugin.settings import UV_ENV_VAR
 from tests.support.uvproject import write_project
 
 

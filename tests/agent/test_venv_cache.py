@@ -16,7 +16,8 @@ import ray
 from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import ProjectError, load_project
 from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.agent.uv import UV_ENV_VAR, UvSyncError
+from ray_uv_plugin.agent.uv import UvSyncError
+from ray_uv_plugin.settings import UV_ENV_VAR
 from ray_uv_plugin.store.layout import MARKER, read_marker
 from tests.support.uvproject import CountingUv, write_project
 

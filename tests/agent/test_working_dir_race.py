@@ -17,7 +17,7 @@ import pytest
 import ray
 
 import ray_uv_plugin
-from ray_uv_plugin.store.layout import VENV_DIR_ENV
+from ray_uv_plugin.settings import VENV_DIR_ENV
 from tests.support.sleep_plugin import PLUGIN
 from tests.support.uvproject import write_project
 

@@ -21,9 +21,9 @@ from ray_uv_plugin.agent.builder import ensure_venv, ensure_venv_async
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import make_request
 from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.agent.uv import UV_ENV_VAR, UvSyncError, find_uv
-from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV, LockTimeout
-from ray_uv_plugin.store.layout import VENV_DIR_ENV
+from ray_uv_plugin.agent.uv import UvSyncError, find_uv
+from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV, UV_ENV_VAR, VENV_DIR_ENV
+from ray_uv_plugin.store.build_lock import LockTimeout
 from tests.support.uvproject import (
     CountingUv,
     left_in,

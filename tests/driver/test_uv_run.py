@@ -25,7 +25,6 @@ from ray_uv_plugin.agent.uv import find_uv
 from ray_uv_plugin.driver.hook import (
     HOOK_PATH,
     PORTABLE_HOOK,
-    PREVIOUS_HOOK_ENV,
     RAY_UV_HOOK,
     THIS_HOOK,
     hook_settings,
@@ -34,6 +33,7 @@ from ray_uv_plugin.driver.uv_run import read_uv_run
 from ray_uv_plugin.driver.uv_run_options import IGNORED, UNMAPPABLE, split_options
 from ray_uv_plugin.registration import UvProject
 from ray_uv_plugin.schema import load_schema
+from ray_uv_plugin.settings import PREVIOUS_HOOK_ENV
 
 PY = "3.11.7"
 ROOT = Path(__file__).resolve().parents[2]

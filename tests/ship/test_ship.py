@@ -373,9 +373,9 @@ def whole_venvs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whole venvs on the link (`RAY_UV_PLUGIN_SHIP_SEEDS=0`, read by the driver's `ship`): a
     fault mid-stream needs a stream of many chunks, and the earlier tests' venvs on node B are
     near enough to seed all but a few MB of this one."""
-    from ray_uv_plugin.ship.transfer import SEEDS_ENV
+    from ray_uv_plugin.settings import SHIP_SEEDS_ENV
 
-    monkeypatch.setenv(SEEDS_ENV, "0")
+    monkeypatch.setenv(SHIP_SEEDS_ENV, "0")
 
 
 def wait_free(lock: Path, seconds: float = 120) -> None:
@@ -678,8 +678,8 @@ def test_a_stalled_receiver_is_given_up_alone(two_nodes, tmp_path: Path) -> None
 def test_a_receiver_lets_go_of_the_lock_by_itself(two_nodes, tmp_path: Path) -> None:
     """The driver stalls mid-ship; B's receiver gives the key's lock up once it has held it
     for RAY_UV_PLUGIN_BUILD_TIMEOUT_S (5 s here), as long as a build may hold it."""
+    from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV
     from ray_uv_plugin.ship.transfer import ship
-    from ray_uv_plugin.store.build_lock import BUILD_TIMEOUT_ENV
 
     _, _, b = two_nodes
     key = build_on_driver_node(new_project(tmp_path))

@@ -21,20 +21,18 @@ from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import make_request
 from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.agent.uv import UV_ENV_VAR, UvSyncError
-from ray_uv_plugin.store import budget, disk
-from ray_uv_plugin.store.budget import VENV_DIR_MAX_BYTES_ENV, parse_size
-from ray_uv_plugin.store.build_slots import MAX_BUILDS_ENV
-from ray_uv_plugin.store.freezing import remove_tree
-from ray_uv_plugin.store.layout import (
-    BUDGET_LOCK,
-    MARKER,
-    MARKER_FORMAT,
+from ray_uv_plugin.agent.uv import UvSyncError
+from ray_uv_plugin.settings import (
+    MAX_BUILDS_ENV,
+    UV_ENV_VAR,
     VENV_DIR_ENV,
+    VENV_DIR_MAX_BYTES_ENV,
     VenvDirError,
-    lock_path,
-    write_marker,
+    parse_size,
 )
+from ray_uv_plugin.store import budget, disk
+from ray_uv_plugin.store.freezing import remove_tree
+from ray_uv_plugin.store.layout import BUDGET_LOCK, MARKER, MARKER_FORMAT, lock_path, write_marker
 from ray_uv_plugin.store.trust import UntrustedPathError
 from ray_uv_plugin.store.units import format_bytes
 from tests.store.test_build_slots import hold_slot, kill

@@ -11,16 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV, DEFAULT_BUILD_TIMEOUT, VenvDirError
 from ray_uv_plugin.store.build_lock import (
-    BUILD_TIMEOUT_ENV,
-    DEFAULT_BUILD_TIMEOUT,
     BuildLock,
     LockTimeout,
     build_timeout,
     hold_shared,
     is_held,
 )
-from ray_uv_plugin.store.layout import VenvDirError
 
 
 @pytest.fixture

@@ -22,16 +22,11 @@ from ray_uv_plugin.agent.builder import ensure_venv, ensure_venv_async
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import make_request
 from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.agent.uv import UV_ENV_VAR
+from ray_uv_plugin.settings import MAX_BUILDS_ENV, UV_ENV_VAR, VENV_DIR_ENV, VenvDirError
 from ray_uv_plugin.store import build_slots, outcomes
 from ray_uv_plugin.store.build_lock import BuildLock
-from ray_uv_plugin.store.build_slots import (
-    MAX_BUILDS_ENV,
-    SlotTimeout,
-    Standing,
-    usable_cores,
-)
-from ray_uv_plugin.store.layout import VENV_DIR_ENV, VenvDirError, lock_path
+from ray_uv_plugin.store.build_slots import SlotTimeout, Standing, usable_cores
+from ray_uv_plugin.store.layout import lock_path
 from ray_uv_plugin.store.setup_state import read_setup
 from tests.support.uvproject import CountingUv, project_variants, write_project
 

@@ -23,6 +23,7 @@ import pytest
 from ray_uv_plugin.agent.builder import ensure_venv
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.settings import VenvDirError
 from ray_uv_plugin.store import (
     build_lock,
     disk,
@@ -34,7 +35,7 @@ from ray_uv_plugin.store import (
     units,
 )
 from ray_uv_plugin.store.inventory import BUILDING, INCOMPLETE, READY, UNTRUSTED, VenvEntry
-from ray_uv_plugin.store.layout import MARKER, MARKER_FORMAT, VenvDirError, lock_path, write_marker
+from ray_uv_plugin.store.layout import MARKER, MARKER_FORMAT, lock_path, write_marker
 from tests.support.uvproject import write_project
 
 DAY = 86400.0

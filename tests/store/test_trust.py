@@ -21,9 +21,10 @@ from ray_uv_plugin.agent.builder import Outcome, ensure_venv, lookup
 from ray_uv_plugin.agent.project import load_project
 from ray_uv_plugin.agent.request import make_request
 from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.settings import TRUSTED_GROUP_ENV, VENV_DIR_ENV
 from ray_uv_plugin.store.build_lock import BuildLock, DiskFullError
-from ray_uv_plugin.store.layout import MARKER, VENV_DIR_ENV, lock_path, read_marker, venv_root
-from ray_uv_plugin.store.trust import TRUSTED_GROUP_ENV, UntrustedPathError, check_root, make_root
+from ray_uv_plugin.store.layout import MARKER, lock_path, read_marker, venv_root
+from ray_uv_plugin.store.trust import UntrustedPathError, check_root, make_root
 from tests.support.uvproject import write_project
 
 
@@ -252,7 +253,8 @@ def test_the_plugin_gives_workers_the_resolved_python(project, tmp_path, monkeyp
     `RAY_UV_PLUGIN_VENV` it sets are under the link's target, not the link."""
     from ray._private.runtime_env.context import RuntimeEnvContext
 
-    from ray_uv_plugin.agent.plugin import VENV_ENV, UvProjectPlugin
+    from ray_uv_plugin.agent.plugin import UvProjectPlugin
+    from ray_uv_plugin.settings import VENV_ENV
 
     shared = sticky_dir(tmp_path)
     private = private_root(tmp_path)
