@@ -100,8 +100,7 @@ def _truth_words(node: ast.AST) -> bool:
     return bool(words & {"true", "false"})
 
 
-# Modules that still spell out a boolean of their own: each is to read it with `boolish`.
-SPELLED_OUT = {"ray_uv_plugin/agent/build.py"}  # UV_COMPILE_BYTECODE
+SPELLED_OUT: set[str] = set()
 
 
 def test_booleans_are_parsed_only_here() -> None:

@@ -4,7 +4,6 @@ A build that fails leaves nothing behind; its error says what to do."""
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import shutil
@@ -27,19 +26,10 @@ from ray_uv_plugin.agent.project import (
 )
 from ray_uv_plugin.agent.request import VenvRequest, interpreter_tag, withheld_from_uv
 from ray_uv_plugin.agent.uv import UvResult, UvSyncError, UvTimeout, find_uv, run_uv, sync_failure
-from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV
+from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV, boolish
 from ray_uv_plugin.store import accounting, budget, freezing, manifest, tree
+from ray_uv_plugin.store.disk import NO_SPACE, disk_full
 from ray_uv_plugin.store.layout import installed_ray_version, remove_leftovers, site_packages
-
-
-def no_space(venv: Path, doing: str = "building") -> str:
-    """What a full venv dir's disk says, for a build or a received venv (`ship.actors`)."""
-    free = shutil.disk_usage(venv.parent).free
-    return (
-        f"uv_project: the disk of the venv dir {venv.parent} is full ({free / 1024**2:.0f} MiB "
-        f"free) while {doing} {venv.name}: free space (`ray-uv gc --max-size ...`), or set "
-        "RAY_UV_PLUGIN_VENV_DIR to a larger disk. Nothing half-built was kept."
-    )
 
 
 def build_venv(
@@ -99,7 +89,8 @@ def build_venv(
             ) from None
         if result.returncode != 0:
             if "No space left on device" in result.output:
-                raise UvSyncError(f"{no_space(venv)}\n--- uv output ---\n{result.tail(10)}")
+                full = disk_full(venv.parent, f"while building {venv.name}")
+                raise UvSyncError(f"{full}\n--- uv output ---\n{result.tail(10)}")
             error = sync_failure(files.path, result)
             if _removed(files.path, project_fd):
                 raise UvSyncError(
@@ -164,8 +155,8 @@ def build_venv(
         write_marker_of(venv, request, result.seconds, immutable, {**made, "built": built})
     except OSError as e:
         freezing.remove_tree(venv)
-        if e.errno == errno.ENOSPC:
-            raise UvSyncError(no_space(venv)) from e
+        if e.errno in NO_SPACE:
+            raise UvSyncError(disk_full(venv.parent, f"while building {venv.name}")) from e
         raise
     except BaseException:
         freezing.remove_tree(venv)
@@ -203,7 +194,7 @@ def _sync_and_compile(
     seconds of any second run), the distributions' RECORDs, the bytecode's record, and the
     venv's entries (`store.tree`: listed once, for the manifest and the freeze). A seed that
     cannot be used gives a full build, and the log says why."""
-    compiles = env.get("UV_COMPILE_BYTECODE", "").lower() in ("1", "true", "yes", "on")
+    compiles = bool(boolish(env.get("UV_COMPILE_BYTECODE")))  # as uv reads it
     no_bytecode = {**env, "UV_COMPILE_BYTECODE": "0"}
     result = sync(no_bytecode)
     if not compiles:
