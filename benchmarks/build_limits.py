@@ -11,7 +11,7 @@ every request at once on one event loop (`ensure_venv_async`). For each N, in th
 - `budget`: all at once under the default limit, N new keys, in the venv dir of the first run,
   whose N venvs are made to look last used an hour ago, with a budget of that dir's size plus
   `--budget-slack` times what one venv adds to it: room for N venvs and a few more, so most
-  old ones must go. (A build takes the bytecode of the nearest ready venv, `agent.seeding`, and
+  old ones must go. (A build takes the bytecode of the nearest ready venv, `build.seeding`, and
   marks it used: a venv used in the last 2 minutes is never removed, so the slack covers the
   old venvs that new builds seed from.)
 
@@ -39,11 +39,11 @@ from typing import Any
 
 import ray
 
-from ray_uv_plugin.agent.builder import ensure_venv_async
-from ray_uv_plugin.agent.project import load_project
-from ray_uv_plugin.agent.request import make_request
-from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.build.ensure import ensure_venv_async
+from ray_uv_plugin.env.key import make_request
+from ray_uv_plugin.env.project import load_project
+from ray_uv_plugin.env.spec import parse_spec
+from ray_uv_plugin.env.uv import find_uv
 from ray_uv_plugin.settings import MAX_BUILDS_ENV, UV_ENV_VAR, VENV_DIR_MAX_BYTES_ENV
 from ray_uv_plugin.store import disk
 from ray_uv_plugin.store.build_slots import default_max_builds

@@ -83,7 +83,7 @@ from benchmarks.clock_skew import Clock
 from benchmarks.counting_index import CountingIndex
 from benchmarks.package_set import WHEEL_CACHE, mirror_pypi
 from benchmarks.raylets import BIN, remove
-from ray_uv_plugin.agent.uv import find_uv, uv_version
+from ray_uv_plugin.env.uv import find_uv, uv_version
 
 INVARIANTS = ("whole", "ran_in_ready", "locks", "leftovers", "no_hang", "next_round", "blame")
 LOOP_SIZE = "3G"

@@ -326,9 +326,9 @@ def missing_workers(
 def key_of(value: Mapping[str, Any], project: str, env_vars: Mapping[str, str]) -> str:
     """The key this node's plugin gives a `uv_project` value whose project is `project` (as
     `plugin._create` makes it); in the node's environment."""
-    from ray_uv_plugin.agent.project import load_project
-    from ray_uv_plugin.agent.request import make_request
-    from ray_uv_plugin.agent.spec import parse_spec
+    from ray_uv_plugin.env.key import make_request
+    from ray_uv_plugin.env.project import load_project
+    from ray_uv_plugin.env.spec import parse_spec
 
     spec = parse_spec(dict(value))
     where = Path(spec.project) if spec.project else Path(project)

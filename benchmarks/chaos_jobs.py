@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.raylets import BIN, driver_env
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.env.uv import find_uv
 from tests.support.uvproject import write_project
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -60,7 +60,7 @@ from benchmarks.cluster_ship_report import plot, plot_netns
 from benchmarks.counting_index import CountingIndex
 from benchmarks.package_set import WHEEL_CACHE, make_wheel, write_project
 from benchmarks.raylets import Cluster, driver_env, du, prepare, raylets, remove
-from ray_uv_plugin.agent.uv import uv_version
+from ray_uv_plugin.env.uv import uv_version
 
 FIRST_CALL = textwrap.dedent(
     """\

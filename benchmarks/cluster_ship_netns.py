@@ -28,7 +28,7 @@ from benchmarks.package_set import (
     write_project,
 )
 from benchmarks.raylets import Cluster, driver_env, du, prepare, raylets, remove
-from ray_uv_plugin.agent.uv import uv_version
+from ray_uv_plugin.env.uv import uv_version
 
 NODE_MBIT = 1000  # each simulated node's link, both ways
 INDEX_MBIT = 200  # the index's uplink, shared by every node that downloads

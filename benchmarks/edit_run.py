@@ -48,7 +48,7 @@ import ray_uv_plugin
 from benchmarks import node_disks
 from benchmarks.envs import SETS_DIR, clean_env, remove_tree
 from benchmarks.sample import setup_logs
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.env.uv import find_uv
 from ray_uv_plugin.settings import VENV_DIR_ENV
 from ray_uv_plugin.store.layout import read_marker
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import ray
 
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.env.uv import find_uv
 
 SETS_DIR = Path(__file__).parent / "sets"
 # Sets whose pyproject.toml and uv.lock are committed under SETS_DIR.

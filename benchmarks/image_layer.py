@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.env.uv import find_uv
 from ray_uv_plugin.store.freezing import thaw
 
 SET = Path(__file__).resolve().parent / "sets" / "torch"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import ray
 
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.env.uv import find_uv
 
 # "-2": the wheels' RECORDs in the wheel spec's hash form (the plugin checks installs against them)
 WHEEL_CACHE = Path(tempfile.gettempdir()) / "ruv-bench-wheels-2"

@@ -57,10 +57,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import ray_uv_plugin
 from benchmarks.raylets import free_ports
-from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.cluster.prepare import prepare_nodes
 from ray_uv_plugin.cluster.readiness import node_setups
 from ray_uv_plugin.cluster.setup_metrics import export_setup_metrics
+from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.store.layout import read_marker
 from tests.support.raylets import Raylet
 from tests.support.uvproject import write_project

@@ -340,7 +340,7 @@ def machine() -> dict[str, Any]:
         pass
     import ray
 
-    from ray_uv_plugin.agent.uv import find_uv
+    from ray_uv_plugin.env.uv import find_uv
 
     info["ray"] = ray.__version__
     try:

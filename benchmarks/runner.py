@@ -18,7 +18,7 @@ import ray_uv_plugin
 from benchmarks.envs import PROBE_IMPORTS, clean_env, sync_by_hand
 from benchmarks.sample import RESULT_PREFIX
 from benchmarks.scenarios import Inputs, Scenario, prepare
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.env.uv import find_uv
 from ray_uv_plugin.settings import VENV_DIR_ENV
 
 SYNC_LOG_ENV = "RAY_UV_BENCH_SYNC_LOG"

@@ -118,7 +118,7 @@ class Prepared:
     # Ray uploads a local working_dir only when given to ray.init, as its `uv run` hook does.
     job_runtime_env: dict[str, Any] = field(default_factory=dict)
     # The local Ray's environment for this sample: the uv cache is the node's (a job's is
-    # refused: `agent.uv_cache`), so an empty one goes here.
+    # refused: `env.uv_cache`), so an empty one goes here.
     node_env: dict[str, str] = field(default_factory=dict)
 
 

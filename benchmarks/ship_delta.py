@@ -42,7 +42,7 @@ from benchmarks.cluster_ship_netns import INDEX_MBIT, NODE_MBIT
 from benchmarks.counting_index import CountingIndex
 from benchmarks.package_set import WHEEL_CACHE, make_wheel, mirror_pypi, write_project
 from benchmarks.raylets import du, prepare, raylets, remove
-from ray_uv_plugin.agent.uv import uv_version
+from ray_uv_plugin.env.uv import uv_version
 from ray_uv_plugin.store.layout import read_marker
 
 # Lock A's pins, and each case's one change.

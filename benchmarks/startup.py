@@ -43,10 +43,10 @@ from benchmarks.report import (
 )
 from benchmarks.runner import Case, Sample, Settings, run_all, run_sample, write_uv_wrapper
 from benchmarks.scenarios import BY_ID, DEFAULT_SCENARIOS, HAND_SYNC, Inputs, uv_project_env_vars
-from ray_uv_plugin.agent.builder import ensure_venv, lookup
-from ray_uv_plugin.agent.project import load_project, resolve_project_dir
-from ray_uv_plugin.agent.request import make_request
-from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.build.ensure import ensure_venv, lookup
+from ray_uv_plugin.env.key import make_request
+from ray_uv_plugin.env.project import load_project, resolve_project_dir
+from ray_uv_plugin.env.spec import parse_spec
 
 # What --quick and a full run do where the command line does not say.
 FULL = {"sets": ",".join(DEFAULT_SETS), "repeats": 5, "actors": "8,32", "multi_repeats": 3}
@@ -305,7 +305,7 @@ def _pip_shim(workdir: Path, console: Console) -> Path | None:
     """Ray's `pip` field needs pip in the node's Python; a uv-made venv has none."""
     if importlib.util.find_spec("pip") is not None:
         return None
-    from ray_uv_plugin.agent.uv import find_uv
+    from ray_uv_plugin.env.uv import find_uv
 
     shim = workdir / "pip-shim"
     subprocess.run(

@@ -67,7 +67,7 @@ from benchmarks.uv_run_report import (
     targets,
     write_json,
 )
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.env.uv import find_uv
 from ray_uv_plugin.settings import UV_ENV_VAR, VENV_DIR_ENV
 from ray_uv_plugin.store.layout import MARKER
 

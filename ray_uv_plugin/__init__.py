@@ -8,12 +8,11 @@ started with ``uv run`` gives its whole job its project's environment.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ray_uv_plugin.settings import PLUGIN_CLASS, PLUGINS_ENV
+from ray_uv_plugin.settings import PLUGIN_CLASS, PLUGINS_ENV, plugin_config, plugins_setting
 
 # The errors a user can catch, by the module that raises them: imported on first use, so that
 # `import ray_uv_plugin` stays cheap (no Ray). On the driver, a node's setup failure is Ray's
@@ -23,17 +22,17 @@ EXCEPTIONS = {
     "LockTimeout": "ray_uv_plugin.store.build_lock",  # another build of the key held on
     "PluginNotLoadedError": "ray_uv_plugin.registration",  # this driver's Ray lacks the plugin
     "PrepareError": "ray_uv_plugin.cluster.prepare",  # `prepare_env` could not start
-    "ProjectError": "ray_uv_plugin.agent.project",  # the project cannot give the env asked for
+    "ProjectError": "ray_uv_plugin.env.project",  # the project cannot give the env asked for
     "ReadinessError": "ray_uv_plugin.cluster.readiness",  # `node_setups` cannot ask from this job
     "SlotTimeout": "ray_uv_plugin.store.build_slots",  # no build slot in time
     "TokenAuthError": "ray_uv_plugin.cluster.auth",  # the cluster's token is missing or wrong
     "UntrustedPathError": "ray_uv_plugin.store.trust",  # a venv dir path we must not touch
-    "UvEnvError": "ray_uv_plugin.agent.uv_env",  # a job variable uv cannot be given
-    "UvNotFoundError": "ray_uv_plugin.agent.uv",  # no usable uv binary
+    "UvEnvError": "ray_uv_plugin.env.uv_env",  # a job variable uv cannot be given
+    "UvNotFoundError": "ray_uv_plugin.env.uv",  # no usable uv binary
     "UvProjectSetupError": "ray_uv_plugin.agent.setup_error",  # as the driver reads a setup
-    "UvProjectSpecError": "ray_uv_plugin.agent.spec",  # a bad `uv_project` value
-    "UvProjectTypeError": "ray_uv_plugin.agent.spec",  # a field of the wrong type
-    "UvSyncError": "ray_uv_plugin.agent.uv",  # `uv sync` gave no usable venv
+    "UvProjectSpecError": "ray_uv_plugin.env.spec",  # a bad `uv_project` value
+    "UvProjectTypeError": "ray_uv_plugin.env.spec",  # a field of the wrong type
+    "UvSyncError": "ray_uv_plugin.env.uv",  # `uv sync` gave no usable venv
     "VenvDirError": "ray_uv_plugin.settings",  # RAY_UV_PLUGIN_VENV_DIR cannot be used
 }
 
@@ -69,54 +68,20 @@ __all__ = [
 
 if TYPE_CHECKING:
     from ray_uv_plugin.agent.plugin import UvProjectPlugin
-    from ray_uv_plugin.agent.project import ProjectError
     from ray_uv_plugin.agent.setup_error import UvProjectSetupError
-    from ray_uv_plugin.agent.spec import UvProjectSpecError, UvProjectTypeError
-    from ray_uv_plugin.agent.uv import UvNotFoundError, UvSyncError
-    from ray_uv_plugin.agent.uv_env import UvEnvError
     from ray_uv_plugin.cluster.auth import TokenAuthError
     from ray_uv_plugin.cluster.connect import ConnectError
     from ray_uv_plugin.cluster.prepare import PrepareError, prepare_env
     from ray_uv_plugin.cluster.readiness import NodeSetup, ReadinessError, node_setups
+    from ray_uv_plugin.env.project import ProjectError
+    from ray_uv_plugin.env.spec import UvProjectSpecError, UvProjectTypeError
+    from ray_uv_plugin.env.uv import UvNotFoundError, UvSyncError
+    from ray_uv_plugin.env.uv_env import UvEnvError
     from ray_uv_plugin.registration import PluginNotLoadedError, UvProject
     from ray_uv_plugin.settings import VenvDirError
     from ray_uv_plugin.store.build_lock import LockTimeout
     from ray_uv_plugin.store.build_slots import SlotTimeout
     from ray_uv_plugin.store.trust import UntrustedPathError
-
-
-def plugin_config() -> str:
-    """The value of ``RAY_RUNTIME_ENV_PLUGINS`` that registers the ``uv_project`` field."""
-    return json.dumps([{"class": PLUGIN_CLASS}])
-
-
-def plugins_setting(current: str | None) -> str:
-    """The `RAY_RUNTIME_ENV_PLUGINS` value that registers this plugin beside those already in
-    `current` (the variable as set): a site may register plugins of its own, which a plain
-    replacement would drop. Ray refuses a plugin listed twice, so ours stays single however
-    often `eval "$(ray-uv plugin-config --shell)"` runs; an entry of ours already there (with
-    the `priority` an operator gave it) is kept as it is. A value Ray cannot read is a
-    ValueError that says what to do."""
-    if current is None or not current.strip():
-        return plugin_config()
-    try:
-        plugins = json.loads(current)
-    except ValueError:
-        plugins = None
-    if not isinstance(plugins, list) or not all(
-        isinstance(p, dict) and isinstance(p.get("class"), str) for p in plugins
-    ):
-        raise ValueError(
-            f"{PLUGINS_ENV}={current!r} is not what Ray reads there, a JSON list of "
-            '{"class": "module.Class"} objects: fix or unset it, then run `ray-uv '
-            "plugin-config` again."
-        )
-    ours = [i for i, p in enumerate(plugins) if p["class"] == PLUGIN_CLASS]
-    if len(ours) == 1:
-        return current
-    if not ours:
-        return json.dumps([*plugins, {"class": PLUGIN_CLASS}])
-    return json.dumps([p for i, p in enumerate(plugins) if i not in ours[1:]])
 
 
 def setup_driver() -> None:

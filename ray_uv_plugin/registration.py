@@ -31,9 +31,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ray_uv_plugin.agent.fields import FIELDS
-from ray_uv_plugin.agent.spec import keyword_default, keyword_value
 from ray_uv_plugin.cluster.auth import check_token_auth
+from ray_uv_plugin.env.fields import FIELDS
+from ray_uv_plugin.env.spec import keyword_default, keyword_value
 from ray_uv_plugin.settings import PLUGIN_CLASS, PLUGINS_ENV
 
 logger = logging.getLogger(__name__)

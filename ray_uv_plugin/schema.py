@@ -89,9 +89,9 @@ _RULES: list[dict[str, Any]] = [
 
 
 def make_schema() -> dict[str, Any]:
-    """The schema, made from the table of fields (`agent.fields`): the packaged file is this,
+    """The schema, made from the table of fields (`env.fields`): the packaged file is this,
     written by `uv run python -m ray_uv_plugin.schema` (a test keeps them equal)."""
-    from ray_uv_plugin.agent.fields import FIELDS, NAMES
+    from ray_uv_plugin.env.fields import FIELDS, NAMES
 
     return {
         "$schema": "http://json-schema.org/draft-07/schema#",

@@ -12,6 +12,7 @@ The bottom of the package: it imports nothing of it, so every layer may import i
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -201,3 +202,37 @@ VARIABLES = {
     "ship": SHIP_ENV,
     "ship_seeds": SHIP_SEEDS_ENV,
 }
+
+
+def plugin_config() -> str:
+    """The value of ``RAY_RUNTIME_ENV_PLUGINS`` that registers the ``uv_project`` field."""
+    return json.dumps([{"class": PLUGIN_CLASS}])
+
+
+def plugins_setting(current: str | None) -> str:
+    """The `RAY_RUNTIME_ENV_PLUGINS` value that registers this plugin beside those already in
+    `current` (the variable as set): a site may register plugins of its own, which a plain
+    replacement would drop. Ray refuses a plugin listed twice, so ours stays single however
+    often `eval "$(ray-uv plugin-config --shell)"` runs; an entry of ours already there (with
+    the `priority` an operator gave it) is kept as it is. A value Ray cannot read is a
+    ValueError that says what to do."""
+    if current is None or not current.strip():
+        return plugin_config()
+    try:
+        plugins = json.loads(current)
+    except ValueError:
+        plugins = None
+    if not isinstance(plugins, list) or not all(
+        isinstance(p, dict) and isinstance(p.get("class"), str) for p in plugins
+    ):
+        raise ValueError(
+            f"{PLUGINS_ENV}={current!r} is not what Ray reads there, a JSON list of "
+            '{"class": "module.Class"} objects: fix or unset it, then run `ray-uv '
+            "plugin-config` again."
+        )
+    ours = [i for i, p in enumerate(plugins) if p["class"] == PLUGIN_CLASS]
+    if len(ours) == 1:
+        return current
+    if not ours:
+        return json.dumps([*plugins, {"class": PLUGIN_CLASS}])
+    return json.dumps([p for i, p in enumerate(plugins) if i not in ours[1:]])

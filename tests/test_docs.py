@@ -201,8 +201,8 @@ def uv_run_table(page: str) -> list[tuple[str, dict]]:
 
 
 def test_migration_uv_run_table_is_what_the_driver_hook_maps(tmp_path: Path) -> None:
-    from ray_uv_plugin.agent.spec import parse_spec
     from ray_uv_plugin.driver.uv_run import read_uv_run
+    from ray_uv_plugin.env.spec import parse_spec
 
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "job"\nversion = "0"\n')
     rows = uv_run_table((DOCS / "migration.md").read_text())
@@ -339,7 +339,7 @@ def test_kuberay_rayjob_runs_on_the_example_cluster_with_a_valid_uv_project() ->
     """The RayJob's cluster is the RayCluster example's; its runtime_env passes the plugin."""
     import yaml
 
-    from ray_uv_plugin.agent.spec import parse_spec
+    from ray_uv_plugin.env.spec import parse_spec
 
     (_, cluster), (_, job_cluster) = cluster_specs()
     assert job_cluster == cluster

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import ray
 
-from ray_uv_plugin.agent.project import load_project
-from ray_uv_plugin.agent.request import make_request
-from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.env.key import make_request
+from ray_uv_plugin.env.project import load_project
+from ray_uv_plugin.env.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

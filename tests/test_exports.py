@@ -75,8 +75,8 @@ def test_each_export_is_the_class_its_module_raises(name: str) -> None:
 
 
 def test_the_code_raises_the_exported_classes(tmp_path, monkeypatch) -> None:
-    from ray_uv_plugin.agent.project import load_project
-    from ray_uv_plugin.agent.spec import parse_spec
+    from ray_uv_plugin.env.project import load_project
+    from ray_uv_plugin.env.spec import parse_spec
     from ray_uv_plugin.settings import VENV_DIR_ENV
     from ray_uv_plugin.store.layout import venv_root
 

@@ -4,13 +4,21 @@ import nothing above them. Read from the source (ast), without importing it or s
     settings       the settings and the names shared with Ray (`ray_uv_plugin.settings`):
                    imports nothing of the package; every layer may import it
     store          the venv dir every role reads: imports only store
-    agent          Ray's runtime-env agent, on every request: store and agent
-    ship           moving venvs between nodes: store, agent and ship
+    env            the requested env as a value (fields, spec, project, key, uv and its
+                   environment), used by every role: store and env
+    build          building a venv on a node (reuse or build, its steps, its record, seeding,
+                   bytecode, failed builds): store, env and build
+    agent          Ray's runtime-env agent, on every request: the above and agent
+    ship           moving venvs between nodes: store, env, build and ship
     cluster        driving a running cluster (connect, prepare, watch, the probe): the above
-    driver         the driver's process (the `uv run` hook): store, agent and the top modules
-    ops            an operator's commands: anything
-    worker_groups  the worker-group API: store, agent, ship, cluster and the top modules,
-                   never the CLI (`ops`) nor the driver hook
+    driver         the driver's process (the `uv run` hook): store, env, driver, registration
+    ops            an operator's commands: anything but the public API's module
+    worker_groups  the worker-group API: every layer but the CLI (`ops`) and the driver hook
+
+The top modules are in the contract too, each by name: `schema` (the field's JSON schema, from
+env's table), `registration` (does the driver's Ray load the plugin), `driver_hook` (the hook's
+public name: driver's) and `api`, the package's `__init__` (the public API): it may import
+anything, and nothing of the package imports it.
 
 Besides, no product code imports the checkout's `benchmarks`, and none finds files through the
 checkout (a `Path(__file__)` climbed out of its own package to reach `examples/` and the like):
@@ -29,18 +37,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: tests may read it
 PACKAGE = ROOT / "ray_uv_plugin"
 PRODUCT = (PACKAGE, ROOT / "worker_groups")
-LAYERS = ("store", "agent", "ship", "cluster", "driver", "ops")
+LAYERS = ("store", "env", "build", "agent", "ship", "cluster", "driver", "ops")
+TOP = ("registration", "schema", "driver_hook")  # the top modules but `settings` and `api`
 ALLOWED = {
     "settings": set(),
     "store": {"settings", "store"},
-    "agent": {"settings", "store", "agent"},
-    "ship": {"settings", "store", "agent", "ship"},
-    "cluster": {"settings", "store", "agent", "ship", "cluster"},
-    # the hook waits for the plugin's registration (`registration`, a top module)
-    "driver": {"settings", "store", "agent", "driver", "top"},
-    # ops may use the public helpers (`plugins_setting`, the schema)
-    "ops": {"settings", "store", "agent", "ship", "cluster", "driver", "ops", "top"},
-    "worker_groups": {"settings", "store", "agent", "ship", "cluster", "top", "worker_groups"},
+    "env": {"settings", "store", "env"},
+    "build": {"settings", "store", "env", "build"},
+    "agent": {"settings", "store", "env", "build", "agent"},
+    "ship": {"settings", "store", "env", "build", "ship"},
+    "cluster": {"settings", "store", "env", "build", "ship", "cluster"},
+    # the hook waits for the plugin's registration
+    "driver": {"settings", "store", "env", "driver", "registration"},
+    # ops may use the top modules (the schema, the registration's checks)
+    "ops": {*LAYERS, "settings", *TOP},
+    "worker_groups": {*LAYERS, "settings", *TOP, "worker_groups"} - {"ops", "driver_hook"},
+    "schema": {"settings", "env"},
+    # its token check before a driver connects is the cluster's
+    "registration": {"settings", "store", "env", "cluster"},
+    "driver_hook": {"driver"},
+    "api": {*LAYERS, "settings", *TOP},
 }
 
 
@@ -75,20 +91,18 @@ def imports(path: Path) -> Iterator[tuple[int, str]]:
 
 
 def layer_of(name: str) -> str | None:
-    """The layer (`store` ... `ops`) of a module of the package's folders; `settings` for
-    `ray_uv_plugin.settings` (and a name it defines); `top` for another module of the package
-    (its `__init__`, `driver_hook`, `registration`, `schema`); `worker_groups` for that
-    package's; None outside both."""
+    """The layer (`store` ... `ops`) of a module of the package's folders; the module's name for
+    a top module (`settings`, `registration`, `schema`, `driver_hook`; a name it defines too);
+    `api` for the package's `__init__` and a name it exports; `worker_groups` for that package's;
+    None outside both."""
     parts = name.split(".")
     if parts[0] == "worker_groups":
         return "worker_groups"
     if parts[0] != "ray_uv_plugin":
         return None
-    if parts[1:2] == ["settings"]:
-        return "settings"
-    if len(parts) > 1 and parts[1] in LAYERS:
+    if len(parts) > 1 and parts[1] in (*LAYERS, *TOP, "settings"):
         return parts[1]
-    return "top"
+    return "api"
 
 
 def test_every_product_module_sits_in_a_layer_or_is_named_here() -> None:
@@ -100,20 +114,25 @@ def test_every_product_module_sits_in_a_layer_or_is_named_here() -> None:
 
 
 def folder(layer: str) -> list[Path]:
-    if layer == "settings":
-        return [PACKAGE / "settings.py"]
+    if layer in ("settings", *TOP):
+        return [PACKAGE / f"{layer}.py"]
+    if layer == "api":
+        return [PACKAGE / "__init__.py"]
     return modules(ROOT / "worker_groups" if layer == "worker_groups" else PACKAGE / layer)
 
 
-@pytest.mark.parametrize("layer", ["settings", *LAYERS, "worker_groups"])
+@pytest.mark.parametrize("layer", ["settings", *LAYERS, "worker_groups", *TOP, "api"])
 def test_lower_layers_import_nothing_above_them(layer: str) -> None:
+    """Every module of a layer imports only what `ALLOWED` gives its layer; a name of the
+    package's `__init__` (`from ray_uv_plugin import X`, X not a module) is the `api`, which
+    no layer imports. (`ray_uv_plugin` itself, the base of every import of the package, is
+    not an arrow.)"""
     wrong = []
     for path in folder(layer):
         for line, name in imports(path):
             target = layer_of(name)
             if target is None or name == "ray_uv_plugin" or target in ALLOWED[layer]:
                 continue
-            # `from ray_uv_plugin import X` is `top` too, a constant as well as a module.
             wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name} ({target})")
     assert not wrong, "\n".join(wrong)
 
@@ -286,7 +305,8 @@ def test_the_climb_check_sees_what_it_looks_for() -> None:
     assert climbs("Path(x).parent") is None
     path = ROOT / "tests" / "test_layout.py"
     assert ("tests.test_layout" == dotted(path)) and layer_of("ray_uv_plugin.ops.cli") == "ops"
-    assert layer_of("ray_uv_plugin.driver_hook") == "top" and layer_of("ray") is None
+    assert layer_of("ray_uv_plugin.driver_hook") == "driver_hook" and layer_of("ray") is None
+    assert layer_of("ray_uv_plugin.UvProject") == "api"
     assert layer_of("ray_uv_plugin.cluster.prepare") == "cluster"
     assert layer_of("worker_groups.group") == "worker_groups"
 
@@ -374,7 +394,7 @@ def test_the_initializers_copy_of_the_venv_variable_agrees() -> None:
 def test_the_initializers_copy_of_the_own_choice_fields_agrees() -> None:
     """The fields with which a worker chose its own Python are `settings.OWN_CHOICE_FIELDS`; the
     initializer, which runs where ray_uv_plugin may not be installed, writes them out."""
-    from ray_uv_plugin.agent.spec import FIELD
+    from ray_uv_plugin.env.spec import FIELD
     from ray_uv_plugin.settings import OWN_CHOICE_FIELDS
 
     tree = ast.parse((ROOT / "worker_groups" / "_initializer.py").read_text())

@@ -66,7 +66,7 @@ def test_wheel_holds_markers_license_and_run_time_files(wheel: Path) -> None:
         # Read at run time: the JSON schema Ray validates against, uv's config for builds, and
         # the hook `plugin-config --shell` puts on PYTHONPATH.
         "ray_uv_plugin/schemas/uv_project.json",
-        "ray_uv_plugin/agent/uv_config/uv/uv.toml",
+        "ray_uv_plugin/env/uv_config/uv/uv.toml",
         "ray_uv_plugin/hook_path/ray_uv_plugin_hook.py",
         # `ray-uv demo` outside a checkout: examples/demo_project, copied in.
         "ray_uv_plugin/ops/demo_project/pyproject.toml",

@@ -16,14 +16,14 @@ import jsonschema
 import pytest
 
 import ray_uv_plugin
-from ray_uv_plugin.agent.spec import (
+from ray_uv_plugin.env.spec import (
     FIELD,
     FIELD_NAMES,
     ParsedUvProject,
     UvProjectSpecError,
     parse_spec,
 )
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.env.uv import find_uv
 from ray_uv_plugin.schema import SCHEMAS_ENV, load_schema, schema_path, schemas_setting
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,6 +189,6 @@ def test_the_wheel_ships_the_schema(tmp_path: Path) -> None:
         assert json.loads(zf.read("ray_uv_plugin/schemas/uv_project.json")) == load_schema()
         assert "ray_uv_plugin/ops/cli.py" in names
         # The empty uv config dir that keeps user and system uv.toml files out of builds.
-        assert "ray_uv_plugin/agent/uv_config/uv/uv.toml" in names
+        assert "ray_uv_plugin/env/uv_config/uv/uv.toml" in names
         # No generic top-level `benchmarks` package in users' site-packages.
         assert not [n for n in names if n.startswith("benchmarks/")]

@@ -226,9 +226,9 @@ class RayWorkerGroup(WorkerDispatch):
         building."""
         from ray.util import placement_group_table
 
-        from ray_uv_plugin.agent.spec import parse_spec
         from ray_uv_plugin.cluster.node_result import outcome_counts
         from ray_uv_plugin.cluster.prepare import prepare_nodes
+        from ray_uv_plugin.env.spec import parse_spec
 
         value = self._uv_project
         if value is None:

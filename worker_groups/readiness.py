@@ -265,10 +265,10 @@ def joining_nodes_prepared(
     from a node that has it ready, else built there), in a thread, as `ray-uv prepare --watch`
     does, under the workers' `env_vars` (the key they will ask for); the nodes alive now are
     left as they are."""
-    from ray_uv_plugin.agent.spec import parse_spec
     from ray_uv_plugin.cluster.node_result import NodeResult
     from ray_uv_plugin.cluster.options import Quiet, WatchOptions
     from ray_uv_plugin.cluster.watch import watch_nodes
+    from ray_uv_plugin.env.spec import parse_spec
 
     seen = [
         NodeResult(

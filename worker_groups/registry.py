@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.env.spec import parse_spec
 
 UvProjectValue = dict[str, Any] | None
 

@@ -11,7 +11,7 @@ from typing import Any
 import ray
 
 from ray_uv_plugin import registration
-from ray_uv_plugin.agent.uv_env import is_build_var
+from ray_uv_plugin.env.uv_env import is_build_var
 from ray_uv_plugin.settings import VENV_ENV
 from worker_groups._initializer import PLUGIN_FIX, WorkerVenvReport
 from worker_groups.credentials import is_ray_credential
@@ -38,14 +38,14 @@ def driver_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     ``@ray.remote`` ``env_vars`` and under the group's (NeMo RL's order). Left out: the
     variables above, and those that would reach the venv's build: uv's own (``UV``, ``UV_*``)
     and the build variables the plugin keys (``CC``, ``CMAKE_ARGS``, ``MAX_JOBS``...: see
-    ``agent.uv_env``). Here a runtime_env's ``env_vars`` also configure the venv's build on
+    ``env.uv_env``). Here a runtime_env's ``env_vars`` also configure the venv's build on
     every node, and so its key, which NeMo RL's driver environment never did (it builds venvs in
     a task per node): a group's venv is the one the same selection gives a plain actor. A
     worker that needs one gets it through the group's ``env_vars`` (keyed). Nor the
     credentials Ray reads (``RAY_AUTH_TOKEN``...: see ``credentials``): a runtime_env shows in
     plain text in `ray list actors --detail` and in every node's runtime_env_agent.log. The
     proxy and CA variables are copied, for the workers: where the lock builds anything from
-    source they are keyed (``agent.uv_env.SOURCE_FETCH_VARS``)."""
+    source they are keyed (``env.uv_env.SOURCE_FETCH_VARS``)."""
     environ = os.environ if environ is None else environ
     return {
         k: v
@@ -62,7 +62,7 @@ def driver_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 def job_default_uv_project(runtime_env: dict[str, Any]) -> dict[str, Any] | None:
     """The job's default `uv_project` (our `uv run` driver hook's), which workers with
     `runtime_env` and no `uv_project` of their own run in; None where they run elsewhere."""
-    from ray_uv_plugin.agent.spec import parse_spec, yields_to
+    from ray_uv_plugin.env.spec import parse_spec, yields_to
 
     value = ray.get_runtime_context().runtime_env.get("uv_project")
     if not isinstance(value, dict):
@@ -93,7 +93,7 @@ def runs_outside_its_venv(report: WorkerVenvReport) -> bool:
     plugin's own reading, and yet no venv. A job default that yields to the worker's own
     interpreter (`yields_to`) applies to none; a value the plugin would refuse means that no
     plugin saw it."""
-    from ray_uv_plugin.agent.spec import parse_spec, yields_to
+    from ray_uv_plugin.env.spec import parse_spec, yields_to
 
     if report["venv"]:
         return False

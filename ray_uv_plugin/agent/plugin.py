@@ -1,4 +1,4 @@
-"""The Ray glue: the `uv_project` runtime_env plugin, over `request` and `builder`."""
+"""The Ray glue: the `uv_project` runtime_env plugin, over `env.key` and `build.ensure`."""
 
 from __future__ import annotations
 
@@ -18,20 +18,20 @@ from urllib.parse import urlparse
 from ray._private.runtime_env.plugin import RuntimeEnvPlugin
 
 from ray_uv_plugin.agent import ray_compat
-from ray_uv_plugin.agent.builder import Outcome, ensure_venv_async
-from ray_uv_plugin.agent.failed_builds import RememberedFailure
-from ray_uv_plugin.agent.project import load_project, resolve_project_dir
 from ray_uv_plugin.agent.ray_libraries import check_libraries
-from ray_uv_plugin.agent.request import make_request
 from ray_uv_plugin.agent.setup_error import Where, setup_error, setup_log
-from ray_uv_plugin.agent.spec import (
+from ray_uv_plugin.build.ensure import Outcome, ensure_venv_async
+from ray_uv_plugin.build.failed_builds import RememberedFailure
+from ray_uv_plugin.env.key import make_request
+from ray_uv_plugin.env.project import load_project, resolve_project_dir
+from ray_uv_plugin.env.spec import (
     FIELD,
     check_siblings,
     is_uv_run_interpreter,
     parse_spec,
     yields_to,
 )
-from ray_uv_plugin.agent.uv import UvSyncError, format_duration
+from ray_uv_plugin.env.uv import UvSyncError, format_duration
 from ray_uv_plugin.settings import VENV_ENV, NodeSettings
 from ray_uv_plugin.store.holds import Hold
 from ray_uv_plugin.store.layout import venv_root

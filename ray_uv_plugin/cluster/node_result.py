@@ -33,7 +33,7 @@ class NodeResult:
     @property
     def summary(self) -> str:
         """`shipped 1.8GiB in 12.40s`, `built in 40.20s (not shipped: ...)`, `reused`, ..."""
-        from ray_uv_plugin.agent.uv import format_duration
+        from ray_uv_plugin.env.uv import format_duration
         from ray_uv_plugin.store.units import format_bytes
 
         took = format_duration(self.seconds)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ray_uv_plugin.agent.spec import ParsedUvProject
+from ray_uv_plugin.env.spec import ParsedUvProject
 
 if TYPE_CHECKING:
     from ray_uv_plugin.cluster.node_result import NodeResult

@@ -21,12 +21,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.agent.project import load_project
-from ray_uv_plugin.agent.spec import ParsedUvProject, parse_spec
 from ray_uv_plugin.cluster.connect import connect
 from ray_uv_plugin.cluster.node_result import NodeResult
 from ray_uv_plugin.cluster.options import PrepareOptions, PrepareReporter, Quiet
 from ray_uv_plugin.cluster.probe import Probes
+from ray_uv_plugin.env.project import load_project
+from ray_uv_plugin.env.spec import ParsedUvProject, parse_spec
 from ray_uv_plugin.settings import NodeSettings
 
 # Not uploaded with the project: Ray's working_dir upload has a size limit and needs none of it.
@@ -57,7 +57,7 @@ def env_spec(project: Path, shared: bool, selection: ParsedUvProject) -> ParsedU
 
 def check_locally(project: Path, spec: ParsedUvProject, shared: bool) -> None:
     """Fail on the operator's machine, not on every node, for what the project files show."""
-    from ray_uv_plugin.agent.project import check_request
+    from ray_uv_plugin.env.project import check_request
 
     if not project.is_dir():
         if shared:
@@ -265,7 +265,7 @@ def prepare_env(
     `reporter` (a `PrepareReporter`, e.g. a subclass of `Quiet`) hears of the start, of each
     node as it is done, and of each shipped chunk.
     """
-    from ray_uv_plugin.agent.spec import keyword_value
+    from ray_uv_plugin.env.spec import keyword_value
 
     spec = parse_spec(keyword_value(selection))
     options = PrepareOptions(project, spec, address, shared, ship, timeout)

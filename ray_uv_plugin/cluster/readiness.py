@@ -19,7 +19,7 @@ from ray_uv_plugin.cluster.connect import clean_error
 from ray_uv_plugin.store.units import format_bytes
 
 if TYPE_CHECKING:
-    from ray_uv_plugin.agent.spec import ParsedUvProject
+    from ray_uv_plugin.env.spec import ParsedUvProject
 
 STATES = ("ready", "queued", "building", "receiving", "failed", "absent")
 
@@ -110,9 +110,9 @@ def setup_here(
 def _key_here(
     value: dict[str, Any], runtime_env: Mapping[str, Any], env_vars: Mapping[str, str] | None
 ) -> str:
-    from ray_uv_plugin.agent.project import load_project, resolve_project_dir
-    from ray_uv_plugin.agent.request import make_request
-    from ray_uv_plugin.agent.spec import parse_spec
+    from ray_uv_plugin.env.key import make_request
+    from ray_uv_plugin.env.project import load_project, resolve_project_dir
+    from ray_uv_plugin.env.spec import parse_spec
 
     spec = parse_spec(value)
     uri = runtime_env.get("working_dir")
@@ -140,8 +140,8 @@ def node_setups(
     its venv dir, is `failed` with why."""
     import ray
 
-    from ray_uv_plugin.agent.spec import parse_spec
     from ray_uv_plugin.cluster.prepare import alive_nodes
+    from ray_uv_plugin.env.spec import parse_spec
     from ray_uv_plugin.ship.launch import actors_env, pinned, refused_by_job
 
     if (uv_project is None) == (key is None):

@@ -39,7 +39,7 @@ from ray_uv_plugin.cluster.options import (
 from ray_uv_plugin.settings import NodeSettings
 
 if TYPE_CHECKING:
-    from ray_uv_plugin.agent.spec import ParsedUvProject
+    from ray_uv_plugin.env.spec import ParsedUvProject
 
 
 def check_interval(interval: float) -> None:

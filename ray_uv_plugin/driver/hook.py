@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.agent.spec import FIELD
 from ray_uv_plugin.driver.uv_run import keeps_rays_uv_run, read_uv_run
+from ray_uv_plugin.env.spec import FIELD
 from ray_uv_plugin.settings import OWN_CHOICE_FIELDS, PREVIOUS_HOOK_ENV
 from ray_uv_plugin.store import trust
 

@@ -1,6 +1,6 @@
 """Where uv finds a project from a directory, as `uv run` does from the driver's: the nearest
 pyproject.toml at or above it, the workspace above that which lists it, and whether uv installs
-the project itself, read as the agent reads a project (`agent.project`). No Ray.
+the project itself, read as the agent reads a project (`env.project`). No Ray.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from ray_uv_plugin.agent.project import declared_name, read_pyproject
+from ray_uv_plugin.env.project import declared_name, read_pyproject
 
 PLUGIN_NAME = "ray-uv-plugin"  # this package's distribution
 

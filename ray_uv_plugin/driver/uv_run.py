@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.agent.fields import FIELDS, Field, uv_options
-from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.driver.project_discovery import (
     find_project,
     is_package,
@@ -34,6 +32,8 @@ from ray_uv_plugin.driver.uv_run_options import (
     env_options,
     split_options,
 )
+from ray_uv_plugin.env.fields import FIELDS, Field, uv_options
+from ray_uv_plugin.env.spec import parse_spec
 
 # --- the result ------------------------------------------------------------------------------
 

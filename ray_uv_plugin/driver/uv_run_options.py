@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from ray_uv_plugin.agent.fields import FIELDS, uv_options
+from ray_uv_plugin.env.fields import FIELDS, uv_options
 from ray_uv_plugin.settings import boolish
 
 # The options that decide the selection, read by `uv_run._Selection.apply`; value: takes a value.

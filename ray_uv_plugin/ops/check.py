@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 from ray_uv_plugin.agent.ray_libraries import BY_NAME, LIBRARIES, Status, library_status
 
 if TYPE_CHECKING:
-    from ray_uv_plugin.agent.project import ProjectFiles
-    from ray_uv_plugin.agent.spec import ParsedUvProject
+    from ray_uv_plugin.env.project import ProjectFiles
+    from ray_uv_plugin.env.spec import ParsedUvProject
 
 
 class CheckError(ValueError):
@@ -59,7 +59,7 @@ def parse_libraries(names: Sequence[str]) -> tuple[str, ...]:
 
 def _files(project: Path) -> ProjectFiles:
     """The project's files, or what to pass instead."""
-    from ray_uv_plugin.agent.project import load_project
+    from ray_uv_plugin.env.project import load_project
 
     if not (project / "pyproject.toml").is_file():
         raise CheckError(
@@ -98,8 +98,8 @@ def find_env(
     """`run_check` without building: the env may be GBs (and `uv sync` minutes), and an
     operator may want to know first. Reads the venv dir as `ray-uv list` does: it creates no
     venv dir, and a reuse is not recorded (the marker is not touched)."""
-    from ray_uv_plugin.agent.request import make_request
-    from ray_uv_plugin.agent.spec import ParsedUvProject
+    from ray_uv_plugin.env.key import make_request
+    from ray_uv_plugin.env.spec import ParsedUvProject
     from ray_uv_plugin.store import inventory
     from ray_uv_plugin.store.layout import venv_root
 
@@ -128,8 +128,8 @@ def run_check(
 ) -> CheckResult:
     """Build or reuse the env of `project` with this selection (default: the project's
     default env), then check it."""
-    from ray_uv_plugin.agent.builder import ensure_venv
-    from ray_uv_plugin.agent.spec import ParsedUvProject
+    from ray_uv_plugin.build.ensure import ensure_venv
+    from ray_uv_plugin.env.spec import ParsedUvProject
 
     wanted = parse_libraries(libraries)
     files = _files(project)
@@ -151,8 +151,8 @@ def node_notes(venv: Path, project: Path) -> list[str]:
     reused venv too."""
     import os
 
-    from ray_uv_plugin.agent.cache_split import cache_split_note
-    from ray_uv_plugin.agent.uv_env import sync_environment
+    from ray_uv_plugin.env.cache_split import cache_split_note
+    from ray_uv_plugin.env.uv_env import sync_environment
     from ray_uv_plugin.store import freezing
     from ray_uv_plugin.store.layout import read_marker
 
@@ -168,7 +168,7 @@ def node_notes(venv: Path, project: Path) -> list[str]:
 def report_lines(result: CheckResult | FoundEnv) -> list[str]:
     """What `ray-uv check` prints: the packages the venv takes from the image (`from_image`),
     one line per library, then what to add."""
-    from ray_uv_plugin.agent.image import recorded
+    from ray_uv_plugin.env.image import recorded
     from ray_uv_plugin.store.layout import read_marker
 
     lines = [f"  from the image: {line}" for line in recorded(read_marker(result.venv))]

@@ -18,12 +18,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin import PLUGINS_ENV, plugins_setting
 from ray_uv_plugin.ops.cli_common import CliError, UsageError, add_selection
 from ray_uv_plugin.ops.cli_help import HelpFormatter, VersionAction, docs_line
 from ray_uv_plugin.ops.cli_make_ready import cmd_check, cmd_demo, cmd_prepare
 from ray_uv_plugin.ops.cli_status import add_status
 from ray_uv_plugin.ops.cli_venv_dir import cmd_gc, cmd_list
+from ray_uv_plugin.settings import PLUGINS_ENV, plugins_setting
 
 # --- plugin-config ---------------------------------------------------------------------------
 

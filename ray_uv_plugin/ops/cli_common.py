@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ray_uv_plugin.agent.fields import SELECTION
+from ray_uv_plugin.env.fields import SELECTION
 
 if TYPE_CHECKING:
-    from ray_uv_plugin.agent.spec import ParsedUvProject
+    from ray_uv_plugin.env.spec import ParsedUvProject
 
 
 class CliError(Exception):
@@ -52,7 +52,7 @@ def selection(args: argparse.Namespace) -> ParsedUvProject:
     """The selection that `add_selection`'s flags gave (what was not given is left to the
     field's default), parsed: flags that no `uv_project` value can hold together are a usage
     error."""
-    from ray_uv_plugin.agent.spec import UvProjectSpecError, keyword_value, parse_spec
+    from ray_uv_plugin.env.spec import UvProjectSpecError, keyword_value, parse_spec
 
     chosen = {f.name: getattr(args, f.name) for f in SELECTION}
     chosen = {name: value for name, value in chosen.items() if value is not None}

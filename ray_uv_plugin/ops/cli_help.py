@@ -62,7 +62,7 @@ def versions() -> str:
     the environment of its `ray start`) and the uv that the plugin runs (`uv.find_uv`)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from ray_uv_plugin.agent.uv import find_uv, uv_version
+    from ray_uv_plugin.env.uv import find_uv, uv_version
 
     def installed(name: str) -> str:
         try:

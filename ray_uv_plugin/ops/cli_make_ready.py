@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ray_uv_plugin.agent.uv import format_duration
 from ray_uv_plugin.cluster.auth import MODE_ENV
+from ray_uv_plugin.env.uv import format_duration
 from ray_uv_plugin.ops.cli_common import CliError, UsageError, node_count, selection
 
 if TYPE_CHECKING:
-    from ray_uv_plugin.agent.spec import ParsedUvProject
     from ray_uv_plugin.cluster.node_result import NodeResult
+    from ray_uv_plugin.env.spec import ParsedUvProject
     from ray_uv_plugin.ops.check import CheckResult, FoundEnv
 
 
@@ -83,12 +83,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from ray_uv_plugin.agent.project import ProjectError
-    from ray_uv_plugin.agent.spec import UvProjectSpecError
     from ray_uv_plugin.cluster import prepare, watch
     from ray_uv_plugin.cluster.connect import ConnectError
     from ray_uv_plugin.cluster.node_result import outcome_counts
     from ray_uv_plugin.cluster.options import DEFAULT_INTERVAL, PrepareOptions, WatchOptions
+    from ray_uv_plugin.env.project import ProjectError
+    from ray_uv_plugin.env.spec import UvProjectSpecError
 
     console = Console(stderr=True, soft_wrap=True)  # log-friendly: no hard wraps in pipes
     project = Path(args.project).expanduser().resolve()
@@ -230,9 +230,9 @@ def _report_found(found: FoundEnv, as_json: bool = False, project: Path | None =
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from ray_uv_plugin.agent.project import ProjectError
-    from ray_uv_plugin.agent.spec import UvProjectSpecError
-    from ray_uv_plugin.agent.uv import UvSyncError
+    from ray_uv_plugin.env.project import ProjectError
+    from ray_uv_plugin.env.spec import UvProjectSpecError
+    from ray_uv_plugin.env.uv import UvSyncError
     from ray_uv_plugin.ops import check
     from ray_uv_plugin.settings import VenvDirError
     from ray_uv_plugin.store import trust

@@ -24,12 +24,12 @@ WATCH_EVERY = 1.0  # seconds between two reads with --watch
 def _read(args: argparse.Namespace) -> Callable[[], dict[str, NodeSetup]]:
     """Connect as `prepare` does (the project as the job's working_dir, unless --shared or
     --key), and return the read of every alive node."""
-    from ray_uv_plugin.agent.project import ProjectError
-    from ray_uv_plugin.agent.spec import UvProjectSpecError
     from ray_uv_plugin.cluster import prepare
     from ray_uv_plugin.cluster.connect import ConnectError, connect
     from ray_uv_plugin.cluster.options import PrepareOptions
     from ray_uv_plugin.cluster.readiness import node_setups
+    from ray_uv_plugin.env.project import ProjectError
+    from ray_uv_plugin.env.spec import UvProjectSpecError
 
     try:
         if args.key is not None:
@@ -45,8 +45,8 @@ def _read(args: argparse.Namespace) -> Callable[[], dict[str, NodeSetup]]:
 def cmd_status(args: argparse.Namespace) -> int:
     import ray
 
-    from ray_uv_plugin.agent.spec import ParsedUvProject
     from ray_uv_plugin.cluster.watch import stop_on_signals
+    from ray_uv_plugin.env.spec import ParsedUvProject
 
     selects = selection(args) != ParsedUvProject()
     if args.key is not None and (args.project is not None or args.shared or selects):

@@ -62,7 +62,7 @@ def _json_row(e: VenvEntry, size: int) -> dict[str, Any]:
     """A venv in `list --json`: null for what is unknown (an entry without valid metadata
     has no name, project, extras or groups, rather than none), times in UTC as ISO 8601
     and as Unix seconds (to compute with)."""
-    from ray_uv_plugin.agent.image import recorded
+    from ray_uv_plugin.env.image import recorded
 
     meta = e.meta or {}
     return {
@@ -199,7 +199,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "as hardlinks count in each SIZE, once here)"
             )
         console.print(footer, markup=False, highlight=False)
-    from ray_uv_plugin.agent.image import recorded
+    from ray_uv_plugin.env.image import recorded
 
     for e in reversed(entries):
         for line in recorded(e.meta):

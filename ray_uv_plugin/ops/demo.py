@@ -14,13 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ray_uv_plugin import PLUGINS_ENV, plugins_setting
 from ray_uv_plugin.cluster.auth import DEFAULT_TOKEN_FILE, MODE_ENV
 from ray_uv_plugin.cluster.connect import init_unhooked
 from ray_uv_plugin.cluster.prepare import EXCLUDES
 from ray_uv_plugin.cluster.probe import EnvironmentReport
 from ray_uv_plugin.schema import SCHEMAS_ENV, schemas_setting
-from ray_uv_plugin.settings import VENV_ENV
+from ray_uv_plugin.settings import PLUGINS_ENV, VENV_ENV, plugins_setting
 from ray_uv_plugin.store.layout import MARKER
 
 DEMO_EXTRAS = ("banner", "toml")

@@ -17,9 +17,9 @@ from typing import Any
 
 import ray
 
-from ray_uv_plugin.agent.phase_events import PhaseEvents
-from ray_uv_plugin.agent.request import KeyInputs
-from ray_uv_plugin.agent.uv_env import sync_environment
+from ray_uv_plugin.build.phase_events import PhaseEvents
+from ray_uv_plugin.env.key import KeyInputs
+from ray_uv_plugin.env.uv_env import sync_environment
 from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV
 from ray_uv_plugin.ship import archive, delta, unpack
 from ray_uv_plugin.ship.build_target import build_target, local_builds, target_differs

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ray_uv_plugin.agent.spec import ParsedUvProject
+from ray_uv_plugin.env.spec import ParsedUvProject
 from ray_uv_plugin.ship import archive
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.agent.builder import ensure_venv
-from ray_uv_plugin.agent.project import ProjectError, check_ray_pin, load_project
-from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.agent.uv import UvNotFoundError, UvResult, UvSyncError, sync_failure
+from ray_uv_plugin.build.ensure import ensure_venv
+from ray_uv_plugin.env.project import ProjectError, check_ray_pin, load_project
+from ray_uv_plugin.env.spec import parse_spec
+from ray_uv_plugin.env.uv import UvNotFoundError, UvResult, UvSyncError, sync_failure
 from ray_uv_plugin.settings import UV_ENV_VAR, VENV_DIR_ENV, VenvDirError
 from ray_uv_plugin.store.layout import venv_root
 from ray_uv_plugin.store.trust import UntrustedPathError
@@ -79,7 +79,7 @@ def test_a_lock_with_crlf_line_endings_works(tmp_path):
 
 
 def test_unknown_extras_are_named_as_the_user_wrote_them(project):
-    from ray_uv_plugin.agent.project import check_request
+    from ray_uv_plugin.env.project import check_request
 
     with pytest.raises(ProjectError, match=r"unknown extra\(s\) Flash_Attn for"):
         check_request(load_project(project), parse_spec({"extras": ["Flash_Attn"]}))

@@ -15,7 +15,7 @@ import pytest
 import ray
 from ray.exceptions import RuntimeEnvSetupError
 
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.env.uv import find_uv
 from ray_uv_plugin.settings import VENV_DIR_ENV
 from tests.support.uvproject import write_project
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.raylets import free_ports
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.env.uv import find_uv
 from ray_uv_plugin.store.layout import MARKER
 from ray_uv_plugin.store.units import format_bytes
 from tests.store.test_gc import du_bytes

@@ -29,9 +29,9 @@ import ray
 from packaging.version import Version
 
 from ray_uv_plugin.agent import ray_libraries
-from ray_uv_plugin.agent.builder import ensure_venv
-from ray_uv_plugin.agent.project import load_project
-from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.build.ensure import ensure_venv
+from ray_uv_plugin.env.project import load_project
+from ray_uv_plugin.env.spec import parse_spec
 from tests.support.uvproject import write_project
 
 # Ray's libraries (several extras, a Serve app, a Client server): a group of its own that

@@ -11,9 +11,9 @@ import pytest
 import ray
 from ray.exceptions import RuntimeEnvSetupError
 
-from ray_uv_plugin.agent.project import load_project
-from ray_uv_plugin.agent.request import make_request
-from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.env.key import make_request
+from ray_uv_plugin.env.project import load_project
+from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.settings import UV_ENV_VAR, VENV_DIR_ENV
 from ray_uv_plugin.store.layout import MARKER
 from tests.support.uvproject import CountingUv, unreachable_index, write_project

@@ -14,7 +14,7 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.env.uv import find_uv
 from ray_uv_plugin.settings import UV_ENV_VAR, VENV_DIR_ENV
 from ray_uv_plugin.store.layout import MARKER
 from tests.support.uvproject import CountingUv, write_project
@@ -106,8 +106,8 @@ def test_a_node_that_lacks_the_plugin_is_named(tmp_path, node_env, monkeypatch):
     """A raylet started without RAY_RUNTIME_ENV_PLUGINS ignores the field (Ray only warns in
     its setup log) and would run workers in the node's own Python: prepare and worker groups
     say which node and how to register the plugin."""
-    from ray_uv_plugin.agent.spec import parse_spec
     from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
+    from ray_uv_plugin.env.spec import parse_spec
     from worker_groups import RayVirtualCluster, RayWorkerBuilder, RayWorkerGroup
     from worker_groups.registry import ACTOR_ENVIRONMENT_REGISTRY
 

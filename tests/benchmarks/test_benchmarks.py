@@ -192,7 +192,7 @@ def test_the_shipping_benchmarks_index_serves_and_counts_real_wheels(tmp_path: P
 
     from benchmarks.counting_index import CountingIndex
     from benchmarks.package_set import make_wheel, write_project
-    from ray_uv_plugin.agent.uv import find_uv
+    from ray_uv_plugin.env.uv import find_uv
 
     wheels = [make_wheel(tmp_path, i, 100_000) for i in range(2)]
     index = CountingIndex(wheels)

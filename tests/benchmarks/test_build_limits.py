@@ -16,12 +16,12 @@ import pytest
 import ray
 from ray.exceptions import RuntimeEnvSetupError
 
-from ray_uv_plugin.agent import failed_builds
-from ray_uv_plugin.agent.builder import ensure_venv, ensure_venv_async
-from ray_uv_plugin.agent.project import load_project
-from ray_uv_plugin.agent.request import make_request
-from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.agent.uv import UvSyncError, find_uv
+from ray_uv_plugin.build import failed_builds
+from ray_uv_plugin.build.ensure import ensure_venv, ensure_venv_async
+from ray_uv_plugin.env.key import make_request
+from ray_uv_plugin.env.project import load_project
+from ray_uv_plugin.env.spec import parse_spec
+from ray_uv_plugin.env.uv import UvSyncError, find_uv
 from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV, UV_ENV_VAR, VENV_DIR_ENV
 from ray_uv_plugin.store.build_lock import LockTimeout
 from tests.support.uvproject import (

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from ray_uv_plugin.agent.spec import ParsedUvProject, parse_spec
 from ray_uv_plugin.cluster.node_result import NodeResult, outcome_counts
 from ray_uv_plugin.cluster.prepare import (
     EXCLUDES,
@@ -20,6 +19,7 @@ from ray_uv_plugin.cluster.prepare import (
     source_first,
 )
 from ray_uv_plugin.cluster.probe import Probes, _with_shipping
+from ray_uv_plugin.env.spec import ParsedUvProject, parse_spec
 
 NODE = "77aa00ff11223344"
 
@@ -118,9 +118,9 @@ def test_a_probe_may_take_as_long_as_the_whole_prepare_to_set_up() -> None:
 def test_the_value_is_parsed_once_where_it_comes_in(monkeypatch: pytest.MonkeyPatch) -> None:
     """`prepare_env` parses its keywords; what follows (the local check, each watch round, the
     ship's settings) takes the `ParsedUvProject`, never a value again."""
-    from ray_uv_plugin.agent.spec import UvProjectTypeError
     from ray_uv_plugin.cluster import prepare
     from ray_uv_plugin.cluster.options import PrepareOptions
+    from ray_uv_plugin.env.spec import UvProjectTypeError
 
     parsed: list[object] = []
     taken: list[PrepareOptions] = []

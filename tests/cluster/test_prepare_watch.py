@@ -55,9 +55,9 @@ def test_each_round_prepares_the_new_nodes_once(monkeypatch: pytest.MonkeyPatch)
     node is prepared once, from a node alive and ready; a round that raises fails its nodes,
     not the watch; a node that fails after it left is said to have left; with no live node
     that has the env, the new nodes build."""
-    from ray_uv_plugin.agent.spec import parse_spec
     from ray_uv_plugin.cluster import watch
     from ray_uv_plugin.cluster.options import Quiet, WatchOptions
+    from ray_uv_plugin.env.spec import parse_spec
 
     looks = iter(
         [

@@ -121,8 +121,8 @@ def test_a_received_venv_says_so_and_from_where(two_nodes, tmp_path: Path) -> No
     """Built on the head, then prepared with shipping from it (the node that has it ready):
     the other node receives; the view says how each got it, and the bytes and source of the
     shipped one."""
-    from ray_uv_plugin.agent.spec import parse_spec
     from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
+    from ray_uv_plugin.env.spec import parse_spec
 
     head, other, _ = two_nodes
     project = write_project(tmp_path / "p", ["six"], name=f"ship{time.monotonic_ns()}")

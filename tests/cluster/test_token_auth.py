@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.agent.uv import find_uv
 from ray_uv_plugin.cluster import auth as cluster_auth
+from ray_uv_plugin.env.uv import find_uv
 from tests.agent.test_jobs import RAY, RAY_UV, REPO, free_ports, stop_own_cluster
 from tests.support.uvproject import write_project
 from tests.worker_groups.conftest import WORKER_ENV

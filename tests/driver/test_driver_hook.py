@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from ray.cluster_utils import Cluster
 
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.env.uv import find_uv
 from ray_uv_plugin.settings import UV_ENV_VAR, VENV_DIR_ENV
 from ray_uv_plugin.store.layout import MARKER
 from tests.support.uvproject import CountingUv, write_project

@@ -13,15 +13,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from ray_uv_plugin.agent.project import load_project
-from ray_uv_plugin.agent.request import make_request
-from ray_uv_plugin.agent.spec import (
-    UvProjectSpecError,
-    is_uv_run_interpreter,
-    parse_spec,
-    yields_to,
-)
-from ray_uv_plugin.agent.uv import find_uv
 from ray_uv_plugin.driver.hook import (
     HOOK_PATH,
     PORTABLE_HOOK,
@@ -31,6 +22,15 @@ from ray_uv_plugin.driver.hook import (
 )
 from ray_uv_plugin.driver.uv_run import read_uv_run
 from ray_uv_plugin.driver.uv_run_options import IGNORED, UNMAPPABLE, split_options
+from ray_uv_plugin.env.key import make_request
+from ray_uv_plugin.env.project import load_project
+from ray_uv_plugin.env.spec import (
+    UvProjectSpecError,
+    is_uv_run_interpreter,
+    parse_spec,
+    yields_to,
+)
+from ray_uv_plugin.env.uv import find_uv
 from ray_uv_plugin.registration import UvProject
 from ray_uv_plugin.schema import load_schema
 from ray_uv_plugin.settings import PREVIOUS_HOOK_ENV

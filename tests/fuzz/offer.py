@@ -17,10 +17,10 @@ from typing import Any
 import ray
 from hypothesis import strategies as st
 
-from ray_uv_plugin.agent.request import KeyInputs, interpreter_tag
-from ray_uv_plugin.agent.spec import ParsedUvProject
-from ray_uv_plugin.agent.uv import uv_version
-from ray_uv_plugin.agent.uv_env import UvEnvError, keyed_settings, sync_environment
+from ray_uv_plugin.env.key import KeyInputs, interpreter_tag
+from ray_uv_plugin.env.spec import ParsedUvProject
+from ray_uv_plugin.env.uv import uv_version
+from ray_uv_plugin.env.uv_env import UvEnvError, keyed_settings, sync_environment
 from ray_uv_plugin.ship import actors, messages, unpack
 from ray_uv_plugin.ship.archive import ArchiveError
 from ray_uv_plugin.ship.unpack import Unpacker
@@ -205,7 +205,7 @@ TARGET = Target(
     modules=(
         "ray_uv_plugin.ship.messages",
         "ray_uv_plugin.ship.actors",
-        "ray_uv_plugin.agent.request",
+        "ray_uv_plugin.env.key",
     ),
     properties=(
         "an offer of any shape is taken or refused in words (a str, or a ShipError): never "

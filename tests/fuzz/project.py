@@ -10,9 +10,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ray_uv_plugin.agent import project
-from ray_uv_plugin.agent.project import ProjectError, ProjectFiles
-from ray_uv_plugin.agent.spec import ParsedUvProject, parse_spec
+from ray_uv_plugin.env import project
+from ray_uv_plugin.env.project import ProjectError, ProjectFiles
+from ray_uv_plugin.env.spec import ParsedUvProject, parse_spec
 from tests.fuzz.harness import (
     Case,
     Target,
@@ -257,7 +257,7 @@ TARGET = Target(
     name="project",
     cases=seeded("project", fresh, _mutate),
     check=check,
-    modules=("ray_uv_plugin.agent.project",),
+    modules=("ray_uv_plugin.env.project",),
     properties=(
         "load_project, pyproject_table, project_name, check_request, check_ray_pin, "
         "locked_sources, local_sources, copied_sources, refers_to_project_path and "

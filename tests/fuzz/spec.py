@@ -9,8 +9,8 @@ from typing import Any
 import jsonschema
 from hypothesis import strategies as st
 
-from ray_uv_plugin.agent.spec import FIELD_NAMES, ParsedUvProject, parse_spec
-from ray_uv_plugin.agent.uv_env import UvEnvError
+from ray_uv_plugin.env.spec import FIELD_NAMES, ParsedUvProject, parse_spec
+from ray_uv_plugin.env.uv_env import UvEnvError
 from ray_uv_plugin.registration import UvProject
 from ray_uv_plugin.schema import load_schema
 from tests.fuzz.harness import Case, Target, Violation, refused_clearly, seeded
@@ -154,7 +154,7 @@ TARGET = Target(
     name="spec",
     cases=seeded("spec", fresh, _mutate),
     check=check,
-    modules=("ray_uv_plugin.agent.spec", "ray_uv_plugin.schema"),
+    modules=("ray_uv_plugin.env.spec", "ray_uv_plugin.schema"),
     properties=(
         "parse_spec gives a ParsedUvProject whose sync_args, selection and describe work, or "
         "raises a ValueError subclass with a message",

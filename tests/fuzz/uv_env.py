@@ -10,8 +10,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ray_uv_plugin.agent import uv_env
-from ray_uv_plugin.agent.uv_env import (
+from ray_uv_plugin.env import uv_env
+from ray_uv_plugin.env.uv_env import (
     CONTROLLED,
     DROPPED,
     INTERPRETER_VARS,
@@ -22,7 +22,7 @@ from ray_uv_plugin.agent.uv_env import (
     keyed_settings,
     sync_environment,
 )
-from ray_uv_plugin.agent.uv_variables import UV_VARIABLES
+from ray_uv_plugin.env.uv_variables import UV_VARIABLES
 from tests.fuzz.harness import Case, Target, Violation, bounded, refused_clearly, seeded
 
 BOUND_S = 10.0  # reading one config file takes no longer
@@ -152,7 +152,7 @@ TARGET = Target(
     name="uv_env",
     cases=seeded("uv_env", fresh, _mutate),
     check=check,
-    modules=("ray_uv_plugin.agent.uv_env",),
+    modules=("ray_uv_plugin.env.uv_env",),
     properties=(
         "job_variables, sync_environment and keyed_settings each give their value or raise "
         "UvEnvError with a message, within 10 s",

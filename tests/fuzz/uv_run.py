@@ -10,10 +10,10 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.driver import uv_run_options
 from ray_uv_plugin.driver.uv_run import read_uv_run
 from ray_uv_plugin.driver.uv_run_options import UvRunParseError, split_options
+from ray_uv_plugin.env.spec import parse_spec
 from tests.fuzz.harness import (
     Case,
     Target,

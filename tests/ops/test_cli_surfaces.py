@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin import PLUGIN_CLASS, plugins_setting
 from ray_uv_plugin.ops import check, demo
+from ray_uv_plugin.settings import PLUGIN_CLASS, plugins_setting
 from ray_uv_plugin.store import trust
 from ray_uv_plugin.store.layout import MARKER, check_ready, lock_path
 from ray_uv_plugin.store.units import format_bytes
@@ -211,7 +211,7 @@ def test_a_missing_uv_is_a_clear_error() -> None:
 def test_version_names_the_plugin_ray_uv_and_python_without_importing_ray() -> None:
     import ray
 
-    from ray_uv_plugin.agent.uv import find_uv, uv_version
+    from ray_uv_plugin.env.uv import find_uv, uv_version
 
     out = ray_uv("--version")
     assert out.returncode == 0, out.stderr

@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.env.uv import find_uv
 from ray_uv_plugin.ship.build_target import (
     build_target,
     cpu_target,

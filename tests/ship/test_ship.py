@@ -27,10 +27,10 @@ import ray
 from packaging.version import Version
 from ray.cluster_utils import Cluster
 
-from ray_uv_plugin.agent.builder import ensure_venv
-from ray_uv_plugin.agent.project import load_project
-from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.build.ensure import ensure_venv
 from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
+from ray_uv_plugin.env.project import load_project
+from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.ship import archive, relocation
 from ray_uv_plugin.ship.archive import ArchiveError, Packer
 from ray_uv_plugin.ship.install import install_received
@@ -442,7 +442,7 @@ DRIVER = textwrap.dedent(
     """\
     import sys, time
     import ray
-    from ray_uv_plugin.agent.spec import parse_spec
+    from ray_uv_plugin.env.spec import parse_spec
     from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
 
     def slow(p):
@@ -821,7 +821,7 @@ UV_RUN_DRIVER = textwrap.dedent(
     """\
     import json, sys
     import ray
-    from ray_uv_plugin.agent.spec import parse_spec
+    from ray_uv_plugin.env.spec import parse_spec
     from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
 
     # As under `uv run` on a laptop: the job's py_executable and this driver's interpreter are

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.agent.builder import ensure_venv
-from ray_uv_plugin.agent.project import load_project
-from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.build.ensure import ensure_venv
 from ray_uv_plugin.cluster.prepare import prepare_nodes
+from ray_uv_plugin.env.project import load_project
+from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.ship import delta
 from ray_uv_plugin.ship.archive import ArchiveError, Packer
 from ray_uv_plugin.ship.install import install_received

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import ray
 
-from ray_uv_plugin.agent.project import load_project
-from ray_uv_plugin.agent.request import KeyInputs, make_request
-from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.agent.uv_env import sync_environment
+from ray_uv_plugin.env.key import KeyInputs, make_request
+from ray_uv_plugin.env.project import load_project
+from ray_uv_plugin.env.spec import parse_spec
+from ray_uv_plugin.env.uv_env import sync_environment
 from ray_uv_plugin.ship.actors import VenvReceiver, platform_tag
 from ray_uv_plugin.ship.messages import Offer, ShipError, ShipSettings, check_offer
 from ray_uv_plugin.store import trust

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks.log_lines import Lines, capturing_logger
-from ray_uv_plugin.agent.builder import ensure_venv
-from ray_uv_plugin.agent.project import load_project
-from ray_uv_plugin.agent.request import make_request
-from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.agent.uv import UvSyncError
+from ray_uv_plugin.build.ensure import ensure_venv
+from ray_uv_plugin.env.key import make_request
+from ray_uv_plugin.env.project import load_project
+from ray_uv_plugin.env.spec import parse_spec
+from ray_uv_plugin.env.uv import UvSyncError
 from ray_uv_plugin.settings import (
     MAX_BUILDS_ENV,
     UV_ENV_VAR,

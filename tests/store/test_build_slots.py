@@ -18,10 +18,10 @@ import pytest
 import ray
 
 from benchmarks.log_lines import Lines, capturing_logger
-from ray_uv_plugin.agent.builder import ensure_venv, ensure_venv_async
-from ray_uv_plugin.agent.project import load_project
-from ray_uv_plugin.agent.request import make_request
-from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.build.ensure import ensure_venv, ensure_venv_async
+from ray_uv_plugin.env.key import make_request
+from ray_uv_plugin.env.project import load_project
+from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.settings import MAX_BUILDS_ENV, UV_ENV_VAR, VENV_DIR_ENV, VenvDirError
 from ray_uv_plugin.store import build_slots, outcomes
 from ray_uv_plugin.store.build_lock import BuildLock
@@ -286,10 +286,10 @@ BUILD_THREE = textwrap.dedent(
     """
     import asyncio, sys
     from pathlib import Path
-    from ray_uv_plugin.agent.builder import ensure_venv_async
-    from ray_uv_plugin.agent.project import load_project
-    from ray_uv_plugin.agent.request import make_request
-    from ray_uv_plugin.agent.spec import parse_spec
+    from ray_uv_plugin.build.ensure import ensure_venv_async
+    from ray_uv_plugin.env.project import load_project
+    from ray_uv_plugin.env.key import make_request
+    from ray_uv_plugin.env.spec import parse_spec
     root, projects = Path(sys.argv[1]), sys.argv[2:]
     requests = [make_request(parse_spec({}), load_project(Path(p)), {}) for p in projects]
     async def main():

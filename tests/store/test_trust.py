@@ -17,10 +17,10 @@ from unittest.mock import ANY
 
 import pytest
 
-from ray_uv_plugin.agent.builder import Outcome, ensure_venv, lookup
-from ray_uv_plugin.agent.project import load_project
-from ray_uv_plugin.agent.request import make_request
-from ray_uv_plugin.agent.spec import parse_spec
+from ray_uv_plugin.build.ensure import Outcome, ensure_venv, lookup
+from ray_uv_plugin.env.key import make_request
+from ray_uv_plugin.env.project import load_project
+from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.settings import TRUSTED_GROUP_ENV, VENV_DIR_ENV
 from ray_uv_plugin.store.build_lock import BuildLock, DiskFullError
 from ray_uv_plugin.store.layout import MARKER, lock_path, read_marker, venv_root

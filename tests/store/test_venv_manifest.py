@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.agent import bytecode
-from ray_uv_plugin.agent.build_record import Bytecode, write_manifest
-from ray_uv_plugin.agent.builder import ensure_venv, lookup
-from ray_uv_plugin.agent.project import load_project
-from ray_uv_plugin.agent.request import make_request
-from ray_uv_plugin.agent.spec import parse_spec
-from ray_uv_plugin.agent.uv import UvSyncError
+from ray_uv_plugin.build import bytecode
+from ray_uv_plugin.build.ensure import ensure_venv, lookup
+from ray_uv_plugin.build.record import Bytecode, write_manifest
+from ray_uv_plugin.env.key import make_request
+from ray_uv_plugin.env.project import load_project
+from ray_uv_plugin.env.spec import parse_spec
+from ray_uv_plugin.env.uv import UvSyncError
 from ray_uv_plugin.ship import archive
 from ray_uv_plugin.ship.archive import ArchiveError, DriftError, Packer
 from ray_uv_plugin.ship.install import install_received

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import ray
 
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.env.uv import find_uv
 
 RAY_PIN = f"ray=={ray.__version__}"
 
@@ -140,7 +140,7 @@ def tamper_hashes(project: Path, package: str) -> None:
 def unreachable_index() -> dict[str, str]:
     """A job's env vars for an index behind a proxy that refuses connections: `uv sync --locked`
     checks the lock against that index and fails at once on the network, whatever the node's uv
-    cache holds (a job may not choose its own cache: `agent.uv_cache`)."""
+    cache holds (a job may not choose its own cache: `env.uv_cache`)."""
     return {
         "UV_INDEX_URL": "http://127.0.0.1:9/simple",
         "HTTPS_PROXY": "http://127.0.0.1:9",

@@ -97,10 +97,10 @@ def test_the_drivers_proxy_keys_a_groups_venv_where_the_lock_builds_from_source(
     """Workers get the driver's proxy and CA variables (they may need them), and so does each
     node's build: with a path source in the lock they are keyed, so a group whose
     driver has another proxy than the node gets a venv of its own, not the node's."""
-    from ray_uv_plugin.agent.project import load_project
-    from ray_uv_plugin.agent.request import make_request
-    from ray_uv_plugin.agent.spec import parse_spec
-    from ray_uv_plugin.agent.uv_env import SOURCE_FETCH_VARS
+    from ray_uv_plugin.env.key import make_request
+    from ray_uv_plugin.env.project import load_project
+    from ray_uv_plugin.env.spec import parse_spec
+    from ray_uv_plugin.env.uv_env import SOURCE_FETCH_VARS
     from tests.agent.test_request import write_with_mylib
 
     project = load_project(write_with_mylib(tmp_path, editable=False))

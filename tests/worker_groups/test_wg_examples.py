@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.env.uv import find_uv
 
 REPO = Path(__file__).resolve().parents[2]
 TORCH_ENV = {"project": str(REPO), "extras": ["torch"]}

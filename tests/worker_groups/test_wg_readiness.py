@@ -22,9 +22,9 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from ray_uv_plugin.agent.spec import parse_spec
 from ray_uv_plugin.cluster.prepare import prepare_nodes
 from ray_uv_plugin.cluster.readiness import NodeSetup, node_setups
+from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.store.layout import read_marker
 from tests.support.raylets import Raylet
 from tests.support.uvproject import write_project

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ray_uv_plugin.agent.spec import UvProjectSpecError
+from ray_uv_plugin.env.spec import UvProjectSpecError
 from worker_groups import (
     ACTOR_ENVIRONMENT_REGISTRY,
     PY_EXECUTABLES,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.agent.uv import find_uv
+from ray_uv_plugin.env.uv import find_uv
 from ray_uv_plugin.store.layout import MARKER
 from tests.support.uvproject import CountingUv, write_project
 from tests.worker_groups.conftest import WORKER_ENV
