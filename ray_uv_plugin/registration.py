@@ -87,7 +87,7 @@ def _flag(cmdline: list[str], name: str) -> str:
     return next((arg[len(prefix) :] for arg in cmdline if arg.startswith(prefix)), "")
 
 
-def local_raylets(gcs_address: str) -> list[Raylet]:
+def _local_raylets(gcs_address: str) -> list[Raylet]:
     """This cluster's raylets on this host whose environment this user may read."""
     import ray  # noqa: F401 - Ray vendors psutil (`ray/thirdparty_files`) and puts it on sys.path
 
@@ -132,7 +132,7 @@ def unloaded_message(gcs_address: str, without: list[Raylet], alive: int) -> str
     )
 
 
-def check_this_ray() -> None:
+def _check_this_ray() -> None:
     """Raise `PluginNotLoadedError` where no node of this driver's Ray loads the plugin; warn
     where some on this host do not. Nothing where Ray is not initialized."""
     import ray
@@ -143,7 +143,7 @@ def check_this_ray() -> None:
         gcs_address = ray.get_runtime_context().gcs_address
         if not gcs_address or gcs_address in _fine:
             return
-        without = [r for r in local_raylets(gcs_address) if not r.loads_plugin]
+        without = [r for r in _local_raylets(gcs_address) if not r.loads_plugin]
     except Exception as e:  # noqa: BLE001 - a check that cannot run (Ray Client...) stays quiet
         logger.debug("uv_project: cannot check whether this Ray loads the plugin: %s", e)
         return
@@ -162,7 +162,7 @@ def check_this_ray() -> None:
 def _after_init() -> None:
     """Ray's post-init hook: a `ray.init()` whose Ray cannot run `uv_project` fails whole."""
     try:
-        check_this_ray()
+        _check_this_ray()
     except PluginNotLoadedError:
         import ray
 
@@ -186,7 +186,7 @@ def _ray_init_address() -> str | None:
     return address
 
 
-def check_token_before_connect() -> None:
+def _check_token_before_connect() -> None:
     """Inside `ray.init(address=...)`: raise `TokenAuthError` where that cluster requires a token
     this process does not send. Ray retries the refused handshake for 20 s and then raises a
     bare `ConnectionError`; a local `ray.init()` (the demo's too) writes `~/.ray/auth_token`, so
@@ -210,11 +210,11 @@ def watch() -> None:
     worker = sys.modules.get("ray._private.worker")
     if worker is None:
         return
-    check_token_before_connect()
+    _check_token_before_connect()
     hooks = getattr(worker, "_post_init_hooks", None)  # ray_compat.DRIVER lists it
     if isinstance(hooks, list) and _after_init not in hooks:
         hooks.append(_after_init)
-    check_this_ray()
+    _check_this_ray()
 
 
 class UvProject(dict):

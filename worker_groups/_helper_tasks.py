@@ -74,7 +74,7 @@ def run_helpers(refs: list[ray.ObjectRef], what: str, timeout_s: float = HELPER_
     return ray.get(refs)
 
 
-def free_port_in_range(low: int, high: int) -> int:
+def _free_port_in_range(low: int, high: int) -> int:
     """A port in ``[low, high)`` that nothing listens on here, tried in random order."""
     candidates = list(range(low, high))
     random.shuffle(candidates)
@@ -90,7 +90,7 @@ def free_port_in_range(low: int, high: int) -> int:
 
 @ray.remote(num_cpus=0)
 def node_ip_and_free_port(low: int, high: int) -> tuple[str, int]:
-    return ray.util.get_node_ip_address(), free_port_in_range(low, high)
+    return ray.util.get_node_ip_address(), _free_port_in_range(low, high)
 
 
 @ray.remote(num_cpus=0.01, num_gpus=0.01)

@@ -21,7 +21,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 logger = logging.getLogger("worker_groups.initializer")
 
 
-def load_worker_class(fqn: str) -> Any:
+def _load_worker_class(fqn: str) -> Any:
     """Import ``pkg.module.Class`` here, in the worker's environment, with an error that says
     where it looked."""
     module_name, _, class_name = fqn.rpartition(".")
@@ -114,7 +114,7 @@ class IsolatedWorkerInitializer:
         self.ray_actor_class_fqn = ray_actor_class_fqn
         self.init_args = init_args
         self.init_kwargs = init_kwargs
-        loaded = load_worker_class(ray_actor_class_fqn)
+        loaded = _load_worker_class(ray_actor_class_fqn)
         if isinstance(loaded, ray.actor.ActorClass):
             self.actor_class, self.user_class = loaded, loaded.__ray_actor_class__
         elif inspect.isclass(loaded):
@@ -157,7 +157,7 @@ class IsolatedWorkerInitializer:
         ``configure_worker`` asks for (with a warning where it overrides the caller); the
         placement (scheduling strategy, ``num_gpus``)."""
         defaults = getattr(self.actor_class, "_default_options", None) or {}
-        options = merge_options(_ray_decorator_options(defaults), extra_options)
+        options = _merge_options(_ray_decorator_options(defaults), extra_options)
         init_kwargs = dict(self.init_kwargs)
         if hasattr(self.user_class, "configure_worker"):
             resources, env_vars, extra_kwargs, runtime_env = _call_configure(
@@ -188,7 +188,7 @@ class IsolatedWorkerInitializer:
                         merged_vars[key],
                     )
                 merged_vars[key] = str(value)
-            options["runtime_env"] = merge_options(env, runtime_env)
+            options["runtime_env"] = _merge_options(env, runtime_env)
             init_kwargs.update(extra_kwargs)
         # One CPU of the bundle unless someone chose: a predictable share when groups colocate.
         options.setdefault("num_cpus", 1)
@@ -201,12 +201,12 @@ class IsolatedWorkerInitializer:
         return self.actor_class.options(**options).remote(*self.init_args, **init_kwargs)
 
 
-def merge_options(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+def _merge_options(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     """``override`` merged into a copy of ``base``: dicts key by key, anything else replaced."""
     merged = copy.deepcopy(base)
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = merge_options(merged[key], value)
+            merged[key] = _merge_options(merged[key], value)
         else:
             merged[key] = copy.deepcopy(value)
     return merged

@@ -82,7 +82,7 @@ def _alive() -> dict[str, str]:
     return dict(alive_nodes())
 
 
-def read_setups(
+def _read_setups(
     uv_project: Mapping[str, Any], nodes: Iterable[str], env_vars: EnvVars = None
 ) -> dict[str, NodeSetup]:
     from ray_uv_plugin.cluster.readiness import node_setups
@@ -91,9 +91,9 @@ def read_setups(
     return node_setups(uv_project, nodes=nodes, env_vars=env_vars) if nodes else {}
 
 
-def ready_nodes(uv_project: Mapping[str, Any], env_vars: EnvVars = None) -> set[str]:
+def _ready_nodes(uv_project: Mapping[str, Any], env_vars: EnvVars = None) -> set[str]:
     """The alive nodes where the env of `uv_project` (under `env_vars`) is ready now."""
-    setups = read_setups(uv_project, _alive(), env_vars)
+    setups = _read_setups(uv_project, _alive(), env_vars)
     return {node for node, setup in setups.items() if setup.state == "ready"}
 
 
@@ -111,7 +111,7 @@ def ready_node_selector(uv_project: Mapping[str, Any], env_vars: EnvVars = None)
             f"Ray {ray.__version__} has no label selectors for placement (Ray 2.50 and later): "
             "prepare the nodes first (`ray-uv prepare`), or upgrade Ray."
         )
-    ready = ready_nodes(uv_project, env_vars)
+    ready = _ready_nodes(uv_project, env_vars)
     if not ready:
         raise NoReadyNodeError(
             "no alive node has this uv_project env ready: make it ready with `ray-uv prepare` "
@@ -191,7 +191,7 @@ def place_on_ready(
 
     alive = _alive()
     try:
-        setups = read_setups(uv_project, alive, env_vars)
+        setups = _read_setups(uv_project, alive, env_vars)
     except ReadinessError as e:  # a job whose own runtime_env has uv_project
         if readiness == "require":
             raise
@@ -203,7 +203,7 @@ def place_on_ready(
         return make(None)
     wait = PREFER_WAIT_S if readiness == "prefer" else timeout_s
     deadline = time.perf_counter() + wait
-    with joining_nodes_prepared(uv_project, alive, setups, env_vars):
+    with _joining_nodes_prepared(uv_project, alive, setups, env_vars):
         pgs = make(node_id_selector(ready)) if ready else []  # "require": none ready yet
         asked = _asked(pgs)
         if readiness == "prefer" and not _fits(asked, ready):
@@ -241,7 +241,7 @@ def place_on_ready(
                     "Make the env ready on more nodes (`ray-uv prepare`, or `ray-uv prepare "
                     "--watch` for nodes that join), free those nodes, or use readiness='prefer'."
                 )
-            now_ready = ready_nodes(uv_project, env_vars)
+            now_ready = _ready_nodes(uv_project, env_vars)
             if now_ready - ready:
                 logger.info(
                     "%s: the env is ready on %d more node(s): placing it again",
@@ -255,7 +255,7 @@ def place_on_ready(
 
 
 @contextmanager
-def joining_nodes_prepared(
+def _joining_nodes_prepared(
     uv_project: Mapping[str, Any],
     alive: Mapping[str, str],
     setups: Mapping[str, NodeSetup],
@@ -342,7 +342,7 @@ class WaitLines:
         if nodes is None:
             nodes = self.nodes - {n for n, s in self.last.items() if s.state == "ready"}
         try:
-            setups = read_setups(self.value, nodes, self.env_vars)
+            setups = _read_setups(self.value, nodes, self.env_vars)
         except Exception as e:  # noqa: BLE001 - a line not said costs nothing; a raise would
             logger.debug("%s: could not read the nodes' setups: %s", self.what, e)
             return {}

@@ -68,7 +68,7 @@ def _runtime_env_dir() -> str | None:
     return None
 
 
-def runtime_env_uri(runtime_env: dict) -> str:
+def _runtime_env_uri(runtime_env: dict) -> str:
     """The URI by which Ray's agent counts the jobs and workers that refer to a runtime_env of
     ours: a digest of the whole runtime_env, so that two with one URI get one venv.
 
@@ -87,7 +87,7 @@ def runtime_env_uri(runtime_env: dict) -> str:
     return f"{FIELD}://{hashlib.sha256(text.encode()).hexdigest()[:32]}"
 
 
-def request_working_dir(runtime_env: dict) -> str | None:
+def _request_working_dir(runtime_env: dict) -> str | None:
     """This request's own working_dir on this node, from its URI."""
     uri = runtime_env.get("working_dir")
     if not uri:
@@ -146,7 +146,7 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         try:
             if runtime_env.get(FIELD) is None:
                 return []
-            return [runtime_env_uri(runtime_env)]
+            return [_runtime_env_uri(runtime_env)]
         except Exception:  # noqa: BLE001 - a runtime_env that `validate` then refuses
             return []
 
@@ -181,7 +181,7 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         project = value.get("project") if isinstance(value, dict) else None
         uri = runtime_env.get("working_dir")
         try:
-            working_dir = request_working_dir(runtime_env)
+            working_dir = _request_working_dir(runtime_env)
         except Exception:  # noqa: BLE001 - the error being reported says what is wrong
             working_dir = None
         return Where(
@@ -210,7 +210,7 @@ class UvProjectPlugin(RuntimeEnvPlugin):
             # Ray's `uv run` hook's interpreter: ours replaces it. Ray sets up plugins one by one
             # on this object, so its py_executable plugin then has nothing to set.
             del runtime_env["py_executable"]
-        working_dir = request_working_dir(runtime_env)
+        working_dir = _request_working_dir(runtime_env)
         uploaded = spec.project is None and not str(runtime_env.get("working_dir")).startswith(
             "local://"
         )

@@ -336,7 +336,7 @@ def problems(internals: Sequence[RayInternal], ray_version: str) -> list[str]:
     return found
 
 
-def mismatch_message(found: Sequence[str], ray_version: str, plugin_version: str) -> str:
+def _mismatch_message(found: Sequence[str], ray_version: str, plugin_version: str) -> str:
     lines = "\n".join(f"  - {line}" for line in found)
     return (
         f"uv_project: ray-uv-plugin {plugin_version} cannot run on this node's Ray "
@@ -362,4 +362,4 @@ def check(internals: Sequence[RayInternal] = AGENT) -> str | None:
         plugin_version = version("ray-uv-plugin")
     except Exception:  # noqa: BLE001 - a checkout without its metadata
         plugin_version = "(unknown version)"
-    return mismatch_message(found, ray.__version__, plugin_version)
+    return _mismatch_message(found, ray.__version__, plugin_version)

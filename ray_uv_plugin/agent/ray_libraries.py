@@ -114,7 +114,7 @@ class Missing:
         )
 
 
-def installed_distributions(site: Path) -> dict[str, str]:
+def _installed_distributions(site: Path) -> dict[str, str]:
     """Canonical distribution name -> version, from the `*.dist-info` dir names (one listdir)."""
     found: dict[str, str] = {}
     try:
@@ -128,7 +128,7 @@ def installed_distributions(site: Path) -> dict[str, str]:
     return found
 
 
-def extra_distributions(requires: Iterable[str], extra: str) -> tuple[str, ...]:
+def _extra_distributions(requires: Iterable[str], extra: str) -> tuple[str, ...]:
     """The canonical names of the distributions that `extra` adds to the base requirements,
     with markers evaluated for this interpreter (the venvs use the node's interpreter)."""
     out: list[str] = []
@@ -169,7 +169,7 @@ def _node_state() -> tuple[str, tuple[str, ...], frozenset[str]] | None:
     installed: set[str] = set()
     for path in sys.path:
         if path and os.path.isdir(path):
-            installed.update(installed_distributions(Path(path)))
+            installed.update(_installed_distributions(Path(path)))
     return ray_dist.version, tuple(ray_dist.requires or ()), frozenset(installed)
 
 
@@ -180,7 +180,7 @@ def node_has(extra: str) -> bool | None:
     if state is None:
         return None
     _, requires, installed = state
-    return all(d in installed for d in extra_distributions(requires, extra))
+    return all(d in installed for d in _extra_distributions(requires, extra))
 
 
 @dataclass(frozen=True)
@@ -230,7 +230,7 @@ def _library_status(venv: Path, site: Path, libraries: Sequence[Library]) -> lis
     dist_info = ray_dist_info(venv)
     if dist_info is None:
         raise ValueError(_no_ray(venv))
-    installed = installed_distributions(site)
+    installed = _installed_distributions(site)
     version = DIST_INFO.match(dist_info.name)["version"]  # type: ignore[index]
     try:
         requires = _requires_from_metadata((dist_info / "METADATA").read_text("utf-8"))
@@ -238,7 +238,7 @@ def _library_status(venv: Path, site: Path, libraries: Sequence[Library]) -> lis
         raise ValueError(f"uv_project: cannot read Ray's metadata in {dist_info}: {e}") from e
     out = []
     for lib in libraries:
-        wanted = extra_distributions(requires, lib.extra)
+        wanted = _extra_distributions(requires, lib.extra)
         missing = [d for d in wanted if d not in installed]
         missing.sort(
             key=lambda d: (d not in lib.first, lib.first.index(d) if d in lib.first else 0)
@@ -260,7 +260,7 @@ def missing_libraries(venv: Path, only_node_has: bool = True) -> list[Missing]:
     ]
 
 
-def warning_lines(key: str, missing: Sequence[Missing]) -> list[str]:
+def _warning_lines(key: str, missing: Sequence[Missing]) -> list[str]:
     """The setup log's warnings for a venv (`key`) whose Ray lacks libraries."""
     return [
         f"uv_project {key}: this env's Ray cannot run {m.library.title}: {m.describe()}; the "
@@ -272,13 +272,13 @@ def warning_lines(key: str, missing: Sequence[Missing]) -> list[str]:
     ]
 
 
-def is_client_server_request(logger: logging.Logger | None) -> bool:
+def _is_client_server_request(logger: logging.Logger | None) -> bool:
     """Whether this setup is for a Ray Client SpecificServer (the job-level env of a
     `ray.init("ray://...", runtime_env=...)`), from the agent's per-request logger name."""
     return bool(logger is not None and logger.name.startswith(CLIENT_SERVER_LOGGER_PREFIX))
 
 
-def client_server_error(key: str, missing: Missing) -> str:
+def _client_server_error(key: str, missing: Missing) -> str:
     return (
         f"uv_project {key}: Ray Client runs the job's client server in the job-level "
         f"uv_project env, and this env's Ray lacks `{missing.requirement}` "
@@ -300,11 +300,11 @@ def check_libraries(key: str, venv: Path, logger: logging.Logger | None = None) 
         statuses = library_status(venv)
     except ValueError:
         return []
-    if is_client_server_request(logger):
+    if _is_client_server_request(logger):
         client = next(s for s in statuses if s.library.name == "client")
         if client.missing:
-            raise MissingLibraryError(client_server_error(key, client.as_missing()))
+            raise MissingLibraryError(_client_server_error(key, client.as_missing()))
     missing = [s.as_missing() for s in statuses if s.missing and s.node_has]
-    for line in warning_lines(key, missing):
+    for line in _warning_lines(key, missing):
         logger.warning(line)
     return missing

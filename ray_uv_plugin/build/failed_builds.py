@@ -12,7 +12,7 @@ Per process (the node's agent), per venv path (`<venv dir>/<key>`) and per every
 reached uv (`sync_inputs`: the `uv sync` command, with its whole environment, and the uv binary):
 only the same sync would fail the same way. A job that changes a setting outside the key (a
 timeout, a proxy, an index's credentials) gets a build of its own. After
-`remember_seconds()` the next request builds again, e.g. once the disk has been freed.
+`_remember_seconds()` the next request builds again, e.g. once the disk has been freed.
 
 Ray's agent keeps a failed runtime_env for longer (`ray_failure_cache_seconds`, 600 s by
 default): an identical runtime_env does not even reach the plugin until then, which the message
@@ -53,7 +53,7 @@ class RememberedFailure(UvSyncError):
         self.first = first
 
 
-def remember_seconds(settings: NodeSettings | None = None) -> float:
+def _remember_seconds(settings: NodeSettings | None = None) -> float:
     """How long a failure is remembered: `RAY_UV_PLUGIN_FAILED_BUILD_MEMO_S`, else 60 s."""
     return (settings or NodeSettings.read()).failed_build_memo_s()
 
@@ -110,7 +110,7 @@ def _as_retried(env: Mapping[str, str]) -> list[tuple[str, str]]:
 def remember(venv: Path, inputs: str, message: str) -> None:
     """Remember that the sync of `venv` with `inputs` (`sync_inputs`) failed with `message`."""
     now = time.monotonic()
-    window = remember_seconds()
+    window = _remember_seconds()
     with _guard:
         for old in [k for k, (when, _) in _failed.items() if now - when >= window]:
             del _failed[old]
@@ -119,8 +119,8 @@ def remember(venv: Path, inputs: str, message: str) -> None:
 
 def recent(venv: Path, inputs: str) -> RememberedFailure | None:
     """The error of the last sync of `venv` with `inputs` if it failed less than
-    `remember_seconds()` ago, with what to do to try again now; else None."""
-    window = remember_seconds()
+    `_remember_seconds()` ago, with what to do to try again now; else None."""
+    window = _remember_seconds()
     with _guard:
         when, message = _failed.get((venv, inputs), (float("-inf"), ""))  # `remember` expires
     ago = time.monotonic() - when

@@ -77,7 +77,7 @@ def refused_message(address: str, environ: Mapping[str, str] = os.environ) -> st
     )
 
 
-def missing_token_message() -> str:
+def _missing_token_message() -> str:
     return (
         f"{MODE_ENV}=token is set in this shell, but it holds no token: {SET_THE_TOKEN}; "
         f"{WHERE_THE_TOKEN_IS}."
@@ -99,7 +99,7 @@ def check_token_auth(address: str) -> None:
         except AuthenticationError as e:  # RAY_AUTH_TOKEN_PATH names no file, or an empty one
             raise TokenAuthError(f"{e.message}: {SET_THE_TOKEN}; {WHERE_THE_TOKEN_IS}.") from e
         if not has_token:
-            raise TokenAuthError(missing_token_message())
+            raise TokenAuthError(_missing_token_message())
     outcome: list[BaseException | None] = []
 
     def handshake() -> None:
@@ -109,7 +109,7 @@ def check_token_auth(address: str) -> None:
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             outcome.append(e)
 
-    with quiet_stderr():  # Ray's core logs each refusal as a warning of its own
+    with _quiet_stderr():  # Ray's core logs each refusal as a warning of its own
         thread = threading.Thread(target=handshake, name="ray-uv-auth-check", daemon=True)
         thread.start()
         thread.join(HANDSHAKE_WAIT_S)
@@ -130,7 +130,7 @@ def is_refused_token(exc: BaseException) -> bool:
 
 
 @contextmanager
-def quiet_stderr() -> Iterator[None]:
+def _quiet_stderr() -> Iterator[None]:
     """File descriptor 2 goes to /dev/null: Ray's core writes there, not to `sys.stderr`."""
     sys.stderr.flush()
     saved = os.dup(2)

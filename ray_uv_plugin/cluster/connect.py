@@ -68,7 +68,7 @@ def connect(address: str | None, runtime_env: dict[str, Any] | None) -> None:
         'start one with `eval "$(ray-uv plugin-config --shell)"; ray start --head`, '
         "or pass --address (the GCS address `host:6379`, or set RAY_ADDRESS)."
     )
-    answered = reachable_or_die(target, hint)
+    answered = _reachable_or_die(target, hint)
     gcs = target if answered else local_gcs_address(target)
     if gcs:
         try:
@@ -129,7 +129,7 @@ def local_gcs_address(target: str) -> str | None:
         return None
 
 
-def reachable_or_die(address: str, hint: str, timeout: float = 5.0) -> bool:
+def _reachable_or_die(address: str, hint: str, timeout: float = 5.0) -> bool:
     """Ray retries an unreachable GCS for minutes; a `host:port` we can check at once. True if
     `address` is one and it answered; False for one it cannot check (`auto`, `ray://...`)."""
     host, sep, port = address.rpartition(":")

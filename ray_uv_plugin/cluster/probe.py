@@ -6,7 +6,7 @@ Those venvs hold the user's project, not ray_uv_plugin, so Ray pickles this modu
 side imports the package inside its functions), and the names the worker's side needs from
 the package (the venv variable, the marker's name) come as arguments. What it sends back is an
 `EnvironmentReport`: a plain dict on the wire (nothing to unpickle by value), typed here, for
-both ends, and made in one place (`environment_report`).
+both ends, and made in one place (`_environment_report`).
 
 A probe task is a zero-CPU task pinned to a node with the env's runtime_env, so that the
 node's own plugin makes the env ready as a job's worker would; its report says whether the
@@ -41,7 +41,7 @@ class EnvironmentReport(TypedDict):
     now: float  # the node's clock (`was_built_within` compares the marker's times with it)
 
 
-def environment_report(
+def _environment_report(
     packages: tuple[str, ...], venv_env: str, marker_name: str
 ) -> EnvironmentReport:
     """What the worker runs in: interpreter, venv, its ready-marker, and package versions.
@@ -88,7 +88,7 @@ class Probe:
     def report(
         self, packages: tuple[str, ...], venv_env: str, marker_name: str
     ) -> EnvironmentReport:
-        return environment_report(packages, venv_env, marker_name)
+        return _environment_report(packages, venv_env, marker_name)
 
     def banner(self, text: str) -> str:
         try:
@@ -149,7 +149,7 @@ class Probes:
         config.setdefault("setup_timeout_seconds", max(int(timeout), 1))
         self.env = {**env, "config": config}
         pickle_by_value()
-        self._remote = ray.remote(environment_report)
+        self._remote = ray.remote(_environment_report)
         self._pending: dict[Any, tuple[str, str, float]] = {}  # ref -> node id, address, submitted
 
     def left(self) -> float:

@@ -82,7 +82,7 @@ def elapsed(seconds: float) -> str:
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
-def setup_here(
+def _setup_here(
     value: Mapping[str, Any] | None, key: str | None, env_vars: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """On a node: the key of `value` there (or `key` as given), and where it stands in the
@@ -154,7 +154,7 @@ def node_setups(
         )
     addresses = dict(alive_nodes())
     wanted = list(addresses) if nodes is None else list(nodes)
-    task = ray.remote(num_cpus=0, max_retries=0)(setup_here)
+    task = ray.remote(num_cpus=0, max_retries=0)(_setup_here)
     env = actors_env(None)
     refs = {
         task.options(**pinned(node, env)).remote(value, key, dict(env_vars or {})): node

@@ -93,7 +93,7 @@ def hook_settings(environ: Mapping[str, str], portable: bool) -> dict[str, str]:
     return settings
 
 
-def uv_run_cmdline() -> list[str] | None:
+def _uv_run_cmdline() -> list[str] | None:
     """The command line of the nearest ancestor process that is `uv run`, as Ray finds it (a
     driver may be a child of a child of `uv run`)."""
     import ray  # noqa: F401 - Ray vendors psutil (`ray/thirdparty_files`) and puts it on sys.path
@@ -136,7 +136,7 @@ def hook(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
     if previous and previous not in (*OUR_HOOKS, RAY_UV_HOOK):
         runtime_env = _load(previous)(runtime_env)
     runtime_env = dict(runtime_env or {})
-    cmdline = uv_run_cmdline()
+    cmdline = _uv_run_cmdline()
     if cmdline is None:
         return runtime_env
     from ray._private.runtime_env import uv_runtime_env_hook

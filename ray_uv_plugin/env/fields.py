@@ -278,7 +278,7 @@ def table_in(text: str) -> list[str]:
     return lines[start + 1 : end]
 
 
-def rewrite_table(text: str) -> str:
+def _rewrite_table(text: str) -> str:
     """`text` (a README) with the lines between the markers made from `FIELDS`."""
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(TABLE_BEGIN))
@@ -288,4 +288,4 @@ def rewrite_table(text: str) -> str:
 
 if __name__ == "__main__":  # a developer's command, in the checkout: the README is no package file
     readme = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
-    readme.write_text(rewrite_table(readme.read_text()))
+    readme.write_text(_rewrite_table(readme.read_text()))

@@ -209,7 +209,7 @@ def _with_guess(name: Any) -> str:
     return f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
 
 
-def check_field_names(names: Iterable[Any]) -> None:
+def _check_field_names(names: Iterable[Any]) -> None:
     """Refuse names that are no `uv_project` field, each with the field it is closest to."""
     unknown = sorted(set(names) - set(FIELD_NAMES), key=str)
     if unknown:
@@ -228,7 +228,7 @@ def parse_spec(value: Any) -> ParsedUvProject:
             f"uv_project must be a dict such as {{'extras': ['vllm']}} (or {{}} for the "
             f"project's default environment), got {type(value).__name__} {value!r}."
         )
-    check_field_names(value)
+    _check_field_names(value)
     kwargs = {f.name: _PARSERS[f.kind](f.name, value[f.name]) for f in FIELDS if f.name in value}
     kwargs = {name: given for name, given in kwargs.items() if given is not None}
     if kwargs.get("frozen"):
@@ -261,7 +261,7 @@ def parse_spec(value: Any) -> ParsedUvProject:
 def keyword_value(fields: Mapping[str, Any]) -> dict[str, Any]:
     """The `uv_project` value of keywords as `UvProject` takes them (one per field): those
     given other than as "not given", as given (lists as lists), checked by `parse_spec`."""
-    check_field_names(fields)  # a typo is told its field, not just "unexpected keyword"
+    _check_field_names(fields)  # a typo is told its field, not just "unexpected keyword"
     value = {name: given for name, given in fields.items() if not _left_out(name, given)}
     parse_spec(value)
     return {k: list(v) if BY_NAME[k].is_list else v for k, v in value.items()}

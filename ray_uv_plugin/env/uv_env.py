@@ -208,7 +208,7 @@ def is_build_var(name: str) -> bool:
     return name in BUILD_VARS or name.startswith(BUILD_VAR_PREFIXES)
 
 
-def reaches_uv(name: str) -> bool:
+def _reaches_uv(name: str) -> bool:
     """Whether a job's variable `name` reaches uv without being named in `build_env_vars`
     (uv's own, a build variable, a network setting); every other one stays the workers'."""
     if name in DROPPED:
@@ -273,7 +273,7 @@ def job_variables(
     for name, value in env_vars.items():
         if name in DROPPED:
             continue
-        if name not in named and not reaches_uv(name):
+        if name not in named and not _reaches_uv(name):
             withheld.append(name)
             continue
         if name in NODE_CACHE_VARS:

@@ -141,11 +141,11 @@ def run_check(
         outcome.seconds,
         library_status(outcome.path),
         wanted,
-        tuple(node_notes(outcome.path, files.path)),
+        tuple(_node_notes(outcome.path, files.path)),
     )
 
 
-def node_notes(venv: Path, project: Path) -> list[str]:
+def _node_notes(venv: Path, project: Path) -> list[str]:
     """What this node's set-up costs a venv (uv copies instead of hardlinking) or leaves it
     without (chattr +i, as root), each with its fix: what a build's setup log says, for a
     reused venv too."""

@@ -28,7 +28,7 @@ from ray_uv_plugin.settings import PLUGINS_ENV, plugins_setting
 # --- plugin-config ---------------------------------------------------------------------------
 
 
-def cmd_plugin_config(args: argparse.Namespace) -> int:
+def _cmd_plugin_config(args: argparse.Namespace) -> int:
     try:
         plugins = plugins_setting(os.environ.get(PLUGINS_ENV))
     except ValueError as e:
@@ -54,7 +54,7 @@ def cmd_plugin_config(args: argparse.Namespace) -> int:
 # --- bench -----------------------------------------------------------------------------------
 
 
-def find_checkout(start: Path) -> Path | None:
+def _find_checkout(start: Path) -> Path | None:
     """The source checkout that holds `start` (the cwd): the nearest dir with the benchmarks
     and the package side by side. The wheel has no benchmarks, and the package never looks for
     them beside itself: only where the operator stands."""
@@ -64,10 +64,10 @@ def find_checkout(start: Path) -> Path | None:
     return None
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def _cmd_bench(args: argparse.Namespace) -> int:
     import subprocess
 
-    checkout = find_checkout(Path.cwd())
+    checkout = _find_checkout(Path.cwd())
     if checkout is None:  # not listed in the help here either (`build_parser`)
         raise UsageError(
             f"`ray-uv bench` runs the benchmarks of the source checkout, and {Path.cwd()} is in "
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(
         sub,
-        cmd_plugin_config,
+        _cmd_plugin_config,
         "plugin-config",
         help="print the RAY_RUNTIME_ENV_PLUGINS value",
         description="Print the RAY_RUNTIME_ENV_PLUGINS value that registers the uv_project "
@@ -301,10 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
     # The benchmarks are the source checkout's, never the wheel's (a top-level `benchmarks`
     # package in users' site-packages, and a harness of test helpers and example projects):
     # `bench` is listed only where it runs, from within a checkout.
-    if find_checkout(Path.cwd()) is not None:
+    if _find_checkout(Path.cwd()) is not None:
         p = _command(
             sub,
-            cmd_bench,
+            _cmd_bench,
             "bench",
             help="venv and actor startup benchmarks (args go to benchmarks.startup)",
             description="Run benchmarks.startup with the remaining arguments "
@@ -330,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["bench"]:  # everything after it, --help included, is the benchmark's
-            args = argparse.Namespace(func=cmd_bench, args=argv[1:])
+            args = argparse.Namespace(func=_cmd_bench, args=argv[1:])
         else:
             args = build_parser().parse_args(argv)
         code = args.func(args)

@@ -161,7 +161,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 LIBRARY_HINT = "hint: pass --library NAME to exit 1 when a library the job uses is missing"
 
 
-def check_json(project: Path, result: CheckResult | FoundEnv) -> dict[str, Any]:
+def _check_json(project: Path, result: CheckResult | FoundEnv) -> dict[str, Any]:
     """`check --json`: the env's key and venv, its state (`ready` after a check; a dry run's
     as `list` says it), and per Ray library whether its Ray can run it; null for what a dry
     run did not see (no ready venv: no libraries) or does not do (build, time)."""
@@ -204,7 +204,7 @@ def _report_found(found: FoundEnv, as_json: bool = False, project: Path | None =
     from ray_uv_plugin.ops import check
 
     if as_json:
-        print(json.dumps(check_json(project or found.venv, found), indent=1))
+        print(json.dumps(_check_json(project or found.venv, found), indent=1))
         if found.missing:
             print(f"error: the env cannot run {', '.join(found.missing)}", file=sys.stderr)
         return 1 if found.missing else 0
@@ -264,7 +264,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     ) as e:
         raise CliError(str(e)) from e
     if args.json:
-        print(json.dumps(check_json(project, result), indent=1))
+        print(json.dumps(_check_json(project, result), indent=1))
         if result.failed:
             names = ", ".join(s.library.name for s in result.failed)
             print(f"error: the env lacks what {names} needs", file=sys.stderr)

@@ -42,7 +42,7 @@ def _read(args: argparse.Namespace) -> Callable[[], dict[str, NodeSetup]]:
     return lambda: node_setups(spec, timeout=args.timeout)
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def _cmd_status(args: argparse.Namespace) -> int:
     import ray
 
     from ray_uv_plugin.cluster.watch import stop_on_signals
@@ -121,7 +121,7 @@ def add_status(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> Non
 
     p = command(
         sub,
-        cmd_status,
+        _cmd_status,
         "status",
         help="show where every node stands with an env: ready, building (phase), failed...",
         description="Show, for every alive node of a running cluster, where the uv environment "

@@ -40,7 +40,7 @@ RAY_WORKING_DIR = re.compile(r"/session_[^/]+/runtime_resources/working_dir_file
 RAY_PACKAGE = re.compile(r"(_ray_pkg_[0-9a-f]{8})[0-9a-f]+")
 
 
-def project_label(project: str) -> str:
+def _project_label(project: str) -> str:
     """The PROJECT column: a project path as it is, but a working_dir that Ray unpacked as
     `(Ray working_dir _ray_pkg_0123abcd)`: the package as Ray's logs name it (its hash cut
     to 8 digits, as git's short hashes), not a session path that nobody typed and that wraps
@@ -181,7 +181,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             cells = (
                 e.key,
                 e.name,
-                e.project if args.wide else project_label(e.project),
+                e.project if args.wide else _project_label(e.project),
                 ",".join(e.extras) or "-",
                 ",".join(e.groups) or "-",
                 format_bytes(usage.size(e.path)),
@@ -218,7 +218,7 @@ def _label(e: VenvEntry) -> str:
     return f"{e.key} ({e.project})" if e.meta else e.key
 
 
-def gc_json(root: Path, report: GcReport) -> dict[str, Any]:
+def _gc_json(root: Path, report: GcReport) -> dict[str, Any]:
     """`gc --json`: what went (or would go, `dry_run`) and what stayed, each with why; sizes in
     bytes as `du` counts them. A venv is as `list --json` names it: key, path, project."""
 
@@ -260,7 +260,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     except (VenvDirError, trust.UntrustedPathError) as e:
         raise CliError(str(e)) from e
     if args.json:
-        print(json.dumps(gc_json(root, report), indent=1))
+        print(json.dumps(_gc_json(root, report), indent=1))
         return 0
     verb = "Would remove" if args.dry_run else "Removed"
     for d in report.removed:

@@ -27,7 +27,7 @@ def node_error(e: BaseException, node: str, step: str) -> str:
     return f"node {node}: {step}: {type(e).__name__}: {first}"
 
 
-def time_left(deadline: float) -> float:
+def _time_left(deadline: float) -> float:
     return max(deadline - time.monotonic(), 0.0)
 
 
@@ -42,7 +42,7 @@ def each_answer(
     stalled: dict[str, float] = {}
     while pending:
         until = min(min(since[n] for n in pending.values()) + limit, deadline)
-        done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=time_left(until))
+        done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_time_left(until))
         for ref in done:
             node = pending.pop(ref)
             try:
@@ -121,7 +121,7 @@ class Stream:
         while self.takers:
             meta_ref, data_ref = self.sender.next_chunk.remote()
             try:
-                limit = min(self.stall, time_left(self.deadline))
+                limit = min(self.stall, _time_left(self.deadline))
                 meta = ray.get(meta_ref, timeout=max(limit, 1))
             except Exception as e:
                 step = f"sending chunk {meta.index + 1 if meta else 0}"

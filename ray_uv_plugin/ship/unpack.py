@@ -111,7 +111,7 @@ class _BoundedTarInfo(tarfile.TarInfo):
         return super()._proc_member(tar)  # type: ignore[misc]
 
 
-def interpreter_link_ok(target: str) -> bool:
+def _interpreter_link_ok(target: str) -> bool:
     """A venv's `bin/python` may link to this node's interpreter, and nothing else outside."""
     base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
     return os.path.realpath(target) == base
@@ -122,7 +122,7 @@ def _link_text_ok(member: tarfile.TarInfo) -> bool:
     (Where it really leads depends on links that may not have arrived yet: judged at the end.)"""
     if os.path.isabs(member.linkname):
         top, _, name = member.name.partition("/")
-        return top == "bin" and "/" not in name and interpreter_link_ok(member.linkname)
+        return top == "bin" and "/" not in name and _interpreter_link_ok(member.linkname)
     target = os.path.normpath(os.path.join(os.path.dirname(member.name), member.linkname))
     return not (target == ".." or target.startswith("../") or os.path.isabs(target))
 
@@ -309,7 +309,7 @@ class Unpacker:
             real = os.path.realpath(os.path.join(self.tmp, name))
             if real == top or real.startswith(top + "/"):
                 continue
-            if name.rpartition("/")[0] == "bin" and interpreter_link_ok(real):
+            if name.rpartition("/")[0] == "bin" and _interpreter_link_ok(real):
                 continue
             raise ArchiveError(f"{name!r} leads to {real}, outside the venv")
 

@@ -167,7 +167,7 @@ def bytecode_source(path: str) -> str | None:
     return f"{match['dir']}{match['module']}.py" if match else None
 
 
-def is_scaffolding(path: str, site: str) -> bool:
+def _is_scaffolding(path: str, site: str) -> bool:
     """Whether the venv-relative `path` is what `uv venv` makes besides packages."""
     if _SCAFFOLDING.match(path):
         return True
@@ -177,7 +177,7 @@ def is_scaffolding(path: str, site: str) -> bool:
 
 def header_matches(pyc: str, source: str) -> bool:
     """Whether the `.pyc` file at `pyc` is bytecode Python takes for the source at `source`
-    (`header_of`)."""
+    (`_header_of`)."""
     try:
         fd = os.open(pyc, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
@@ -186,10 +186,10 @@ def header_matches(pyc: str, source: str) -> bool:
             os.close(fd)
     except OSError:
         return False
-    return header_of(header, source)
+    return _header_of(header, source)
 
 
-def header_of(header: bytes, source: str) -> bool:
+def _header_of(header: bytes, source: str) -> bool:
     """Whether a `.pyc`'s first 16 bytes are bytecode Python takes for the source at `source`:
     this interpreter's magic, and the source's mtime and size (a timestamp `.pyc`) or its hash
     (a checked hash-based one, as `SOURCE_DATE_EPOCH` makes). An unchecked hash-based `.pyc` is
@@ -244,14 +244,14 @@ def account(
 
     def compiled_here(path: str) -> bool:  # bytecode of a listed source, that the build made
         source = bytecode_source(path)
-        if source is None or not (source in hashes or is_scaffolding(source, base)):
+        if source is None or not (source in hashes or _is_scaffolding(source, base)):
             return False
         head = heads.get(path) if heads is not None else None
         if compiled is None:
             if head is None:
                 return header_matches(str(venv / path), str(venv / source))
-            return header_of(head, str(venv / source))
-        return path in compiled and (head is None or header_of(head, str(venv / source)))
+            return _header_of(head, str(venv / source))
+        return path in compiled and (head is None or _header_of(head, str(venv / source)))
 
     for path, entry in files.items():
         if entry.kind == "dir":
@@ -264,7 +264,7 @@ def account(
             elif expected is not None and entry.content != expected and not compiled_here(path):
                 mismatches.append(f"{path} ({recorded.owners[path]})")
             continue
-        if is_scaffolding(path, base):
+        if _is_scaffolding(path, base):
             continue
         if entry.kind == "file" and compiled_here(path):
             continue

@@ -37,7 +37,7 @@ def kind(st: os.stat_result) -> str:
     return "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
 
 
-def made_by_uv(venv: Path) -> bool:
+def _made_by_uv(venv: Path) -> bool:
     """Whether `<venv>/pyvenv.cfg` is a regular file with the `uv = ` line uv writes. Its mode
     is not checked: a dead build was never frozen, so its files have the builder's umask."""
     st = lstat(venv / "pyvenv.cfg")
@@ -103,7 +103,7 @@ def lock_form(lock: Path) -> tuple[bool, str | None]:
         os.close(fd)
 
 
-def frozen_as_built(venv: Path) -> bool:
+def _frozen_as_built(venv: Path) -> bool:
     """Whether `venv` is as `freezing.freeze` leaves a built venv (see the module docstring): a
     `lib/`, and no directory below the top one with a write bit, all of one owner."""
     try:
@@ -134,13 +134,13 @@ def build_record(root: Path, key: str) -> tuple[str | None, float, bool]:
     whether it is frozen as a finished build).
 
     Proof is uv's `pyvenv.cfg` in it and our `<key>.lock` beside it (the plugin creates the
-    lock before uv runs), or a tree frozen as only a finished build is (`frozen_as_built`): a
+    lock before uv runs), or a tree frozen as only a finished build is (`_frozen_as_built`): a
     directory merely named like a key is somebody else's.
     """
     lock = lock_path(root, key)
     st = lstat(lock)
     if st is None:
-        if frozen_as_built(root / key):
+        if _frozen_as_built(root / key):
             return None, 0.0, True
         return f"no build lock {lock.name} of the plugin beside it", 0.0, False
     if not stat.S_ISREG(st.st_mode):
@@ -151,8 +151,8 @@ def build_record(root: Path, key: str) -> tuple[str | None, float, bool]:
     _readable, problem = lock_form(lock)  # what this user cannot read, `lock_held` reports
     if problem:
         return f"{lock.name} is not the plugin's: {problem}", 0.0, False
-    if frozen_as_built(root / key):
+    if _frozen_as_built(root / key):
         return None, st.st_mtime, True
-    if not made_by_uv(root / key):
+    if not _made_by_uv(root / key):
         return "it has no pyvenv.cfg written by uv", st.st_mtime, False
     return None, st.st_mtime, False

@@ -153,7 +153,7 @@ def _raise(path: Path, st: os.stat_result, why: str, what: str, fix: str) -> Non
     raise UntrustedPathError(f"uv_project: refusing {what} {path}: {why} ({describe(st)}); {fix}.")
 
 
-def check_stat(path: Path, st: os.stat_result, what: str, kind: int = stat.S_IFDIR) -> None:
+def _check_stat(path: Path, st: os.stat_result, what: str, kind: int = stat.S_IFDIR) -> None:
     """Raise unless `st` (an `lstat`/`fstat` of `path`) is of `kind` and trusted. `what` is
     `VENV_DIR` for the venv dir itself, else names an entry of it (`MARKER_WHAT`: a venv's)."""
     if stat.S_ISLNK(st.st_mode):
@@ -176,7 +176,7 @@ def check_stat(path: Path, st: os.stat_result, what: str, kind: int = stat.S_IFD
 def check_dir(path: Path, what: str) -> os.stat_result:
     """`lstat` of `path`, checked: a trusted directory, not a symlink. FileNotFoundError if gone."""
     st = os.lstat(path)
-    check_stat(path, st, what)
+    _check_stat(path, st, what)
     return st
 
 
@@ -325,7 +325,7 @@ def open_no_follow(path: Path, flags: int = os.O_RDONLY, mode: int = 0o600) -> i
 
 def check_fd(path: Path, fd: int, what: str) -> os.stat_result:
     st = os.fstat(fd)
-    check_stat(path, st, what, stat.S_IFREG)
+    _check_stat(path, st, what, stat.S_IFREG)
     return st
 
 
@@ -355,7 +355,7 @@ def write_new_file(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def new_dir_mode() -> int:
+def _new_dir_mode() -> int:
     return 0o2750 if trusted_gid() is not None else 0o700
 
 
@@ -396,5 +396,5 @@ def _make_dir(path: Path, venv_dir: bool) -> bool:
         os.chown(path, -1, gid)
         os.chmod(path, 0o2770)
     else:
-        os.chmod(path, new_dir_mode())
+        os.chmod(path, _new_dir_mode())
     return True
