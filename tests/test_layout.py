@@ -70,6 +70,16 @@ def dotted(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts)
 
 
+def imported_from(node: ast.ImportFrom, package: str) -> str:
+    """The absolute name of the module `node` imports from, where `package` is the importer's."""
+    base = node.module or ""
+    if node.level:
+        anchor = package.split(".")
+        anchor = anchor[: len(anchor) - (node.level - 1)]
+        base = ".".join([*anchor, *([base] if base else [])])
+    return base
+
+
 def imports(path: Path) -> Iterator[tuple[int, str]]:
     """Every module `path` imports, at any depth (in functions and TYPE_CHECKING blocks too),
     as (line, dotted name); `from a import b` yields `a.b` too, where b may be a module."""
@@ -80,11 +90,7 @@ def imports(path: Path) -> Iterator[tuple[int, str]]:
             for alias in node.names:
                 yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, *([base] if base else [])])
+            base = imported_from(node, package)
             yield node.lineno, base
             for alias in node.names:
                 yield node.lineno, f"{base}.{alias.name}"
@@ -192,11 +198,7 @@ def loaded(path: Path, known: set[str], root: Path = ROOT) -> Iterator[str]:
             if isinstance(node, ast.Import):
                 yield from (alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")
-                    anchor = anchor[: len(anchor) - (node.level - 1)]
-                    base = ".".join([*anchor, *([base] if base else [])])
+                base = imported_from(node, package)
                 for alias in node.names:
                     yield f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
             elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
