@@ -77,7 +77,7 @@ def test_a_sync_killed_half_way_is_rebuilt(project, tmp_path, monkeypatch):
     root = tmp_path / "venvs"
     code = (
         "import sys; from pathlib import Path; "
-        "from tests.agent.test_venv_cache import _ensure_in_child;"
+        "from tests.build.test_venv_cache import _ensure_in_child;"
         f"_ensure_in_child({str(project)!r}, {str(root)!r})"
     )
     env = {**os.environ, UV_ENV_VAR: str(slow.path)}

@@ -22,7 +22,7 @@ from ray_uv_plugin.env.key import make_request
 from ray_uv_plugin.env.project import ProjectError, load_project
 from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.env.uv import UvSyncError, find_uv
-from tests.agent.test_request import write_with_mylib
+from tests.env.test_key import write_with_mylib
 from tests.support.uvproject import left_in, tamper_hashes, write_project
 
 NOBODY_LISTENS = "http://127.0.0.1:9/simple"  # the discard port: connection refused at once

@@ -13,7 +13,7 @@ from ray_uv_plugin.env.project import ConfigFile, ProjectFiles, load_project
 from ray_uv_plugin.env.source_builds import builds_from_source
 from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.env.uv_env import SOURCE_FETCH_VARS
-from tests.agent.test_request import write_with_mylib
+from tests.env.test_key import write_with_mylib
 from tests.support.uvproject import write_project
 
 PROJECT = '[[package]]\nname = "proj"\nversion = "0.1.0"\nsource = { %s = "." }\n'

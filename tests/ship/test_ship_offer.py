@@ -22,7 +22,7 @@ from ray_uv_plugin.env.uv_env import sync_environment
 from ray_uv_plugin.ship.actors import VenvReceiver, platform_tag
 from ray_uv_plugin.ship.messages import Offer, ShipError, ShipSettings, check_offer
 from ray_uv_plugin.store import trust
-from tests.agent.test_request import PINNED_LOCK, PINNED_PYPROJECT
+from tests.env.test_key import PINNED_LOCK, PINNED_PYPROJECT
 
 
 @pytest.fixture

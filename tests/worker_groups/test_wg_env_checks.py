@@ -101,7 +101,7 @@ def test_the_drivers_proxy_keys_a_groups_venv_where_the_lock_builds_from_source(
     from ray_uv_plugin.env.project import load_project
     from ray_uv_plugin.env.spec import parse_spec
     from ray_uv_plugin.env.uv_env import SOURCE_FETCH_VARS
-    from tests.agent.test_request import write_with_mylib
+    from tests.env.test_key import write_with_mylib
 
     project = load_project(write_with_mylib(tmp_path, editable=False))
     for name in SOURCE_FETCH_VARS:  # the node's (this machine's CAs): none
