@@ -11,7 +11,7 @@ every request at once on one event loop (`ensure_venv_async`). For each N, in th
 - `budget`: all at once under the default limit, N new keys, in the venv dir of the first run,
   whose N venvs are made to look last used an hour ago, with a budget of that dir's size plus
   `--budget-slack` times what one venv adds to it: room for N venvs and a few more, so most
-  old ones must go. (A build takes the bytecode of the nearest ready venv, `build.seeding`, and
+  old ones must go. (A build takes the bytecode of the nearest ready venv, `building.seeding`, and
   marks it used: a venv used in the last 2 minutes is never removed, so the slack covers the
   old venvs that new builds seed from.)
 
@@ -39,7 +39,7 @@ from typing import Any
 
 import ray
 
-from ray_uv_plugin.build.ensure import ensure_venv_async
+from ray_uv_plugin.building.ensure import ensure_venv_async
 from ray_uv_plugin.env.key import make_request
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec

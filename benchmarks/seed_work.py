@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.build import seeding
+from ray_uv_plugin.building import seeding
 from ray_uv_plugin.env.key import interpreter_tag
 from ray_uv_plugin.store import freezing, manifest, tree
 from ray_uv_plugin.store.layout import KEY_LENGTH, site_packages

@@ -43,7 +43,7 @@ from benchmarks.report import (
 )
 from benchmarks.runner import Case, Sample, Settings, run_all, run_sample, write_uv_wrapper
 from benchmarks.scenarios import BY_ID, DEFAULT_SCENARIOS, HAND_SYNC, Inputs, uv_project_env_vars
-from ray_uv_plugin.build.ensure import ensure_venv, lookup
+from ray_uv_plugin.building.ensure import ensure_venv, lookup
 from ray_uv_plugin.env.key import make_request
 from ray_uv_plugin.env.project import load_project, resolve_project_dir
 from ray_uv_plugin.env.spec import parse_spec

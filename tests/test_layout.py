@@ -6,10 +6,10 @@ import nothing above them. Read from the source (ast), without importing it or s
     store          the venv dir every role reads: imports only store
     env            the requested env as a value (fields, spec, project, key, uv and its
                    environment), used by every role: store and env
-    build          building a venv on a node (reuse or build, its steps, its record, seeding,
-                   bytecode, failed builds): store, env and build
+    building       building a venv on a node (reuse or build, its steps, its record, seeding,
+                   bytecode, failed builds): store, env and building
     agent          Ray's runtime-env agent, on every request: the above and agent
-    ship           moving venvs between nodes: store, env, build and ship
+    ship           moving venvs between nodes: store, env, building and ship
     cluster        driving a running cluster (connect, prepare, watch, the probe): the above
     driver         the driver's process (the `uv run` hook): store, env, driver, registration
     ops            an operator's commands: anything but the public API's module
@@ -37,16 +37,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: tests may read it
 PACKAGE = ROOT / "ray_uv_plugin"
 PRODUCT = (PACKAGE, ROOT / "worker_groups")
-LAYERS = ("store", "env", "build", "agent", "ship", "cluster", "driver", "ops")
+LAYERS = ("store", "env", "building", "agent", "ship", "cluster", "driver", "ops")
 TOP = ("registration", "schema", "driver_hook")  # the top modules but `settings` and `api`
 ALLOWED = {
     "settings": set(),
     "store": {"settings", "store"},
     "env": {"settings", "store", "env"},
-    "build": {"settings", "store", "env", "build"},
-    "agent": {"settings", "store", "env", "build", "agent"},
-    "ship": {"settings", "store", "env", "build", "ship"},
-    "cluster": {"settings", "store", "env", "build", "ship", "cluster"},
+    "building": {"settings", "store", "env", "building"},
+    "agent": {"settings", "store", "env", "building", "agent"},
+    "ship": {"settings", "store", "env", "building", "ship"},
+    "cluster": {"settings", "store", "env", "building", "ship", "cluster"},
     # the hook waits for the plugin's registration
     "driver": {"settings", "store", "env", "driver", "registration"},
     # ops may use the top modules (the schema, the registration's checks)
@@ -434,3 +434,14 @@ def test_the_tests_mirror_the_modules() -> None:
         "test_exports.py",  # ray_uv_plugin/__init__.py
         "test_driver_group.py",  # the README's driver dependency group, end to end
     }, top
+
+
+def test_pytest_collects_every_test_folder(pytestconfig: pytest.Config) -> None:
+    """A folder pytest skips by default (`build`, `dist`, `venv`...) would drop its tests without
+    a word: no test folder, and so no layer, may be named like one."""
+    import fnmatch
+
+    skipped = pytestconfig.getini("norecursedirs")
+    folders = [p.name for p in (ROOT / "tests").iterdir() if p.is_dir()]
+    assert [f for f in folders for pattern in skipped if fnmatch.fnmatch(f, pattern)] == []
+    assert "build" in skipped  # what the check looks for is there to see

@@ -1,4 +1,4 @@
-"""The Ray glue: the `uv_project` runtime_env plugin, over `env.key` and `build.ensure`."""
+"""The Ray glue: the `uv_project` runtime_env plugin, over `env.key` and `building.ensure`."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from ray._private.runtime_env.plugin import RuntimeEnvPlugin
 from ray_uv_plugin.agent import ray_compat
 from ray_uv_plugin.agent.ray_libraries import check_libraries
 from ray_uv_plugin.agent.setup_error import Where, setup_error, setup_log
-from ray_uv_plugin.build.ensure import Outcome, ensure_venv_async
-from ray_uv_plugin.build.failed_builds import RememberedFailure
+from ray_uv_plugin.building.ensure import Outcome, ensure_venv_async
+from ray_uv_plugin.building.failed_builds import RememberedFailure
 from ray_uv_plugin.env.key import make_request
 from ray_uv_plugin.env.project import load_project, resolve_project_dir
 from ray_uv_plugin.env.spec import (

@@ -128,7 +128,7 @@ def run_check(
 ) -> CheckResult:
     """Build or reuse the env of `project` with this selection (default: the project's
     default env), then check it."""
-    from ray_uv_plugin.build.ensure import ensure_venv
+    from ray_uv_plugin.building.ensure import ensure_venv
     from ray_uv_plugin.env.spec import ParsedUvProject
 
     wanted = parse_libraries(libraries)

@@ -17,7 +17,7 @@ from typing import Any
 
 import ray
 
-from ray_uv_plugin.build.phase_events import PhaseEvents
+from ray_uv_plugin.building.phase_events import PhaseEvents
 from ray_uv_plugin.env.key import KeyInputs
 from ray_uv_plugin.env.uv_env import sync_environment
 from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.build import seeding
+from ray_uv_plugin.building import seeding
 from ray_uv_plugin.env.key import interpreter_tag
 from ray_uv_plugin.ship.archive import SEED_REFERENCE as REFERENCE
 from ray_uv_plugin.ship.archive import ArchiveError

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.build import record as build_record
-from ray_uv_plugin.build import seeding
+from ray_uv_plugin.building import record as build_record
+from ray_uv_plugin.building import seeding
 from ray_uv_plugin.ship import relocation
 from ray_uv_plugin.ship.archive import ArchiveError
 from ray_uv_plugin.store import accounting, freezing, hashed, manifest

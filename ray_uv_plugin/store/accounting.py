@@ -4,7 +4,7 @@ made ready (a build fails, a receiver refuses what arrived), with the path named
 1. listed in the `RECORD` of a distribution of the lock (uv writes each RECORD as it installs
    the distribution: a file of the wheel that its own RECORD left out is listed without a hash);
    a listed hash that differs, or a listed file that is missing, is `not_as_recorded`, and the
-   build fails naming it (`build.record`): most likely a file changed in uv's cache,
+   build fails naming it (`building.record`): most likely a file changed in uv's cache,
    which would reach every venv made from it. A receiver takes the sending build's word for
    it: what it installs is that build's manifest, and its relocation rewrites scripts that
    RECORDs list (`ship.install`);
@@ -233,7 +233,7 @@ def account(
     account for nothing. `heads`: the headers of the `.pyc` files the manifest pass read
     (`manifest.scan`) or a receiver wrote (`ship.unpack`); a compiled one's must be its
     source's too (a seed's, not read, was checked so when its own build read it:
-    `build.seeding`), and a receiver reads the header of one it did not write."""
+    `building.seeding`), and a receiver reads the header of one it did not write."""
     site = site_packages(venv)
     base = str(site.relative_to(venv)) if site is not None else ""
     hashes = recorded.hashes

@@ -2,7 +2,7 @@
 on this node takes a hash, or a whole part of its manifest, from it without reading the files
 again, while the inodes are provably unchanged.
 
-uv installs a file as a hardlink from its cache, and a seeded build (`build.seeding`) links a
+uv installs a file as a hardlink from its cache, and a seeded build (`building.seeding`) links a
 seed's `.pyc` files: the files of every distribution that did not change are the very inodes an
 earlier venv's manifest hashed. Reading them again is most of what a changed lock would cost
 (~3 GB for 425 packages), so a build keeps, next to its manifest, each file's
@@ -23,7 +23,7 @@ writes its own (`ship.install`), and a sender's is never shipped.
   written after the clock has none (`""`): it is never kept.
 - `sources`: its modules (`.py` files outside `__pycache__` dirs) by size and mtime (seconds)
   only: what a `.pyc` header checks of its source. The same sources as a seed's part: the
-  seed's bytecode of that part is bytecode Python takes here (`build.seeding`).
+  seed's bytecode of that part is bytecode Python takes here (`building.seeding`).
 
 A hash is reused only for the same device and inode, the same size and the same mtime, and only
 if that mtime is older than the clock at which hashing began. Any write to a file sets its

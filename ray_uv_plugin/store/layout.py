@@ -52,7 +52,7 @@ KEY_LENGTH = 16  # hex digits of a venv's key: its dir's name
 MARKER = ".ray-uv-ready"
 MARKER_FORMAT = 1
 NOT_WHOLE = "not_whole"  # in a marker: why the venv is not what its build made (rebuilt)
-# In a marker of an earlier version (a build now fails instead: `build.record`): files
+# In a marker of an earlier version (a build now fails instead: `building.record`): files
 # that differ from their distribution's RECORD (`store.accounting`). Not ready: rebuilt.
 NOT_AS_RECORDED = "not_as_recorded"
 SHIP_INFIX = ".ship-"  # `<key>.ship-XXXX`: a venv being received, never used as it is

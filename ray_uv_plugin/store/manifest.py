@@ -9,7 +9,7 @@ group/other write). Top-level names starting with `.ray-uv-` are the plugin's ow
 this manifest, its fragments), never listed.
 
 It is stored by part, so that a build after a one-package change writes what changed and keeps
-the rest (`build.record`): a part is the first path component below site-packages
+the rest (`building.record`): a part is the first path component below site-packages
 (`numpy`, `six.py`, with a top-level module's bytecode, `__pycache__/six.<tag>.pyc`), every
 dist-info dir together (`DIST_INFOS`: uv writes each one's RECORD anew, so they never match a
 seed's), and the venv's own entries outside them (`VENV`: `bin/`, `pyvenv.cfg`, the dirs above

@@ -1,7 +1,7 @@
 """A venv's entries, listed once: every file, dir and link below it with its `lstat`.
 
 A build reads the same tree three times over: the listing of modules without bytecode
-(`build.bytecode.missing`), the manifest's pass (`store.manifest.scan`) and the freeze
+(`building.bytecode.missing`), the manifest's pass (`store.manifest.scan`) and the freeze
 (`store.freezing.freeze`). A 425-package venv holds ~134,000 entries, and each walk of them cost
 1-1.5 s of `lstat`s and per-entry Python. A build lists the tree once (`collect`), after uv and
 the seed made it, and once its compile step has written bytecode, lists again only the

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.build.ensure import ensure_venv
+from ray_uv_plugin.building.ensure import ensure_venv
 from ray_uv_plugin.env.project import ProjectError, check_ray_pin, load_project
 from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.env.uv import UvNotFoundError, UvResult, UvSyncError, sync_failure

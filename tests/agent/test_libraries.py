@@ -29,7 +29,7 @@ import ray
 from packaging.version import Version
 
 from ray_uv_plugin.agent import ray_libraries
-from ray_uv_plugin.build.ensure import ensure_venv
+from ray_uv_plugin.building.ensure import ensure_venv
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec
 from tests.support.uvproject import write_project

@@ -21,7 +21,7 @@ from ray._private.runtime_env.uri_cache import URICache
 
 from benchmarks.log_lines import capturing_logger
 from ray_uv_plugin.agent.plugin import RELEASED_AT_ONCE, UvProjectPlugin
-from ray_uv_plugin.build.ensure import Outcome, ensure_venv
+from ray_uv_plugin.building.ensure import Outcome, ensure_venv
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.settings import VENV_DIR_ENV, VENV_DIR_MAX_BYTES_ENV

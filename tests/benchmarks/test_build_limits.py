@@ -16,8 +16,8 @@ import pytest
 import ray
 from ray.exceptions import RuntimeEnvSetupError
 
-from ray_uv_plugin.build import failed_builds
-from ray_uv_plugin.build.ensure import ensure_venv, ensure_venv_async
+from ray_uv_plugin.building import failed_builds
+from ray_uv_plugin.building.ensure import ensure_venv, ensure_venv_async
 from ray_uv_plugin.env.key import make_request
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec

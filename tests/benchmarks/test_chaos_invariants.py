@@ -415,7 +415,7 @@ def test_an_error_that_names_its_cause_is_blamed_only_on_a_fault_of_that_kind() 
 
 
 def test_a_build_that_linked_the_file_cache_write_changed_is_blamed_on_it() -> None:
-    """A file that differs from its RECORD fails the build (`build.record`): inside a
+    """A file that differs from its RECORD fails the build (`building.record`): inside a
     `cache_write`'s window on its node that is the fault's doing, and no other fault's."""
     write = fault("cache_write", "write", 1, 10.0, hold_s=3.0)
     drop = fault("link_drop", "drop", 1, 11.0, hold_s=3.0)

@@ -22,7 +22,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 import ray_uv_plugin
-from ray_uv_plugin.build.ensure import ensure_venv
+from ray_uv_plugin.building.ensure import ensure_venv
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec
 from tests.support.uvproject import write_project

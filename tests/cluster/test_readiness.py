@@ -18,7 +18,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from ray_uv_plugin.cluster.readiness import NodeSetup, node_setups
-from tests.build.test_phase_events import slow_project
+from tests.building.test_phase_events import slow_project
 from tests.ship.test_ship import run_on
 from tests.support.uvproject import write_project
 

@@ -202,7 +202,7 @@ def test_uv_toml_above_is_keyed_only_where_uv_reads_it(six_project, tmp_path):
 def test_the_scratch_project_of_locked_false_gets_the_keyed_uv_toml(six_project, tmp_path, where):
     """`locked: false` re-locks in a private copy (`build.scratch_project`): the uv.toml that
     the key holds, beside the project or above it, goes with the copy, by the file's path."""
-    from ray_uv_plugin.build.steps import scratch_project
+    from ray_uv_plugin.building.steps import scratch_project
 
     proj = tmp_path / "parent" / "proj"
     shutil.copytree(six_project, proj)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from packaging.utils import canonicalize_name
 
-from ray_uv_plugin.build.ensure import ensure_venv
+from ray_uv_plugin.building.ensure import ensure_venv
 from ray_uv_plugin.env.key import make_request
 from ray_uv_plugin.env.project import ProjectError, load_project
 from ray_uv_plugin.env.spec import parse_spec
@@ -137,7 +137,7 @@ def test_system_uv_config_of_the_node_does_not_reach_the_build(tmp_path):
         "import sys; from pathlib import Path; "
         "from ray_uv_plugin.env.project import load_project; "
         "from ray_uv_plugin.env.spec import parse_spec; "
-        "from ray_uv_plugin.build.ensure import ensure_venv; "
+        "from ray_uv_plugin.building.ensure import ensure_venv; "
         f"out = ensure_venv(parse_spec({{}}), load_project(Path({str(proj)!r})), "
         f"root=Path({str(tmp_path / 'venvs')!r})); print('KEY', out.key)"
     )

@@ -27,7 +27,7 @@ import ray
 from packaging.version import Version
 from ray.cluster_utils import Cluster
 
-from ray_uv_plugin.build.ensure import ensure_venv
+from ray_uv_plugin.building.ensure import ensure_venv
 from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec

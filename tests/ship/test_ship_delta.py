@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.build.ensure import ensure_venv
+from ray_uv_plugin.building.ensure import ensure_venv
 from ray_uv_plugin.cluster.prepare import prepare_nodes
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec

@@ -181,7 +181,7 @@ def test_a_locked_package_with_a_dynamic_version_matches_any(tmp_path) -> None:
 
 
 def test_a_file_listed_with_another_hash_or_missing_is_not_as_recorded(tmp_path) -> None:
-    """What fails a build (`build.record`: most likely a file changed in uv's cache)."""
+    """What fails a build (`building.record`: most likely a file changed in uv's cache)."""
     venv = make_venv(tmp_path)
     (venv / SITE / "six.py").write_bytes(b"X = 2\n")
     (venv / "bin" / "six-tool").unlink()

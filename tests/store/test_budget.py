@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.log_lines import Lines, capturing_logger
-from ray_uv_plugin.build.ensure import ensure_venv
+from ray_uv_plugin.building.ensure import ensure_venv
 from ray_uv_plugin.env.key import make_request
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec

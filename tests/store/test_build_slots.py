@@ -18,7 +18,7 @@ import pytest
 import ray
 
 from benchmarks.log_lines import Lines, capturing_logger
-from ray_uv_plugin.build.ensure import ensure_venv, ensure_venv_async
+from ray_uv_plugin.building.ensure import ensure_venv, ensure_venv_async
 from ray_uv_plugin.env.key import make_request
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec
@@ -286,7 +286,7 @@ BUILD_THREE = textwrap.dedent(
     """
     import asyncio, sys
     from pathlib import Path
-    from ray_uv_plugin.build.ensure import ensure_venv_async
+    from ray_uv_plugin.building.ensure import ensure_venv_async
     from ray_uv_plugin.env.project import load_project
     from ray_uv_plugin.env.key import make_request
     from ray_uv_plugin.env.spec import parse_spec

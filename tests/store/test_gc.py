@@ -20,7 +20,7 @@ from pathlib import Path
 import packaging
 import pytest
 
-from ray_uv_plugin.build.ensure import ensure_venv
+from ray_uv_plugin.building.ensure import ensure_venv
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.settings import VenvDirError
@@ -649,7 +649,7 @@ def test_gc_does_not_touch_a_build_in_progress(project: Path, tmp_path: Path) ->
         "import sys; from pathlib import Path\n"
         "from ray_uv_plugin.env.project import load_project\n"
         "from ray_uv_plugin.env.spec import parse_spec\n"
-        "from ray_uv_plugin.build.ensure import ensure_venv\n"
+        "from ray_uv_plugin.building.ensure import ensure_venv\n"
         "o = ensure_venv(parse_spec({'extras': ['six', 'ini']}), load_project(Path(sys.argv[1])),"
         " root=Path(sys.argv[2]))\n"
         "print(o.path, o.built)\n"

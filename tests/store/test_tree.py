@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.build import bytecode
+from ray_uv_plugin.building import bytecode
 from ray_uv_plugin.store import freezing, manifest, tree
 
 SITE = "lib/python3.11/site-packages"

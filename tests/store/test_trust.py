@@ -17,7 +17,7 @@ from unittest.mock import ANY
 
 import pytest
 
-from ray_uv_plugin.build.ensure import Outcome, ensure_venv, lookup
+from ray_uv_plugin.building.ensure import Outcome, ensure_venv, lookup
 from ray_uv_plugin.env.key import make_request
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.build import bytecode
-from ray_uv_plugin.build.ensure import ensure_venv, lookup
-from ray_uv_plugin.build.record import Bytecode, write_manifest
+from ray_uv_plugin.building import bytecode
+from ray_uv_plugin.building.ensure import ensure_venv, lookup
+from ray_uv_plugin.building.record import Bytecode, write_manifest
 from ray_uv_plugin.env.key import make_request
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec

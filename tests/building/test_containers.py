@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.build.ensure import ensure_venv
+from ray_uv_plugin.building.ensure import ensure_venv
 from ray_uv_plugin.env.cache_split import cache_split_note
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec
@@ -222,7 +222,7 @@ from ray_uv_plugin.ship import archive, relocation, unpack
 from ray_uv_plugin.store.build_lock import BuildLock
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec
-from ray_uv_plugin.build.ensure import ensure_venv
+from ray_uv_plugin.building.ensure import ensure_venv
 from ray_uv_plugin.ship.install import install_received
 from ray_uv_plugin.store.layout import lock_path, read_marker
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.build import seeding
+from ray_uv_plugin.building import seeding
 from ray_uv_plugin.env.key import VenvRequest
 from ray_uv_plugin.env.project import project_name
 from ray_uv_plugin.env.uv import UvSyncError

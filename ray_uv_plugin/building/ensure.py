@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ray_uv_plugin.build import failed_builds
-from ray_uv_plugin.build.phase_events import PhaseEvents
-from ray_uv_plugin.build.steps import build_venv
+from ray_uv_plugin.building import failed_builds
+from ray_uv_plugin.building.phase_events import PhaseEvents
+from ray_uv_plugin.building.steps import build_venv
 from ray_uv_plugin.env.key import VenvRequest, make_request
 from ray_uv_plugin.env.project import ProjectFiles
 from ray_uv_plugin.env.spec import ParsedUvProject

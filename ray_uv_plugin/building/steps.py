@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from ray_uv_plugin.build import bytecode, seeding
-from ray_uv_plugin.build.phase_events import PhaseEvents
-from ray_uv_plugin.build.record import Bytecode, write_manifest, write_marker_of
+from ray_uv_plugin.building import bytecode, seeding
+from ray_uv_plugin.building.phase_events import PhaseEvents
+from ray_uv_plugin.building.record import Bytecode, write_manifest, write_marker_of
 from ray_uv_plugin.env import image
 from ray_uv_plugin.env.cache_split import cache_split_note, uv_cache_dir
 from ray_uv_plugin.env.key import VenvRequest, interpreter_tag, withheld_from_uv
@@ -190,8 +190,8 @@ def _sync_and_compile(
     events: PhaseEvents,
 ) -> tuple[UvResult, accounting.Recorded, Bytecode, tree.Tree]:
     """`uv sync` into `venv` without bytecode, the bytecode of the nearest ready venv where one
-    may give it (`build.seeding`), then the modules still without bytecode compiled
-    (`build.bytecode`): so the build knows every `.pyc` it made. Returns uv's result (with the
+    may give it (`building.seeding`), then the modules still without bytecode compiled
+    (`building.bytecode`): so the build knows every `.pyc` it made. Returns uv's result (with the
     seconds of any second run), the distributions' RECORDs, the bytecode's record, and the
     venv's entries (`store.tree`: listed once, for the manifest and the freeze). A seed that
     cannot be used gives a full build, and the log says why."""

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.build import bytecode, seeding
-from ray_uv_plugin.build import record as build_record
-from ray_uv_plugin.build.ensure import ensure_venv
+from ray_uv_plugin.building import bytecode, seeding
+from ray_uv_plugin.building import record as build_record
+from ray_uv_plugin.building.ensure import ensure_venv
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.env.uv import UvSyncError

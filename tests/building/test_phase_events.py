@@ -1,4 +1,4 @@
-"""A build's phases as they happen (`build.phase_events`): uv's lines read into phases, one log
+"""A build's phases as they happen (`building.phase_events`): uv's lines read into phases, one log
 line per phase at most once a second, and the key's phase record that the readiness view reads
 (`store.setup_state`), through real builds by real uv of a source package that takes its time."""
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.log_lines import capturing_logger
-from ray_uv_plugin.build import phase_events
-from ray_uv_plugin.build.ensure import ensure_venv
-from ray_uv_plugin.build.phase_events import PhaseEvents
+from ray_uv_plugin.building import phase_events
+from ray_uv_plugin.building.ensure import ensure_venv
+from ray_uv_plugin.building.phase_events import PhaseEvents
 from ray_uv_plugin.env.key import make_request
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec

@@ -1,6 +1,6 @@
 """Compile the modules of a venv that have no bytecode yet, as uv's bytecode step compiles them:
 every build's last step, after `uv sync` without bytecode (and, for a seeded build, the seed's
-bytecode: `build.seeding`), so that a changed lock compiles what changed, and the build knows
+bytecode: `building.seeding`), so that a changed lock compiles what changed, and the build knows
 each `.pyc` it made (`store.accounting`).
 
 uv's step (`uv sync --compile-bytecode`) walks the whole site-packages and hands every `.py`

@@ -1,6 +1,6 @@
-"""A seeded build compiles only the modules left without bytecode (`build.bytecode`), as uv's
+"""A seeded build compiles only the modules left without bytecode (`building.bytecode`), as uv's
 bytecode step would: the same interpreter, the same call. Real files and real Python workers;
-no Ray, no uv. The whole seeded build: tests/build/test_seeding.py."""
+no Ray, no uv. The whole seeded build: tests/building/test_seeding.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_uv_plugin.build import bytecode
+from ray_uv_plugin.building import bytecode
 from ray_uv_plugin.store import tree
 
 

@@ -19,9 +19,9 @@ import pytest
 import ray
 from ray.exceptions import RuntimeEnvSetupError
 
-from ray_uv_plugin.build import failed_builds
-from ray_uv_plugin.build.ensure import ensure_venv
-from ray_uv_plugin.build.failed_builds import RAY_CACHE_ENV
+from ray_uv_plugin.building import failed_builds
+from ray_uv_plugin.building.ensure import ensure_venv
+from ray_uv_plugin.building.failed_builds import RAY_CACHE_ENV
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.env.uv import UvResult, UvSyncError, find_uv, run_uv, sync_failure

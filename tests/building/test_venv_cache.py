@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from ray_uv_plugin.build.ensure import ensure_venv
+from ray_uv_plugin.building.ensure import ensure_venv
 from ray_uv_plugin.env.project import ProjectError, load_project
 from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.env.uv import UvSyncError
@@ -77,7 +77,7 @@ def test_a_sync_killed_half_way_is_rebuilt(project, tmp_path, monkeypatch):
     root = tmp_path / "venvs"
     code = (
         "import sys; from pathlib import Path; "
-        "from tests.build.test_venv_cache import _ensure_in_child;"
+        "from tests.building.test_venv_cache import _ensure_in_child;"
         f"_ensure_in_child({str(project)!r}, {str(root)!r})"
     )
     env = {**os.environ, UV_ENV_VAR: str(slow.path)}
