@@ -16,13 +16,17 @@ import pytest
 import ray
 from ray.exceptions import RuntimeEnvSetupError
 
-from ray_uv_plugin.building import failed_builds
 from ray_uv_plugin.building.ensure import ensure_venv, ensure_venv_async
 from ray_uv_plugin.env.key import make_request
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.env.uv import UvSyncError, find_uv
-from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV, UV_ENV_VAR, VENV_DIR_ENV
+from ray_uv_plugin.settings import (
+    BUILD_TIMEOUT_ENV,
+    FAILED_BUILD_MEMO_ENV,
+    UV_ENV_VAR,
+    VENV_DIR_ENV,
+)
 from ray_uv_plugin.store.build_lock import LockTimeout
 from tests.support.uvproject import (
     CountingUv,
@@ -166,7 +170,7 @@ def test_a_failed_build_is_answered_from_memory_for_a_while(tmp_path, monkeypatc
     with pytest.raises(UvSyncError, match=hint):  # another venv dir: its own build
         ensure_venv(parse_spec({}), files, root=tmp_path / "other-venvs")
     assert counting.syncs() == 2
-    monkeypatch.setattr(failed_builds, "REMEMBER_SECONDS", 0.0)
+    monkeypatch.setenv(FAILED_BUILD_MEMO_ENV, "0")  # remembered for no time: built again
     with pytest.raises(UvSyncError, match=hint):
         ensure_venv(parse_spec({}), files, root=root)
     assert counting.syncs() == 3

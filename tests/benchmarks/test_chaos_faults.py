@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -390,13 +391,27 @@ def fake_cluster(net: netns.Network, base: Path) -> ChaosCluster:
     return ChaosCluster(net, nodes, base / "ray")
 
 
-def named(host: netns.Host, title: str) -> subprocess.Popen:
-    """A process in `host`'s namespace whose argv[0] is `title` (as Ray titles its own)."""
-    return subprocess.Popen([*host.exec(), "bash", "-c", f"exec -a '{title}' sleep 120"])
+@pytest.fixture
+def named() -> Iterator[Callable[[netns.Host, str], subprocess.Popen]]:
+    """Start a process in a host's namespace whose argv[0] is a title (as Ray titles its own),
+    living until the test kills it or ends (a loaded machine may take minutes)."""
+    started: list[subprocess.Popen] = []
+
+    def start(host: netns.Host, title: str) -> subprocess.Popen:
+        command = f"exec -a '{title}' tail -f /dev/null"
+        started.append(subprocess.Popen([*host.exec(), "bash", "-c", command]))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.mark.skipif(NETNS is not None, reason=f"no network namespaces: {NETNS}")
-def test_marker_kill_kills_the_agent_as_a_fresh_marker_appears(tmp_path: Path) -> None:
+def test_marker_kill_kills_the_agent_as_a_fresh_marker_appears(
+    tmp_path: Path, named: Callable[[netns.Host, str], subprocess.Popen]
+) -> None:
     with netns.network() as net:
         cluster = fake_cluster(net, tmp_path)
         agent = named(cluster.nodes[1].host, "ray::RuntimeEnvAgent")
