@@ -57,6 +57,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import ray_uv_plugin
 from benchmarks.raylets import free_ports
+from ray_uv_plugin.cluster.options import PrepareOptions
 from ray_uv_plugin.cluster.prepare import prepare_nodes
 from ray_uv_plugin.cluster.readiness import node_setups
 from ray_uv_plugin.cluster.setup_metrics import export_setup_metrics
@@ -325,7 +326,7 @@ def rendezvous(nodes: Nodes, base: Path, timeout_s: float) -> dict[str, Any]:
 def prefer_ready(nodes: Nodes, base: Path, repeats: int) -> dict[str, Any]:
     value = project(base, "prefer")
     fqn = f"{WORKERS}.NodeWorker"
-    results = prepare_nodes(parse_spec(value), nodes.pairs(range(3)), 600)
+    results = prepare_nodes(parse_spec(value), nodes.pairs(range(3)), PrepareOptions(timeout=600))
     assert all(r.ok for r in results), results
     runs: list[dict[str, Any]] = []
 
@@ -343,7 +344,9 @@ def prefer_ready(nodes: Nodes, base: Path, repeats: int) -> dict[str, Any]:
 
     for _ in range(repeats):
         run("prefer")  # the env ready on nodes 0-2 only
-    shipped = prepare_nodes(parse_spec(value), nodes.pairs(range(4)), 600, ready=nodes.ids[:3])
+    shipped = prepare_nodes(
+        parse_spec(value), nodes.pairs(range(4)), PrepareOptions(timeout=600), ready=nodes.ids[:3]
+    )
     assert all(r.ok for r in shipped), shipped
     for _ in range(repeats):
         run("ignore")  # ready everywhere: a warm start
@@ -353,7 +356,7 @@ def prefer_ready(nodes: Nodes, base: Path, repeats: int) -> dict[str, Any]:
 def a_node_joins(nodes: Nodes, base: Path) -> dict[str, Any]:
     value = project(base, "join")
     fqn = f"{WORKERS}.NodeWorker"
-    results = prepare_nodes(parse_spec(value), nodes.pairs(range(3)), 600)
+    results = prepare_nodes(parse_spec(value), nodes.pairs(range(3)), PrepareOptions(timeout=600))
     assert all(r.ok for r in results), results
     blocker = ray.remote(num_cpus=0, resources={RESOURCE: 1})(NodeHolder)
     holder = blocker.options(

@@ -226,7 +226,8 @@ class RayWorkerGroup(WorkerDispatch):
         building."""
         from ray.util import placement_group_table
 
-        from ray_uv_plugin.cluster.node_result import outcome_counts
+        from ray_uv_plugin.cluster.node_result import NodeResult, outcome_counts
+        from ray_uv_plugin.cluster.options import PrepareOptions, Quiet
         from ray_uv_plugin.cluster.prepare import prepare_nodes
         from ray_uv_plugin.env.spec import parse_spec
 
@@ -245,14 +246,17 @@ class RayWorkerGroup(WorkerDispatch):
         start = time.perf_counter()
         lines = WaitLines(what, value, node_ids, runtime_env.get("env_vars"))
         ready = [n for n, setup in lines.read().items() if setup.state == "ready"]
+
+        class Logged(Quiet):
+            def result(self, r: NodeResult) -> None:
+                logger.info("%s: uv_project env: %s: %s", what, r.label, r.summary)
+
         with lines.said():
             results = prepare_nodes(
                 parse_spec(value),
                 nodes,
-                timeout,
-                on_result=lambda r: logger.info(
-                    "%s: uv_project env: %s: %s", what, r.label, r.summary
-                ),
+                PrepareOptions(timeout=timeout),
+                Logged(),
                 runtime_env=helper_runtime_env(),
                 probe_env={**runtime_env, "uv_project": value},
                 ready=ready,  # shipped from a node that has it, not built first

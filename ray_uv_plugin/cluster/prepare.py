@@ -16,7 +16,7 @@ nothing: `ship` gives up on it alone, so their probes keep their time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -78,32 +78,33 @@ def alive_nodes() -> list[tuple[str, str]]:
 def prepare_nodes(
     spec: ParsedUvProject,
     nodes: list[tuple[str, str]],
-    timeout: float,
-    on_result: Callable[[NodeResult], None] = lambda r: None,
-    ship: bool | None = None,
+    options: PrepareOptions,
+    reporter: PrepareReporter | None = None,
+    *,
     runtime_env: dict[str, Any] | None = None,
     chunk_bytes: int | None = None,
-    on_progress: Callable[[Any], None] = lambda p: None,
     probe_env: dict[str, Any] | None = None,
     ready: Iterable[str] = (),
 ) -> list[NodeResult]:
-    """Make the env ready on each node (connected already), reporting as each finishes.
+    """Make the env ready on each node (connected already), telling `reporter` of each node as
+    it finishes and of each shipped chunk.
 
-    `spec`: the env, parsed; its `as_value()` is the `uv_project` value the nodes get. `ship`
-    (default: on unless RAY_UV_PLUGIN_SHIP=0): build on one node, send that venv to the others
-    (the ship's actors start while it builds). `runtime_env`: for the shipping actors, which
-    need the node's Ray Python. `probe_env`: the whole runtime_env the env's workers will have
-    (its env_vars may shape the venv), default `{"uv_project": spec.as_value()}`. `ready`: ids
-    of nodes known to have the env ready already: the ship's source is one of them (no build),
-    if any is in `nodes`."""
+    `spec`: the env, parsed; its `as_value()` is the `uv_project` value the nodes get.
+    `options.ship` (default: on unless RAY_UV_PLUGIN_SHIP=0): build on one node, send that venv
+    to the others (the ship's actors start while it builds); `options.timeout` bounds it all.
+    `runtime_env`: for the shipping actors, which need the node's Ray Python. `probe_env`: the
+    whole runtime_env the env's workers will have (its env_vars may shape the venv), default
+    `{"uv_project": spec.as_value()}`. `ready`: ids of nodes known to have the env ready
+    already: the ship's source is one of them (no build), if any is in `nodes`."""
     from ray_uv_plugin.ship.launch import start_actors
 
-    probes = Probes(probe_env or {"uv_project": spec.as_value()}, timeout)
-    ship = NodeSettings.read().ships() if ship is None else ship
+    reporter = reporter or Quiet()
+    probes = Probes(probe_env or {"uv_project": spec.as_value()}, options.timeout)
+    ship = NodeSettings.read().ships() if options.ship is None else options.ship
     if not ship or len(nodes) < 2:
         for node in nodes:
             probes.submit(node)
-        return probes.collect(on_result)
+        return probes.collect(reporter.result)
     import ray
 
     here = ray.get_runtime_context().get_node_id()
@@ -112,7 +113,7 @@ def prepare_nodes(
     # The sender and the receivers start while the first node builds.
     actors = start_actors(source[0], [node_id for node_id, _ in rest], runtime_env)
     try:
-        first = probes.collect(on_result)
+        first = probes.collect(reporter.result)
     except BaseException:
         if actors is not None:
             actors.stop()
@@ -123,16 +124,15 @@ def prepare_nodes(
         note = f"not shipped: the first node {source[1]} failed"
         for node in rest:
             probes.submit(node)
-        return first + probes.collect(on_result, note=note)
+        return first + probes.collect(reporter.result, note=note)
     return first + ship_and_probe(
         spec,
         first[0],
         rest,
-        probes.left(),
-        on_result,
+        options,
+        reporter,
         runtime_env=runtime_env,
         chunk_bytes=chunk_bytes,
-        on_progress=on_progress,
         probes=probes,
         actors=actors,
     )
@@ -142,12 +142,11 @@ def ship_and_probe(
     spec: ParsedUvProject,
     source: NodeResult,
     nodes: list[tuple[str, str]],
-    timeout: float,
-    on_result: Callable[[NodeResult], None] = lambda r: None,
+    options: PrepareOptions,
+    reporter: PrepareReporter | None = None,
     *,
     runtime_env: dict[str, Any] | None = None,
     chunk_bytes: int | None = None,
-    on_progress: Callable[[Any], None] = lambda p: None,
     probes: Probes | None = None,
     actors: Any = None,
     probe_env: dict[str, Any] | None = None,
@@ -156,47 +155,53 @@ def ship_and_probe(
     `nodes`, and probe each as soon as its part is decided: a node that took it finds it ready
     once installed (its probe's request waits for the receiver's lock), one that could not
     (another build target, other uv settings, a failed receive) builds its own and its result
-    says why. `prepare` ships from the node it built on; `ray-uv prepare --watch` from any node
-    that has the env, to the nodes that joined since. `probes`: the prepare's, whose runtime_env
-    and time limit the probes share (default: new ones for `probe_env`, as `prepare_nodes`
-    takes it, within `timeout`); `actors`: the ship's, started before (`launch.start_actors`)
-    from `source`'s node to `nodes`."""
+    says why. `reporter` hears of each node as it finishes and of each shipped chunk.
+    `prepare` ships from the node it built on; `ray-uv prepare --watch` from any node that has
+    the env, to the nodes that joined since. `probes`: the prepare's, whose runtime_env and time
+    limit the probes share (default: new ones for `probe_env`, as `prepare_nodes` takes it,
+    within `options.timeout`); the ship gets what is left of their time. `actors`: the ship's,
+    started before (`launch.start_actors`) from `source`'s node to `nodes`."""
     from ray_uv_plugin.ship import transfer as shipping
     from ray_uv_plugin.ship.messages import ShipSettings
     from ray_uv_plugin.ship.options import ShipOptions
 
+    reporter = reporter or Quiet()
     if source.key is None:
         if actors is not None:
             actors.stop()
         raise ValueError(f"no venv to ship from {source.label}: {source}")
-    probes = probes or Probes(probe_env or {"uv_project": spec.as_value()}, timeout)
-    options = ShipOptions(
+    probes = probes or Probes(probe_env or {"uv_project": spec.as_value()}, options.timeout)
+    ship_options = ShipOptions(
         settings=ShipSettings(env_vars=probes.env.get("env_vars") or {}, spec=spec),
         runtime_env=runtime_env,
         chunk_bytes=chunk_bytes or ShipOptions.chunk_bytes,
-        timeout=timeout,
+        timeout=probes.left(),
     )
-    reporter = _ProbeWhenDecided(probes, dict(nodes), on_progress)
     shipped = shipping.ship(
-        source.key, source.node_id, [node_id for node_id, _ in nodes], options, reporter, actors
+        source.key,
+        source.node_id,
+        [node_id for node_id, _ in nodes],
+        ship_options,
+        _ProbeWhenDecided(probes, dict(nodes), reporter),
+        actors,
     )  # it decides on every node, each once
-    return probes.collect(on_result, shipped)
+    return probes.collect(reporter.result, shipped)
 
 
 class _ProbeWhenDecided:
     """A ship's reporter (`ship.options.ShipReporter`) that probes each node as soon as its part is
-    decided, and passes the chunks' progress on."""
+    decided, and passes the chunks' progress on to the prepare's reporter."""
 
     def __init__(
-        self, probes: Probes, addresses: dict[str, str], on_progress: Callable[[Any], None]
+        self, probes: Probes, addresses: dict[str, str], reporter: PrepareReporter
     ) -> None:
-        self.probes, self.addresses, self.on_progress = probes, addresses, on_progress
+        self.probes, self.addresses, self.reporter = probes, addresses, reporter
 
     def decided(self, node: str, decision: str) -> None:
         self.probes.submit((node, self.addresses[node]))
 
     def progress(self, progress: Any) -> None:
-        self.on_progress(progress)
+        self.reporter.progress(progress)
 
 
 def source_first(
@@ -231,14 +236,7 @@ def prepare(options: PrepareOptions, reporter: PrepareReporter | None = None) ->
     try:
         nodes = alive_nodes()
         reporter.started(spec, len(nodes))
-        return prepare_nodes(
-            spec,
-            nodes,
-            options.timeout,
-            reporter.result,
-            ship=options.ship,
-            on_progress=reporter.progress,
-        )
+        return prepare_nodes(spec, nodes, options, reporter)
     finally:
         ray.shutdown()
 

@@ -82,15 +82,11 @@ def watch_nodes(
     (a group's env_vars may shape the venv, and so its key)."""
     import ray
 
-    ship = NodeSettings.read().ships() if options.ship is None else options.ship
+    if options.ship is None:
+        options = replace(options, ship=NodeSettings.read().ships())  # decided once
     here = ray.get_runtime_context().get_node_id()
-    results = {r.node_id: r for r in seen}
-
-    def report(result: NodeResult) -> None:
-        if not result.ok and result.node_id not in _alive_ids():
-            result = replace(result, error=f"the node left the cluster ({result.error})")
-        results[result.node_id] = result
-        reporter.result(result)
+    told = _Rounds(reporter, {r.node_id: r for r in seen})
+    results = told.results
 
     while True:
         if stop is None:
@@ -101,34 +97,35 @@ def watch_nodes(
         new = [n for n in nodes if n[0] not in results]
         if not new:
             continue
-        source = pick_source(results, {n for n, _ in nodes}, here) if ship else None
+        source = pick_source(results, {n for n, _ in nodes}, here) if options.ship else None
         reporter.round(new, source)
         try:
             if source is None:
-                prepare.prepare_nodes(
-                    spec,
-                    new,
-                    options.timeout,
-                    report,
-                    ship=ship,
-                    on_progress=reporter.progress,
-                    probe_env=probe_env,
-                )
+                prepare.prepare_nodes(spec, new, options, told, probe_env=probe_env)
             else:
-                prepare.ship_and_probe(
-                    spec,
-                    source,
-                    new,
-                    options.timeout,
-                    report,
-                    on_progress=reporter.progress,
-                    probe_env=probe_env,
-                )
+                prepare.ship_and_probe(spec, source, new, options, told, probe_env=probe_env)
         except Exception as e:  # noqa: BLE001 - the round's nodes failed, not the watch
             error = f"{type(e).__name__}: {clean_error(e)}"
             for node_id, address in new:
                 if node_id not in results:
-                    report(NodeResult(node_id, address, False, 0.0, error=error))
+                    told.result(NodeResult(node_id, address, False, 0.0, error=error))
+
+
+class _Rounds(Quiet):
+    """What a round tells the watch's reporter: each node's result, kept as the last known of
+    its node (a failed node that left the cluster says so), and each shipped chunk."""
+
+    def __init__(self, reporter: WatchReporter, results: dict[str, NodeResult]) -> None:
+        self.reporter, self.results = reporter, results
+
+    def result(self, result: NodeResult) -> None:
+        if not result.ok and result.node_id not in _alive_ids():
+            result = replace(result, error=f"the node left the cluster ({result.error})")
+        self.results[result.node_id] = result
+        self.reporter.result(result)
+
+    def progress(self, progress: Any) -> None:
+        self.reporter.progress(progress)
 
 
 class _Collecting:
@@ -172,9 +169,7 @@ def watch_env(options: WatchOptions, reporter: WatchReporter | None = None) -> l
         with stop_on_signals() if options.stop_signals else nullcontext():
             nodes = prepare.alive_nodes()
             told.started(spec, len(nodes))
-            first = prepare.prepare_nodes(
-                spec, nodes, options.timeout, told.result, options.ship, on_progress=told.progress
-            )
+            first = prepare.prepare_nodes(spec, nodes, options, told)
             told.watching()
             watch_nodes(spec, first, options, told)
     except KeyboardInterrupt:

@@ -106,6 +106,7 @@ def test_a_node_that_lacks_the_plugin_is_named(tmp_path, node_env, monkeypatch):
     """A raylet started without RAY_RUNTIME_ENV_PLUGINS ignores the field (Ray only warns in
     its setup log) and would run workers in the node's own Python: prepare and worker groups
     say which node and how to register the plugin."""
+    from ray_uv_plugin.cluster.options import PrepareOptions
     from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
     from ray_uv_plugin.env.spec import parse_spec
     from worker_groups import RayVirtualCluster, RayWorkerBuilder, RayWorkerGroup
@@ -121,7 +122,9 @@ def test_a_node_that_lacks_the_plugin_is_named(tmp_path, node_env, monkeypatch):
         cluster.add_node(num_cpus=1, num_gpus=1)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address)
-        results = prepare_nodes(parse_spec({"project": str(project)}), alive_nodes(), timeout=240)
+        results = prepare_nodes(
+            parse_spec({"project": str(project)}), alive_nodes(), PrepareOptions(timeout=240)
+        )
         virtual = RayVirtualCluster([1, 1], num_gpus_per_node=1)
         with pytest.raises(Exception) as group_error:
             RayWorkerGroup(

@@ -134,6 +134,68 @@ def test_the_value_is_parsed_once_where_it_comes_in(monkeypatch: pytest.MonkeyPa
         prepare.prepare_env("/p", extras="a")
 
 
+def test_the_options_and_the_reporter_reach_the_nodes_as_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`prepare` hands its `PrepareOptions` and its reporter down whole; the ship tells that same
+    reporter of each chunk, and of each node through the probes, within the time they have
+    left."""
+    import ray
+
+    from ray_uv_plugin.cluster import prepare
+    from ray_uv_plugin.cluster.options import PrepareOptions, Quiet
+    from ray_uv_plugin.ship import transfer
+
+    spec = parse_spec({"extras": ["a"]})
+    options = PrepareOptions("/p", timeout=60.0, ship=True)
+    reporter = Quiet()
+    nodes = [("a1", "10.0.0.1"), ("b2", "10.0.0.2")]
+    handed: list[tuple] = []
+    monkeypatch.setattr(prepare, "connect_for", lambda o: spec if o is options else None)
+    monkeypatch.setattr(prepare, "alive_nodes", lambda: nodes)
+    monkeypatch.setattr(prepare, "prepare_nodes", lambda *a: handed.append(a) or [])
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    prepare.prepare(options, reporter)
+    assert handed == [(spec, nodes, options, reporter)]
+
+    told: list[object] = []
+
+    class Told(Quiet):
+        def result(self, result: NodeResult) -> None:
+            told.append(result.node_id)
+
+        def progress(self, progress: object) -> None:
+            told.append(progress)
+
+    class FakeProbes:
+        env: dict = {"uv_project": spec.as_value()}
+        submitted: list = []
+
+        def left(self) -> float:
+            return 42.0
+
+        def submit(self, node: tuple[str, str]) -> None:
+            self.submitted.append(node)
+
+        def collect(self, on_result, shipped=None) -> list[NodeResult]:
+            results = [NodeResult(n, a, True, 1.0, key="k") for n, a in self.submitted]
+            for r in results:
+                on_result(r)
+            return results
+
+    def ship(key, source, targets, ship_options, ship_reporter, actors):
+        assert ship_options.timeout == 42.0 and ship_options.settings.spec == spec
+        for node in targets:
+            ship_reporter.decided(node, "take")
+        ship_reporter.progress("chunk 1")
+        return {}
+
+    monkeypatch.setattr(transfer, "ship", ship)
+    source = NodeResult("a1", "10.0.0.1", True, 1.0, key="k")
+    prepare.ship_and_probe(spec, source, nodes[1:], options, Told(), probes=FakeProbes())
+    assert told == ["chunk 1", "b2"]
+
+
 def test_every_reporter_has_every_event_of_the_watch() -> None:
     """`Quiet` and `ray-uv prepare`'s `PrepareLines` implement `WatchReporter` (and so
     `PrepareReporter`) whole: an event added to the protocol must be shown or ignored there."""

@@ -78,8 +78,9 @@ def test_each_round_prepares_the_new_nodes_once(monkeypatch: pytest.MonkeyPatch)
         if not alive:
             raise KeyboardInterrupt
 
-    def ship_and_probe(given, source, nodes, timeout, report, on_progress, probe_env) -> None:
+    def ship_and_probe(given, source, nodes, options, told, probe_env) -> None:
         assert given is env  # parsed once, before the rounds
+        assert options.timeout == 3600.0 and options.ship
         assert probe_env is None  # the value's own: `prepare --watch` has no workers' env
         rounds.append((source.node_id, [n for n, _ in nodes]))
         if nodes[0][0] == "c":
@@ -87,11 +88,11 @@ def test_each_round_prepares_the_new_nodes_once(monkeypatch: pytest.MonkeyPatch)
         for n, address in nodes:
             if n == "f":
                 alive.remove("f")
-                report(NodeResult(n, address, False, 1.0, error="gone"))
+                told.result(NodeResult(n, address, False, 1.0, error="gone"))
             else:
-                report(NodeResult(n, address, True, 1.0, key="k1"))
+                told.result(NodeResult(n, address, True, 1.0, key="k1"))
 
-    def prepare_nodes(given, nodes, timeout, report, ship, on_progress, probe_env) -> None:
+    def prepare_nodes(given, nodes, options, told, probe_env) -> None:
         assert given is env and probe_env is None
         rounds.append((None, [n for n, _ in nodes]))
 

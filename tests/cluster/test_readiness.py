@@ -121,6 +121,7 @@ def test_a_received_venv_says_so_and_from_where(two_nodes, tmp_path: Path) -> No
     """Built on the head, then prepared with shipping from it (the node that has it ready):
     the other node receives; the view says how each got it, and the bytes and source of the
     shipped one."""
+    from ray_uv_plugin.cluster.options import PrepareOptions
     from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
     from ray_uv_plugin.env.spec import parse_spec
 
@@ -128,7 +129,9 @@ def test_a_received_venv_says_so_and_from_where(two_nodes, tmp_path: Path) -> No
     project = write_project(tmp_path / "p", ["six"], name=f"ship{time.monotonic_ns()}")
     value = {"project": str(project)}
     assert run_on(head, project)["venv"]
-    results = prepare_nodes(parse_spec(value), alive_nodes(), timeout=600, ship=True, ready=[head])
+    results = prepare_nodes(
+        parse_spec(value), alive_nodes(), PrepareOptions(timeout=600, ship=True), ready=[head]
+    )
     assert all(r.ok for r in results), results
     found = node_setups(value)
     assert (found[head].state, found[head].how) == ("ready", "built")

@@ -28,6 +28,7 @@ from packaging.version import Version
 from ray.cluster_utils import Cluster
 
 from ray_uv_plugin.building.ensure import ensure_venv
+from ray_uv_plugin.cluster.options import PrepareOptions, Quiet
 from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec
@@ -54,6 +55,20 @@ def on_progress(see: Callable[[Any], None]) -> QuietShipReporter:
     """A ship's reporter that shows each chunk's progress to `see` (a fault, at a chunk)."""
 
     class Seeing(QuietShipReporter):
+        def progress(self, progress: Any) -> None:
+            see(progress)
+
+    return Seeing()
+
+
+PREPARE = PrepareOptions(timeout=600)  # a prepare's options: shipping unless RAY_UV_PLUGIN_SHIP=0
+
+
+def telling(see: Callable[[Any], None]) -> Quiet:
+    """A prepare's reporter that shows each shipped chunk's progress to `see` (a fault, at a
+    chunk)."""
+
+    class Seeing(Quiet):
         def progress(self, progress: Any) -> None:
             see(progress)
 
@@ -300,7 +315,7 @@ def test_prepare_builds_once_and_ships_to_the_other_node(two_nodes, tmp_path: Pa
     project = new_project(tmp_path)
     syncs_a, syncs_b = a.uv.syncs(), b.uv.syncs()
     results = prepare_nodes(
-        parse_spec({"project": str(project)}), live_nodes(), 600, chunk_bytes=8 * MiB
+        parse_spec({"project": str(project)}), live_nodes(), PREPARE, chunk_bytes=8 * MiB
     )
     assert [r.outcome for r in results] == ["built", "shipped"], results
     shipped = results[1]
@@ -321,7 +336,7 @@ def test_prepare_builds_once_and_ships_to_the_other_node(two_nodes, tmp_path: Pa
     setup = "".join(p.read_text() for p in logs.glob("runtime_env_setup-*.log"))
     assert f"{shipped.key} (made: shipped (" in setup, setup[-2000:]
     works_where_it_is(venv)
-    again = prepare_nodes(parse_spec({"project": str(project)}), live_nodes(), 600)
+    again = prepare_nodes(parse_spec({"project": str(project)}), live_nodes(), PREPARE)
     assert [r.outcome for r in again] == ["reused", "reused"], again
     assert b.uv.syncs() == syncs_b
 
@@ -335,7 +350,7 @@ def test_a_node_with_other_uv_settings_builds_its_own(two_nodes, tmp_path: Path)
     try:
         cluster.wait_for_nodes()
         project = new_project(tmp_path)
-        results = prepare_nodes(parse_spec({"project": str(project)}), live_nodes(), 600)
+        results = prepare_nodes(parse_spec({"project": str(project)}), live_nodes(), PREPARE)
     finally:
         remove(cluster, node)
     on_c = by_dir(results, c)
@@ -400,8 +415,8 @@ def test_a_receiver_killed_mid_unpack_leaves_nothing_used(
 
     syncs_b = b.uv.syncs()
     results = prepare_nodes(
-        parse_spec({"project": str(project)}), live_nodes(), 600, chunk_bytes=4 * MiB,
-        on_progress=kill_receiver,
+        parse_spec({"project": str(project)}), live_nodes(), PREPARE, telling(kill_receiver),
+        chunk_bytes=4 * MiB,
     )  # fmt: skip
     assert killed
     on_b = by_dir(results, b)
@@ -425,7 +440,7 @@ def test_a_sender_killed_mid_way_fails_cleanly_and_the_next_attempt_ships(
     value = {"project": str(project)}
     # B builds for itself after the failed receive; remove that venv to try shipping again.
     results = prepare_nodes(
-        parse_spec(value), live_nodes(), 600, chunk_bytes=4 * MiB, on_progress=kill_sender
+        parse_spec(value), live_nodes(), PREPARE, telling(kill_sender), chunk_bytes=4 * MiB
     )
     on_b = by_dir(results, b)
     assert on_b.outcome == "built", results
@@ -434,7 +449,7 @@ def test_a_sender_killed_mid_way_fails_cleanly_and_the_next_attempt_ships(
     from ray_uv_plugin.store.freezing import remove_tree
 
     remove_tree(b.venvs / on_b.key)
-    again = prepare_nodes(parse_spec(value), live_nodes(), 600, chunk_bytes=4 * MiB)
+    again = prepare_nodes(parse_spec(value), live_nodes(), PREPARE, chunk_bytes=4 * MiB)
     assert [r.outcome for r in again] == ["reused", "shipped"], again
 
 
@@ -443,15 +458,19 @@ DRIVER = textwrap.dedent(
     import sys, time
     import ray
     from ray_uv_plugin.env.spec import parse_spec
+    from ray_uv_plugin.cluster.options import PrepareOptions, Quiet
     from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
 
-    def slow(p):
-        print("chunk", p.chunk, flush=True)
-        time.sleep(0.5)
+    class Slow(Quiet):
+        def progress(self, p):
+            print("chunk", p.chunk, flush=True)
+            time.sleep(0.5)
 
     ray.init(address=sys.argv[1])
-    prepare_nodes(parse_spec({"project": sys.argv[2]}), alive_nodes(), 600, chunk_bytes=2**21,
-                  on_progress=slow)
+    prepare_nodes(
+        parse_spec({"project": sys.argv[2]}), alive_nodes(), PrepareOptions(timeout=600), Slow(),
+        chunk_bytes=2**21,
+    )
     """
 )
 
@@ -487,7 +506,7 @@ def test_a_driver_killed_mid_way_leaves_nothing_used(
         marker = read_marker(b.venvs / key) or {}
         assert "received_at" not in marker and marker.get("built_at"), marker
         time.sleep(5)  # so that the prepare below does not count that build as its own
-    results = prepare_nodes(parse_spec({"project": str(project)}), live_nodes(), 600)
+    results = prepare_nodes(parse_spec({"project": str(project)}), live_nodes(), PREPARE)
     outcomes = [r.outcome for r in results]
     assert outcomes == ["reused", "shipped" if why == "absent" else "reused"], results
     assert check_ready(b.venvs, key)
@@ -601,7 +620,7 @@ def test_the_building_node_dying_mid_way_fails_cleanly(
     wait_free(b.venvs / f"{on_b.key}.lock")
     assert check_ready(b.venvs, on_b.key).why_not == "absent"
     assert not list(b.venvs.glob("*.ship-*"))
-    again = prepare_nodes(parse_spec(value), live_nodes(), 600, chunk_bytes=4 * MiB)
+    again = prepare_nodes(parse_spec(value), live_nodes(), PREPARE, chunk_bytes=4 * MiB)
     assert [r.outcome for r in again] == ["reused", "shipped"], again
 
 
@@ -737,7 +756,7 @@ def test_a_venv_moved_while_it_is_sent_is_taken_by_no_node(
     assert check_ready(b.venvs, key).why_not == "absent"
     assert not list(b.venvs.glob("*.ship-*"))
     again = prepare_nodes(
-        parse_spec({"project": str(project)}), live_nodes(), 600, chunk_bytes=4 * MiB
+        parse_spec({"project": str(project)}), live_nodes(), PREPARE, chunk_bytes=4 * MiB
     )
     assert [r.outcome for r in again] == ["reused", "shipped"], again
 
@@ -766,7 +785,7 @@ def test_a_venv_changed_after_its_build_is_sent_nowhere_and_rebuilt(
     # build be older than that, so that A's outcome says what prepare did there (reused it).
     time.sleep(max(0.0, read_marker(venv)["built_at"] + 2.0 - time.time()))
     results = prepare_nodes(
-        parse_spec({"project": str(project)}), live_nodes(), 600, chunk_bytes=4 * MiB
+        parse_spec({"project": str(project)}), live_nodes(), PREPARE, chunk_bytes=4 * MiB
     )
     on_b = by_dir(results, b)
     assert [r.outcome for r in results] == ["reused", "built"], results
@@ -822,13 +841,16 @@ UV_RUN_DRIVER = textwrap.dedent(
     import json, sys
     import ray
     from ray_uv_plugin.env.spec import parse_spec
+    from ray_uv_plugin.cluster.options import PrepareOptions
     from ray_uv_plugin.cluster.prepare import alive_nodes, prepare_nodes
 
     # As under `uv run` on a laptop: the job's py_executable and this driver's interpreter are
     # paths that the cluster's nodes do not have.
     ray.init(address=sys.argv[1], runtime_env={"py_executable": "/driver-only/uv run python"})
     sys.executable = "/driver-only/project/.venv/bin/python"
-    results = prepare_nodes(parse_spec({"project": sys.argv[2]}), alive_nodes(), 240)
+    results = prepare_nodes(
+        parse_spec({"project": sys.argv[2]}), alive_nodes(), PrepareOptions(timeout=240)
+    )
     print("RESULT", json.dumps([r.as_json() for r in results]))
     """
 )

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ray_uv_plugin.building.ensure import ensure_venv
+from ray_uv_plugin.cluster.options import PrepareOptions
 from ray_uv_plugin.cluster.prepare import prepare_nodes
 from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec
@@ -249,7 +250,10 @@ def two_locks(tmp_path: Path) -> tuple[Path, Path]:
 
 def prepared(project: Path) -> list:
     results = prepare_nodes(
-        parse_spec({"project": str(project)}), live_nodes(), 600, chunk_bytes=8 * MiB
+        parse_spec({"project": str(project)}),
+        live_nodes(),
+        PrepareOptions(timeout=600),
+        chunk_bytes=8 * MiB,
     )
     assert [r.outcome for r in results] == ["built", "shipped"], results
     return results
@@ -274,7 +278,10 @@ def test_a_node_with_a_near_venv_is_sent_the_difference(two_nodes, tmp_path: Pat
     freezing.remove_tree(venv)
     freezing.remove_tree(node_b.venvs / to_b.key)
     again = prepare_nodes(
-        parse_spec({"project": str(project_b)}), live_nodes(), 600, chunk_bytes=8 * MiB
+        parse_spec({"project": str(project_b)}),
+        live_nodes(),
+        PrepareOptions(timeout=600),
+        chunk_bytes=8 * MiB,
     )
     assert [r.outcome for r in again] == ["reused", "shipped"], again
     assert "seed" not in read_marker(venv)["built"]

@@ -22,6 +22,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from ray_uv_plugin.cluster.options import PrepareOptions
 from ray_uv_plugin.cluster.prepare import prepare_nodes
 from ray_uv_plugin.cluster.readiness import NodeSetup, node_setups
 from ray_uv_plugin.env.spec import parse_spec
@@ -197,7 +198,7 @@ def test_prefer_places_on_the_ready_node_and_builds_nothing(
     ready), with no build anywhere; a user's own placement group and task too."""
     project = new_project(tmp_path)
     value = {"project": str(project)}
-    (ready,) = prepare_nodes(parse_spec(value), [(nodes.a_id, "a")], 300)
+    (ready,) = prepare_nodes(parse_spec(value), [(nodes.a_id, "a")], PrepareOptions(timeout=300))
     assert ready.ok, ready
     syncs = {n: r.uv.syncs() for n, r in nodes.raylets.items()}
 
@@ -225,7 +226,9 @@ def test_prefer_places_anywhere_when_too_few_nodes_are_ready(
     """The env is ready on A only and the group needs two nodes: it is placed at once on A
     and B, and the gate sends B the env from A (no build there)."""
     project = new_project(tmp_path)
-    (ready,) = prepare_nodes(parse_spec({"project": str(project)}), [(nodes.a_id, "a")], 300)
+    (ready,) = prepare_nodes(
+        parse_spec({"project": str(project)}), [(nodes.a_id, "a")], PrepareOptions(timeout=300)
+    )
     assert ready.ok, ready
     with caplog.at_level(logging.INFO, logger="worker_groups.readiness"):
         cluster, group = group_of(project, monkeypatch, [1, 1])
@@ -303,7 +306,9 @@ def test_a_node_that_joins_while_a_group_waits_is_prepared_and_used(
     the env from A (no build there), and the group is placed again, on A and C."""
     monkeypatch.setattr(placement, "POLL_S", 1.0)
     project = new_project(tmp_path)
-    (ready,) = prepare_nodes(parse_spec({"project": str(project)}), [(nodes.a_id, "a")], 300)
+    (ready,) = prepare_nodes(
+        parse_spec({"project": str(project)}), [(nodes.a_id, "a")], PrepareOptions(timeout=300)
+    )
     assert ready.ok, ready
     placed_on_a_and_a_joined_node(nodes, "c", project, ready.key, monkeypatch)
 
@@ -320,7 +325,9 @@ def test_a_joining_node_gets_the_env_of_the_groups_env_vars(
     project = new_project(tmp_path)
     value, shaping = {"project": str(project)}, {"MAX_JOBS": "3"}
     probe_env = {"uv_project": value, "env_vars": shaping}
-    (ready,) = prepare_nodes(parse_spec(value), [(nodes.a_id, "a")], 300, probe_env=probe_env)
+    (ready,) = prepare_nodes(
+        parse_spec(value), [(nodes.a_id, "a")], PrepareOptions(timeout=300), probe_env=probe_env
+    )
     assert ready.ok, ready
     assert node_setups(value, nodes=[nodes.a_id])[nodes.a_id].key != ready.key  # shaped
     shaped = node_setups(value, nodes=[nodes.a_id], env_vars=shaping)[nodes.a_id]
@@ -344,7 +351,9 @@ def test_a_node_that_joins_while_a_group_waits_for_room_gets_its_env_by_the_gate
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     project = new_project(tmp_path)
-    (ready,) = prepare_nodes(parse_spec({"project": str(project)}), [(nodes.a_id, "a")], 300)
+    (ready,) = prepare_nodes(
+        parse_spec({"project": str(project)}), [(nodes.a_id, "a")], PrepareOptions(timeout=300)
+    )
     assert ready.ok, ready
     others = [
         n["NodeID"]
