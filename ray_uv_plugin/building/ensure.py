@@ -27,7 +27,7 @@ from ray_uv_plugin.env.uv import UvSyncError
 from ray_uv_plugin.store import budget, outcomes, trust
 from ray_uv_plugin.store.build_lock import LOCK_MARGIN, BuildLock, build_timeout
 from ray_uv_plugin.store.build_slots import BuildSlot
-from ray_uv_plugin.store.layout import check_ready, lock_path, read_marker, venv_root
+from ray_uv_plugin.store.layout import Venv, venv_root
 from ray_uv_plugin.store.setup_state import made_how
 
 
@@ -50,7 +50,7 @@ def lookup(request: VenvRequest, root: Path) -> Outcome | None:
     """The ready venv for this request, if there is one: the path every warm request takes."""
     start = time.perf_counter()
     root = trust.check_root(root)  # resolved: what we check is what workers run
-    if ready := check_ready(root, request.key):
+    if ready := Venv(root, request.key).check_ready():
         took = time.perf_counter() - start
         return Outcome(request.key, root / request.key, False, took, marker=ready.marker)
     return None
@@ -82,7 +82,7 @@ async def ensure_venv_async(
         outcomes.record(ready.path.parent, key, "reused")
         return ready
     root = trust.make_root(root)  # resolved: the lock, the build and the path handed out
-    lock = BuildLock(lock_path(root, key))
+    lock = BuildLock(Venv(root, key).lock)
 
     def say(line: str) -> None:
         logger.info("uv_project %s: %s", key, line)
@@ -91,7 +91,7 @@ async def ensure_venv_async(
         say(f"phase: lock wait (another build or receive of this key: {lock.holder()})")
         await lock.acquire_async(lock_timeout, request.what)
     try:
-        ready = check_ready(root, key)  # another process may have built it meanwhile
+        ready = Venv(root, key).check_ready()  # another process may have built it meanwhile
         why = ready.why_not
         # Ray's agent retries a failed setup: not 3 builds
         sync_inputs = "" if why is None else failed_builds.sync_inputs(request, root / key)
@@ -143,7 +143,7 @@ async def ensure_venv_async(
         try:
             result = build_venv(request, root / key, logger, timeout - waited, events)
             events.clear()
-            outcomes.record(root, key, made_how(read_marker(root / key)) or "built")
+            outcomes.record(root, key, made_how(Venv.at(root / key).read_marker()) or "built")
         except BaseException as e:  # noqa: BLE001 - handed to the awaiting request
             error = e
             events.failed(str(e))

@@ -17,7 +17,7 @@ from ray_uv_plugin.env.key import VenvRequest
 from ray_uv_plugin.env.project import project_name
 from ray_uv_plugin.env.uv import UvSyncError
 from ray_uv_plugin.store import accounting, hashed, manifest, tree
-from ray_uv_plugin.store.layout import DIST_INFO, MARKER_FORMAT, site_packages, write_marker
+from ray_uv_plugin.store.layout import DIST_INFO, MARKER_FORMAT, Venv, site_packages
 
 
 def _site_packages(venv: Path) -> str:
@@ -317,8 +317,7 @@ def write_marker_of(
     import ray
 
     spec = request.spec
-    write_marker(
-        venv,
+    Venv.at(venv).write_marker(
         {
             "format": MARKER_FORMAT,
             "key": venv.name,

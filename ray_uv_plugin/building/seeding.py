@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ray_uv_plugin.store import hashed, manifest, tree
-from ray_uv_plugin.store.layout import DIST_INFO, MARKER, check_ready, read_marker
+from ray_uv_plugin.store.layout import DIST_INFO, MARKER, Venv
 
 CANDIDATES = 8  # the most recently built venvs of this interpreter that are weighed as seeds
 # Distributions in common below which a seed saves too little to be worth its checks.
@@ -125,7 +125,7 @@ def _candidates(root: Path, key: str, interpreter: str) -> Iterator[tuple[str, P
         if name == key or not (venv / MARKER).is_file():
             continue
         try:
-            meta = read_marker(venv)
+            meta = Venv.at(venv).read_marker()
         except (OSError, ValueError):
             continue
         inputs = (meta or {}).get("inputs")
@@ -170,7 +170,7 @@ def nearest(
     # Trusted and whole, but not marked used: a seed is only read, and a venv the node's
     # new keys keep seeding from must stay one that `gc` and the budget may remove (a seed
     # removed meanwhile costs a full build of what it would have given, never a failure).
-    if not check_ready(root, name, use=False):
+    if not Venv(root, name).check_ready(use=False):
         return None
     return name, path, meta
 

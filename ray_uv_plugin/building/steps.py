@@ -30,7 +30,7 @@ from ray_uv_plugin.env.uv import UvResult, UvSyncError, UvTimeout, find_uv, run_
 from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV, boolish
 from ray_uv_plugin.store import accounting, budget, freezing, manifest, tree
 from ray_uv_plugin.store.disk import NO_SPACE, disk_full
-from ray_uv_plugin.store.layout import installed_ray_version, remove_leftovers, site_packages
+from ray_uv_plugin.store.layout import Venv, installed_ray_version, site_packages
 
 
 def build_venv(
@@ -45,7 +45,7 @@ def build_venv(
     check_ray_pin(files, ray.__version__)
     if os.path.lexists(venv):
         freezing.remove_tree(venv)
-    remove_leftovers(venv.parent, venv.name)  # of a receive that died
+    Venv(venv.parent, venv.name).remove_leftovers()  # of a receive that died
     project_fd = os.open(files.path, os.O_RDONLY | os.O_DIRECTORY)  # to tell if it is replaced
     scratch = scratch_project(request, venv.parent) if spec.resolves else None
     project_dir = scratch or files.path

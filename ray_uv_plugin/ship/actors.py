@@ -36,13 +36,7 @@ from ray_uv_plugin.ship.messages import (
 from ray_uv_plugin.store import outcomes, trust
 from ray_uv_plugin.store.build_lock import BuildLock, build_timeout, hold_shared
 from ray_uv_plugin.store.disk import NO_SPACE, disk_full, venv_size
-from ray_uv_plugin.store.layout import (
-    check_ready,
-    lock_path,
-    mark_not_whole,
-    remove_leftovers,
-    venv_root,
-)
+from ray_uv_plugin.store.layout import Venv, venv_root
 
 WATCH_INTERVAL = 1.0  # how often a receiver checks how long it has held the lock
 UNPACK_QUEUE = 2  # chunks a receiver holds, pulled but not yet unpacked, while it pulls the next
@@ -88,13 +82,13 @@ class VenvSender:
         root = venv_root()
         trust.check_root(root)
         try:
-            self._lock_fd = hold_shared(lock_path(root, key))
+            self._lock_fd = hold_shared(Venv(root, key).lock)
         except (BlockingIOError, FileNotFoundError) as e:
             raise ShipError(
                 f"{_where()}: the venv {key} to send is being built or removed here, or has no "
                 f"build lock ({e}): try again once `ray-uv list` shows it ready"
             ) from e
-        ready = check_ready(root, key)
+        ready = Venv(root, key).check_ready()
         if not ready:
             raise ShipError(f"{_where()}: the venv {key} to send is not ready: {ready.why_not}")
         self.venv = root / key
@@ -109,7 +103,7 @@ class VenvSender:
 
     def _drifted(self, e: archive.DriftError) -> ShipError:
         try:
-            mark_not_whole(self.venv, str(e))
+            Venv.at(self.venv).mark_not_whole(str(e))
             then = "it is rebuilt at its next use here"
         except OSError as error:
             then = f"it could not be marked for a rebuild ({error}): remove it with `ray-uv gc`"
@@ -232,19 +226,19 @@ class VenvReceiver:
         if why is not None:
             return OfferAnswer("refused", why)
         trust.make_root(self.root)
-        if check_ready(self.root, key):
+        if Venv(self.root, key).check_ready():
             return OfferAnswer("reused")
-        lock = BuildLock(lock_path(self.root, key))
+        lock = BuildLock(Venv(self.root, key).lock)
         if not lock.try_acquire():
             why = f"another build of {key} is running here ({lock.holder()})"
             return OfferAnswer("refused", why)
         self.lock, self.source = lock, source
-        if check_ready(self.root, key):  # built while we looked
+        if Venv(self.root, key).check_ready():  # built while we looked
             self.abort()
             return OfferAnswer("reused")
         self.events = PhaseEvents(self.root, key)
         self.events.enter("ship bytes", "receiving", source=source.host)
-        remove_leftovers(self.root, key)
+        Venv(self.root, key).remove_leftovers()
         self.unpacker = unpack.Unpacker(self.root, key, source.host, sender_venv=source.venv)
         self.unpacker.staged = delta.stage(self.root, self.unpacker.tmp, key, source)
         self.start = time.monotonic()
@@ -381,6 +375,6 @@ def is_ready(key: str) -> bool:
     try:
         root = venv_root()
         trust.check_root(root)
-        return bool(check_ready(root, key))
+        return bool(Venv(root, key).check_ready())
     except Exception:  # noqa: BLE001 - anything else is for the receiver to report
         return False

@@ -18,7 +18,7 @@ from ray_uv_plugin.env.project import ProjectError, load_project
 from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.env.uv import UvSyncError
 from ray_uv_plugin.settings import UV_ENV_VAR
-from ray_uv_plugin.store.layout import MARKER, read_marker
+from ray_uv_plugin.store.layout import MARKER, Venv
 from tests.support.uvproject import CountingUv, write_project
 
 
@@ -49,7 +49,7 @@ def test_build_once_then_reuse_without_uv(project, tmp_path, counting_uv):
     assert first.built and counting_uv.syncs() == 1
     assert _python_can_import(first.path, "pyfiglet") and _python_can_import(first.path, "six")
     assert not _python_can_import(first.path, "pytest")  # nothing of the caller's environment
-    meta = read_marker(first.path)
+    meta = Venv.at(first.path).read_marker()
     assert meta["extras"] == ["fig"] and meta["ray"] == ray.__version__
     again = ensure_venv(spec, load_project(project), root=tmp_path / "venvs")
     assert (again.path, again.built) == (first.path, False)
@@ -172,7 +172,7 @@ def test_a_ready_venv_that_is_no_longer_whole_is_rebuilt(project, tmp_path, coun
     assert again.built and again.path == first.path and counting_uv.syncs() == 2
     assert again.rebuilt_because is not None
     assert _python_can_import(again.path, "six")
-    assert read_marker(again.path)["key"] == first.key
+    assert Venv.at(again.path).read_marker()["key"] == first.key
 
 
 def test_bytecode_is_compiled_at_build_time_by_default(project, tmp_path, monkeypatch):
@@ -182,4 +182,4 @@ def test_bytecode_is_compiled_at_build_time_by_default(project, tmp_path, monkey
     outcome = ensure_venv(parse_spec({}), load_project(project), root=tmp_path / "venvs")
     site = next(outcome.path.glob("lib/python*/site-packages"))
     assert list((site / "__pycache__").glob("six.cpython-*.pyc"))
-    assert read_marker(outcome.path)["inputs"]["env"] == [["UV_COMPILE_BYTECODE", "1"]]
+    assert Venv.at(outcome.path).read_marker()["inputs"]["env"] == [["UV_COMPILE_BYTECODE", "1"]]
