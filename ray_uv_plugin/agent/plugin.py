@@ -218,7 +218,7 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         node = NodeSettings.read()  # the node's settings, read once for this request
         root = venv_root(node)
         request = make_request(spec, files, runtime_env.get("env_vars") or {})
-        outcome = await ensure_venv_async(request, root, logger, node.build_timeout_s())
+        outcome = await ensure_venv_async(request, root, logger, settings=node)
         verb = "built" if outcome.built else "reused"
         took = time.perf_counter() - start
         # A reused venv says how it came to be: built here, seeded, or shipped from a node.

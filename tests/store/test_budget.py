@@ -315,4 +315,4 @@ def test_a_budget_lock_that_is_no_file_is_refused_by_its_name(tmp_path, monkeypa
     os.mkfifo(root / BUDGET_LOCK)
     monkeypatch.setenv(VENV_DIR_MAX_BYTES_ENV, "1G")
     with pytest.raises(UntrustedPathError, match="the budget lock"):
-        budget.make_room(root / "0123456789abcdef", print, time.monotonic() + 5)
+        budget.make_room(Venv(root, "0123456789abcdef"), print, time.monotonic() + 5)

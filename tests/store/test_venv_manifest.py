@@ -146,7 +146,13 @@ def test_a_build_with_files_not_as_their_record_says_fails_naming_them(
     rel = str(six.relative_to(venv))
     with pytest.raises(UvSyncError) as e:
         write_manifest(
-            venv, logging.getLogger("test"), recorded, compiled, locked, None, lambda: tmp_path
+            Venv.at(venv),
+            logging.getLogger("test"),
+            recorded,
+            compiled,
+            locked,
+            None,
+            lambda: tmp_path,
         )
     said = str(e.value)
     assert re.search(
