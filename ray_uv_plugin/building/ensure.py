@@ -28,7 +28,7 @@ from ray_uv_plugin.settings import NodeSettings
 from ray_uv_plugin.store import budget, outcomes, trust
 from ray_uv_plugin.store.build_lock import LOCK_MARGIN, BuildLock, build_timeout
 from ray_uv_plugin.store.build_slots import BuildSlot, max_builds
-from ray_uv_plugin.store.layout import VenvDir, venv_root
+from ray_uv_plugin.store.layout import Venv, VenvDir, venv_root
 from ray_uv_plugin.store.setup_state import made_how
 
 
@@ -46,14 +46,19 @@ class Outcome:
     def python(self) -> Path:
         return self.path / "bin" / "python"
 
+    @property
+    def venv(self) -> Venv:
+        return Venv.at(self.path)
+
 
 def lookup(request: VenvRequest, root: Path) -> Outcome | None:
     """The ready venv for this request, if there is one: the path every warm request takes."""
     start = time.perf_counter()
     root = trust.check_root(root)  # resolved: what we check is what workers run
-    if ready := VenvDir(root).check_ready(request.key):
+    venv = VenvDir(root).venv(request.key)
+    if ready := venv.check_ready():
         took = time.perf_counter() - start
-        return Outcome(request.key, root / request.key, False, took, marker=ready.marker)
+        return Outcome(venv.key, venv.path, False, took, marker=ready.marker)
     return None
 
 

@@ -81,17 +81,18 @@ class VenvSender:
         self.key = key
         root = venv_root()
         trust.check_root(root)
+        venv = Venv(root, key)
         try:
-            self._lock_fd = hold_shared(Venv(root, key).lock)
+            self._lock_fd = hold_shared(venv.lock)
         except (BlockingIOError, FileNotFoundError) as e:
             raise ShipError(
                 f"{_where()}: the venv {key} to send is being built or removed here, or has no "
                 f"build lock ({e}): try again once `ray-uv list` shows it ready"
             ) from e
-        ready = Venv(root, key).check_ready()
+        ready = venv.check_ready()
         if not ready:
             raise ShipError(f"{_where()}: the venv {key} to send is not ready: {ready.why_not}")
-        self.venv = root / key
+        self._venv, self.venv = venv, venv.path
         self.marker = dict(ready.marker or {})  # as checked: no second read
         try:
             self.packer = archive.Packer(self.venv, chunk_bytes)
@@ -103,7 +104,7 @@ class VenvSender:
 
     def _drifted(self, e: archive.DriftError) -> ShipError:
         try:
-            Venv.at(self.venv).mark_not_whole(str(e))
+            self._venv.mark_not_whole(str(e))
             then = "it is rebuilt at its next use here"
         except OSError as error:
             then = f"it could not be marked for a rebuild ({error}): remove it with `ray-uv gc`"
@@ -226,19 +227,20 @@ class VenvReceiver:
         if why is not None:
             return OfferAnswer("refused", why)
         trust.make_root(self.root)
-        if Venv(self.root, key).check_ready():
+        venv = Venv(self.root, key)
+        if venv.check_ready():
             return OfferAnswer("reused")
-        lock = BuildLock(Venv(self.root, key).lock)
+        lock = BuildLock(venv.lock)
         if not lock.try_acquire():
             why = f"another build of {key} is running here ({lock.holder()})"
             return OfferAnswer("refused", why)
         self.lock, self.source = lock, source
-        if Venv(self.root, key).check_ready():  # built while we looked
+        if venv.check_ready():  # built while we looked
             self.abort()
             return OfferAnswer("reused")
         self.events = PhaseEvents(self.root, key)
         self.events.enter("ship bytes", "receiving", source=source.host)
-        Venv(self.root, key).remove_leftovers()
+        venv.remove_leftovers()
         self.unpacker = unpack.Unpacker(self.root, key, source.host, sender_venv=source.venv)
         self.unpacker.staged = delta.stage(self.root, self.unpacker.tmp, key, source)
         self.start = time.monotonic()

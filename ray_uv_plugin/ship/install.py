@@ -76,7 +76,8 @@ def install_received(
     checked = accounting.account(tree, files, recorded, compiled=None, heads=heads)
     if checked.unaccounted:  # RECORD hashes: the build's manifest, which its build checked
         raise ArchiveError(f"what arrived holds {accounting.unaccounted_note(checked)}")
-    venv = root / key
+    received = Venv(root, key)
+    venv = received.path
     if os.path.lexists(venv):  # not ready, or the caller would not have unpacked it
         freezing.remove_tree(venv)
     if relocation.relocate(tree, old, str(venv)):  # rewrote scripts in bin/: hashed again
@@ -89,7 +90,7 @@ def install_received(
     try:
         # Every file is the receiver's own (unpacked, copied from a seed, relocated): read-only.
         immutable = freezing.freeze(venv, {name for name, e in files.items() if e.kind == "file"})
-        Venv.at(venv).write_marker(
+        received.write_marker(
             {
                 **{name: meta[name] for name in KEPT if name in meta},
                 "format": MARKER_FORMAT,
