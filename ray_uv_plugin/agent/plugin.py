@@ -242,7 +242,7 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         new = None
         if outcome is not None:
             try:
-                new = Hold(outcome.path.parent, outcome.key)
+                new = Hold(outcome.venv.root, outcome.key)
             except OSError as e:
                 # A venv dir this user may read but not write (a trusted group's), or a full
                 # disk: the venv is usable, its hold unrecorded, as its last use then is.

@@ -89,7 +89,7 @@ async def ensure_venv_async(
     except FileNotFoundError:  # no venv dir yet
         ready = None
     if ready is not None:
-        outcomes.record(ready.path.parent, key, "reused")
+        outcomes.record(ready.venv.root, key, "reused")
         return ready
     root = trust.make_root(root)  # resolved: the lock, the build and the path handed out
     venv = VenvDir(root).venv(key)
