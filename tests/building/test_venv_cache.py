@@ -17,7 +17,7 @@ from ray_uv_plugin.building.ensure import ensure_venv
 from ray_uv_plugin.env.project import ProjectError, load_project
 from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.env.uv import UvSyncError
-from ray_uv_plugin.settings import UV_ENV_VAR
+from ray_uv_plugin.settings import UV_ENV_VAR, VENV_DIR_MAX_BYTES_ENV, NodeSettings
 from ray_uv_plugin.store.layout import MARKER, Venv
 from tests.support.uvproject import CountingUv, write_project
 
@@ -58,6 +58,22 @@ def test_build_once_then_reuse_without_uv(project, tmp_path, counting_uv):
     other = ensure_venv(parse_spec({}), load_project(project), root=tmp_path / "venvs")
     assert other.path != first.path and not _python_can_import(other.path, "pyfiglet")
     assert counting_uv.syncs() == 2
+
+
+def test_a_request_builds_with_the_node_settings_it_was_handed(
+    project, tmp_path, counting_uv, monkeypatch
+):
+    """The node's settings are read once per request and handed on to its build: a budget no
+    venv fits, handed in, fails the build where this process's environment sets none."""
+    monkeypatch.delenv(VENV_DIR_MAX_BYTES_ENV, raising=False)
+    settings = NodeSettings(venv_dir_max_bytes="1K")
+    root = tmp_path / "venvs"
+    with pytest.raises(
+        UvSyncError, match=f"over its budget of 1.0KiB \\({VENV_DIR_MAX_BYTES_ENV}\\)"
+    ):
+        ensure_venv(parse_spec({}), load_project(project), root=root, settings=settings)
+    assert counting_uv.syncs() == 1
+    assert [p.name for p in root.iterdir() if p.is_dir()] == []  # the new venv was not kept
 
 
 def _ensure_in_child(project: str, root: str) -> str:

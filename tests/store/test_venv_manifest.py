@@ -29,10 +29,24 @@ from ray_uv_plugin.ship.archive import ArchiveError, DriftError, Packer
 from ray_uv_plugin.ship.install import install_received
 from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store import accounting, hashed, manifest
-from ray_uv_plugin.store.layout import MARKER, NOT_AS_RECORDED, Venv
+from ray_uv_plugin.store.layout import MARKER, NOT_AS_RECORDED, Venv, VenvDir
 from tests.support.uvproject import write_project
 
 KEY = "0123456789abcdef"
+
+
+def test_a_venv_names_its_files_where_they_have_always_been(tmp_path: Path) -> None:
+    """`<root>/<key>`, its marker inside, its build lock beside it: each path made in one place."""
+    venv = VenvDir(tmp_path).venv(KEY)
+    assert venv == Venv.at(tmp_path / KEY) and VenvDir(tmp_path).lock(KEY) == venv.lock
+    assert venv.path == tmp_path / KEY and venv.python == tmp_path / KEY / "bin" / "python"
+    assert venv.marker == tmp_path / KEY / ".ray-uv-ready" == venv.path / MARKER
+    assert venv.lock == tmp_path / f"{KEY}.lock"
+    assert venv.site_packages() is None  # none yet
+    (venv.path / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    assert venv.site_packages() == venv.path / "lib" / "python3.11" / "site-packages"
+
+
 MiB = 1024 * 1024
 
 
