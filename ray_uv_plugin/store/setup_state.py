@@ -1,7 +1,7 @@
 """Where one key stands in one venv dir: ready, queued, building, receiving, failed or absent.
 
 Read from the venv dir and the plugin's own records alone, never guessed: the venv's marker
-(`layout.check_ready`, without marking a use), the key's build lock (held while a build or a
+(`layout.Venv.check_ready`, without marking a use), the key's build lock (held while a build or a
 receive runs), the phase record its holder keeps (`phases`), and that holder's build-slot
 ticket. A record whose writer is gone (the lock free) says nothing, but a `failed` one, which
 its writer left as it gave up. `cluster.readiness` asks every node; `ray-uv status` shows it.

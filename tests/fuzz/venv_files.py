@@ -1,6 +1,6 @@
 """The files a venv dir holds beside a venv's own: its marker (`.ray-uv-ready`) and its
 build's manifest (`.ray-uv-ready.manifest`), as each reader takes them: the plugin's ready
-check (`layout.check_ready`), `read_marker`, `ray-uv list` (`inventory`), a sender
+check (`layout.Venv.check_ready`), `Venv.read_marker`, `ray-uv list` (`inventory`), a sender
 (`manifest.load`, `archive.Packer`) and the rebuild mark (`mark_not_whole`)."""
 
 from __future__ import annotations
