@@ -48,7 +48,7 @@ from ray_uv_plugin.settings import MAX_BUILDS_ENV, UV_ENV_VAR, VENV_DIR_MAX_BYTE
 from ray_uv_plugin.store import disk
 from ray_uv_plugin.store.build_slots import default_max_builds
 from ray_uv_plugin.store.freezing import remove_tree
-from ray_uv_plugin.store.layout import MARKER, lock_path
+from ray_uv_plugin.store.layout import MARKER, Venv
 from ray_uv_plugin.store.units import format_bytes
 
 from .envs import BenchProject, write_project
@@ -85,7 +85,7 @@ def held(root: Path, venvs: list[Path] | None = None, ready: disk.ReadyTrees | N
     inode once; `ready`: ready venvs measured before are not walked again."""
     if venvs is None:
         venvs = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
-    paths = venvs + [lock_path(root, v.name) for v in venvs]
+    paths = venvs + [Venv(root, v.name).lock for v in venvs]
     return disk.measure(paths, ready).size(*paths)
 
 

@@ -46,7 +46,7 @@ from ray_uv_plugin.store.layout import (
     DIST_INFO,
     MARKER_FORMAT,
     NOT_WHOLE,
-    read_marker,
+    Venv,
     site_packages,
 )
 
@@ -62,7 +62,7 @@ DEFAULT_GROUPS = ("dev",)  # what `uv sync` adds with no group named
 def ready(venv: Path) -> dict[str, Any] | None:
     """The marker of a ready venv (as `check_ready` takes it, without touching it); None if not
     ready."""
-    meta = read_marker(venv)
+    meta = Venv.at(venv).read_marker()
     if meta is None or meta.get("key") != venv.name or meta.get("format") != MARKER_FORMAT:
         return None
     return None if meta.get(NOT_WHOLE) else meta
@@ -431,7 +431,7 @@ def unowned(root: Path) -> list[tuple[Path, str]]:
     for entry in sorted(root.iterdir()) if root.is_dir() else []:
         name = entry.name
         if KEY.match(name) and entry.is_dir() and not entry.is_symlink():
-            meta = read_marker(entry)
+            meta = Venv.at(entry).read_marker()
             if ready(entry) is not None or (isinstance(meta, dict) and meta.get(NOT_WHOLE)):
                 continue  # ready, or marked to be rebuilt on its next use
             if is_held(root / f"{name}.lock") is False:

@@ -50,7 +50,7 @@ from benchmarks.envs import SETS_DIR, clean_env, remove_tree
 from benchmarks.sample import setup_logs
 from ray_uv_plugin.env.uv import find_uv
 from ray_uv_plugin.settings import VENV_DIR_ENV
-from ray_uv_plugin.store.layout import read_marker
+from ray_uv_plugin.store.layout import Venv
 
 CHANGES = {"pure": "rich==14.3.0", "compiled": "numpy==2.4.5"}
 
@@ -230,7 +230,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
             seeded, venv, steps = one_actor(b, venvs)
             entries, walk = lstat_walk(venv)
             ready, _, _ = one_actor(b, venvs)  # the floor: B's venv ready, a new Ray session
-            built = (read_marker(venv) or {}).get("built")
+            built = (Venv.at(venv).read_marker() or {}).get("built")
             full, full_venv, full_steps = one_actor(b, work / f"fresh-{case}")
             differ = differences(venv, full_venv)
             remove_tree(venv)  # the next case seeds from A again

@@ -48,7 +48,7 @@ import ray
 from ray_uv_plugin.store import disk
 from ray_uv_plugin.store.build_slots import default_max_builds
 from ray_uv_plugin.store.freezing import remove_tree
-from ray_uv_plugin.store.layout import MARKER, read_marker
+from ray_uv_plugin.store.layout import MARKER, Venv
 from ray_uv_plugin.store.units import format_bytes
 from tests.support.uvproject import write_project
 
@@ -230,7 +230,7 @@ def make_old(venvs: Path, old: list[Key]) -> None:
     wanted = {(str(k.project), tuple(sorted(k.extras))) for k in old}
     then = time.time() - 3600
     for venv in venvs.iterdir():
-        meta = read_marker(venv) if venv.is_dir() else None
+        meta = Venv.at(venv).read_marker() if venv.is_dir() else None
         if meta and (meta.get("project"), tuple(sorted(meta.get("extras", ())))) in wanted:
             os.utime(venv / MARKER, (then, then))
 
@@ -270,7 +270,7 @@ def load(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         watch_rc = watch.wait(timeout=60)
         agent_points, size_points, loads = agent.stop(), sizes.stop(), loadavg.stop()
         end_bytes = held(venvs)
-        left = [read_marker(p) for p in venvs.iterdir() if p.is_dir()]
+        left = [Venv.at(p).read_marker() for p in venvs.iterdir() if p.is_dir()]
     finally:
         head.stop(procs)
     t = [p[0] for p in agent_points]

@@ -62,7 +62,7 @@ from ray_uv_plugin.cluster.prepare import prepare_nodes
 from ray_uv_plugin.cluster.readiness import node_setups
 from ray_uv_plugin.cluster.setup_metrics import export_setup_metrics
 from ray_uv_plugin.env.spec import parse_spec
-from ray_uv_plugin.store.layout import read_marker
+from ray_uv_plugin.store.layout import Venv
 from tests.support.raylets import Raylet
 from tests.support.uvproject import write_project
 from worker_groups import (
@@ -395,7 +395,7 @@ def a_node_joins(nodes: Nodes, base: Path) -> dict[str, Any]:
         group.shutdown()
         vcluster.shutdown()
     (setup,) = node_setups(value, nodes=[nodes.ids[4]]).values()
-    marker = read_marker(nodes.raylets[4].venvs / setup.key) if setup.key else {}
+    marker = Venv.at(nodes.raylets[4].venvs / setup.key).read_marker() if setup.key else {}
     out.update(joined_node_syncs=nodes.syncs()[4], joined_node_state=setup.state,
                joined_node_how=setup.how, shipped_from=marker.get("shipped_from"))  # fmt: skip
     return out

@@ -32,7 +32,7 @@ from typing import Any
 from ray_uv_plugin.building import seeding
 from ray_uv_plugin.env.key import interpreter_tag
 from ray_uv_plugin.store import freezing, manifest, tree
-from ray_uv_plugin.store.layout import KEY_LENGTH, site_packages
+from ray_uv_plugin.store.layout import KEY_LENGTH, Venv, site_packages
 
 NEW_KEY = "0" * KEY_LENGTH  # the new venv's name beside the seed, in the same venv dir
 
@@ -69,7 +69,7 @@ def take_rounds(seed: Path, rounds: int, counts: list[int]) -> dict[str, list[fl
                 site = site_packages(venv)
                 assert site is not None
                 records = seeding.record_digests(site)
-                chosen = seeding.choose(seed.parent, venv, interpreter_tag(), records)
+                chosen = seeding.choose(Venv(seed.parent, NEW_KEY), interpreter_tag(), records)
                 if chosen is None:
                     raise SystemExit(f"{seed} does not seed a copy of itself: not a ready venv?")
                 listed = tree.collect(venv)

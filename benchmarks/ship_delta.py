@@ -43,7 +43,7 @@ from benchmarks.counting_index import CountingIndex
 from benchmarks.package_set import WHEEL_CACHE, make_wheel, mirror_pypi, write_project
 from benchmarks.raylets import du, prepare, raylets, remove
 from ray_uv_plugin.env.uv import uv_version
-from ray_uv_plugin.store.layout import read_marker
+from ray_uv_plugin.store.layout import Venv
 
 # Lock A's pins, and each case's one change.
 BASE = {"packaging": "26.3", "msgpack": "1.2.3"}
@@ -80,7 +80,7 @@ def one_prepare(
     if per_node[0]["outcome"] not in ("built", "reused") or len(received) != 1:
         raise RuntimeError(f"{name}: expected node 0 to have it, node 1 to be sent it: {per_node}")
     node = received[0]
-    marker = read_marker(receiver_venvs / node["key"]) or {}
+    marker = Venv.at(receiver_venvs / node["key"]).read_marker() or {}
     run = {
         "run": name,
         "prepare_seconds": round(seconds, 2),

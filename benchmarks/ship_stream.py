@@ -27,7 +27,7 @@ from ray_uv_plugin.ship.archive import Chunk, Packer
 from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store import manifest
 from ray_uv_plugin.store.freezing import remove_tree
-from ray_uv_plugin.store.layout import MARKER_FORMAT, write_marker
+from ray_uv_plugin.store.layout import MARKER_FORMAT, Venv
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "0123456789abcdef"  # the copy's name: the receiver takes only a venv key's shape
@@ -54,7 +54,7 @@ def mark_built(venv: Path) -> dict[str, float]:
     listed = manifest.write(venv, manifest.scan(venv))
     took = _took(start)
     venv.chmod(0o755)  # a marker makes the top dir read-only: a second one needs it writable
-    write_marker(venv, {"format": MARKER_FORMAT, "key": KEY, "manifest": listed})
+    Venv.at(venv).write_marker({"format": MARKER_FORMAT, "key": KEY, "manifest": listed})
     return took
 
 

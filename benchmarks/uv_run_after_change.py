@@ -53,7 +53,7 @@ from benchmarks.uv_run_driver import (
     write_counting_uv,
 )
 from benchmarks.uv_run_report import Sample, markdown, summarize
-from ray_uv_plugin.store.layout import KEY_LENGTH, read_marker
+from ray_uv_plugin.store.layout import KEY_LENGTH, Venv
 
 WAYS = ("ours-change", "ray-hook")
 _DURATION = r"([\d.]+)(ms|s)"
@@ -93,7 +93,7 @@ def plugin_share(sample: Sample) -> dict[str, Any]:
         elif "modules the seed did not give" in line or "manifest of" in line:
             share.setdefault("steps", []).append(line.split("uv_project ", 1)[1])
     if sample.executables and sample.way == "ours-change":
-        marker = read_marker(Path(sample.executables[0]).parent.parent) or {}
+        marker = Venv.at(Path(sample.executables[0]).parent.parent).read_marker() or {}
         share["built"] = marker.get("built")
         share["uv_seconds"] = marker.get("build_seconds")
     if "setup_s" in share and sample.after_init_s is not None:

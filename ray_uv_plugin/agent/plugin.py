@@ -218,7 +218,7 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         node = NodeSettings.read()  # the node's settings, read once for this request
         root = venv_root(node)
         request = make_request(spec, files, runtime_env.get("env_vars") or {})
-        outcome = await ensure_venv_async(request, root, logger, node.build_timeout_s())
+        outcome = await ensure_venv_async(request, root, logger, settings=node)
         verb = "built" if outcome.built else "reused"
         took = time.perf_counter() - start
         # A reused venv says how it came to be: built here, seeded, or shipped from a node.
@@ -242,7 +242,7 @@ class UvProjectPlugin(RuntimeEnvPlugin):
         new = None
         if outcome is not None:
             try:
-                new = Hold(outcome.path.parent, outcome.key)
+                new = Hold(outcome.venv.root, outcome.key)
             except OSError as e:
                 # A venv dir this user may read but not write (a trusted group's), or a full
                 # disk: the venv is usable, its hold unrecorded, as its last use then is.

@@ -24,10 +24,11 @@ from ray_uv_plugin.env.key import VenvRequest, make_request
 from ray_uv_plugin.env.project import ProjectFiles
 from ray_uv_plugin.env.spec import ParsedUvProject
 from ray_uv_plugin.env.uv import UvSyncError
+from ray_uv_plugin.settings import NodeSettings
 from ray_uv_plugin.store import budget, outcomes, trust
 from ray_uv_plugin.store.build_lock import LOCK_MARGIN, BuildLock, build_timeout
-from ray_uv_plugin.store.build_slots import BuildSlot
-from ray_uv_plugin.store.layout import check_ready, lock_path, read_marker, venv_root
+from ray_uv_plugin.store.build_slots import BuildSlot, max_builds
+from ray_uv_plugin.store.layout import Venv, VenvDir, venv_root
 from ray_uv_plugin.store.setup_state import made_how
 
 
@@ -45,14 +46,19 @@ class Outcome:
     def python(self) -> Path:
         return self.path / "bin" / "python"
 
+    @property
+    def venv(self) -> Venv:
+        return Venv.at(self.path)
+
 
 def lookup(request: VenvRequest, root: Path) -> Outcome | None:
     """The ready venv for this request, if there is one: the path every warm request takes."""
     start = time.perf_counter()
     root = trust.check_root(root)  # resolved: what we check is what workers run
-    if ready := check_ready(root, request.key):
+    venv = VenvDir(root).venv(request.key)
+    if ready := venv.check_ready():
         took = time.perf_counter() - start
-        return Outcome(request.key, root / request.key, False, took, marker=ready.marker)
+        return Outcome(venv.key, venv.path, False, took, marker=ready.marker)
     return None
 
 
@@ -62,15 +68,19 @@ async def ensure_venv_async(
     logger: logging.Logger | None = None,
     timeout: float | None = None,
     lock_timeout: float | None = None,
+    settings: NodeSettings | None = None,
 ) -> Outcome:
     """The ready venv for this request, built once per key across processes and hosts.
 
     Waiting for another build of the key happens here, on the event loop: cancelling the
     caller cancels the wait. The build runs in a thread of its own that holds the lock until
-    uv is done (or killed at `timeout`), even if the caller was cancelled meanwhile.
+    uv is done (or killed at `timeout`), even if the caller was cancelled meanwhile. The
+    node's settings are `settings` (else this process's, read once here) for the whole
+    request: its timeout, build slots, budget and failed-build memo.
     """
+    settings = settings or NodeSettings.read()
     logger = logger or logging.getLogger(__name__)
-    timeout = build_timeout() if timeout is None else timeout
+    timeout = build_timeout(settings) if timeout is None else timeout
     lock_timeout = timeout + LOCK_MARGIN if lock_timeout is None else lock_timeout
     start = time.perf_counter()
     key = request.key
@@ -79,10 +89,11 @@ async def ensure_venv_async(
     except FileNotFoundError:  # no venv dir yet
         ready = None
     if ready is not None:
-        outcomes.record(ready.path.parent, key, "reused")
+        outcomes.record(ready.venv.root, key, "reused")
         return ready
     root = trust.make_root(root)  # resolved: the lock, the build and the path handed out
-    lock = BuildLock(lock_path(root, key))
+    venv = VenvDir(root).venv(key)
+    lock = BuildLock(venv.lock)
 
     def say(line: str) -> None:
         logger.info("uv_project %s: %s", key, line)
@@ -91,18 +102,18 @@ async def ensure_venv_async(
         say(f"phase: lock wait (another build or receive of this key: {lock.holder()})")
         await lock.acquire_async(lock_timeout, request.what)
     try:
-        ready = check_ready(root, key)  # another process may have built it meanwhile
+        ready = venv.check_ready()  # another process may have built it meanwhile
         why = ready.why_not
         # Ray's agent retries a failed setup: not 3 builds
-        sync_inputs = "" if why is None else failed_builds.sync_inputs(request, root / key)
-        failed = None if why is None else failed_builds.recent(root / key, sync_inputs)
+        sync_inputs = "" if why is None else failed_builds.sync_inputs(request, venv.path)
+        failed = None if why is None else failed_builds.recent(venv, sync_inputs, settings)
     except BaseException:
         lock.release()
         raise
     if why is None:
         lock.release()
         outcomes.record(root, key, "reused")
-        return Outcome(key, root / key, False, time.perf_counter() - start, marker=ready.marker)
+        return Outcome(key, venv.path, False, time.perf_counter() - start, marker=ready.marker)
     if failed is not None:
         lock.release()
         outcomes.record(root, key, "failed")
@@ -111,8 +122,8 @@ async def ensure_venv_async(
         logger.info("uv_project %s: rebuilding: %s", key, why)
     events = PhaseEvents(root, key, say)
     try:  # a build, and only a build, takes one of the venv dir's slots (`build_slots`)
-        slot = BuildSlot(root)
-        budget.venv_dir_budget()  # a bad setting fails before the build, not after
+        slot = BuildSlot(root, max_builds(settings))
+        budget.venv_dir_budget(settings)  # a bad setting fails before the build, not after
 
         def queued(line: str) -> None:  # its first line: the request must wait for a slot
             say(line)
@@ -141,15 +152,15 @@ async def ensure_venv_async(
     def build() -> None:
         result, error = None, None
         try:
-            result = build_venv(request, root / key, logger, timeout - waited, events)
+            result = build_venv(request, venv, logger, timeout - waited, events, settings)
             events.clear()
-            outcomes.record(root, key, made_how(read_marker(root / key)) or "built")
+            outcomes.record(root, key, made_how(venv.read_marker()) or "built")
         except BaseException as e:  # noqa: BLE001 - handed to the awaiting request
             error = e
             events.failed(str(e))
             outcomes.record(root, key, "failed")
             if isinstance(e, UvSyncError) and not e.transient:
-                failed_builds.remember(root / key, sync_inputs, str(e))
+                failed_builds.remember(venv, sync_inputs, str(e), settings)
         finally:
             slot.release()
             lock.release()
@@ -158,7 +169,7 @@ async def ensure_venv_async(
     threading.Thread(target=build, name=f"uv_project build {key}", daemon=True).start()
     await done
     rebuilt = None if why == "absent" else why
-    return Outcome(key, root / key, True, time.perf_counter() - start, rebuilt)
+    return Outcome(key, venv.path, True, time.perf_counter() - start, rebuilt)
 
 
 def ensure_venv(
@@ -169,8 +180,10 @@ def ensure_venv(
     logger: logging.Logger | None = None,
     timeout: float | None = None,
     lock_timeout: float | None = None,
+    settings: NodeSettings | None = None,
 ) -> Outcome:
     """`ensure_venv_async` for callers without an event loop (tools, tests, benchmarks)."""
-    root = root or venv_root()
+    settings = settings or NodeSettings.read()
+    root = root or venv_root(settings)
     request = make_request(spec, files, extra_env or {})
-    return asyncio.run(ensure_venv_async(request, root, logger, timeout, lock_timeout))
+    return asyncio.run(ensure_venv_async(request, root, logger, timeout, lock_timeout, settings))

@@ -36,11 +36,12 @@ from pathlib import Path
 from ray_uv_plugin.env.key import VenvRequest
 from ray_uv_plugin.env.uv import UvSyncError, find_uv
 from ray_uv_plugin.settings import NodeSettings
+from ray_uv_plugin.store.layout import Venv
 
 RAY_CACHE_ENV = "BAD_RUNTIME_ENV_CACHE_TTL_SECONDS"  # Ray's own setting, read by its agent
 
 # (venv, sync_inputs) -> (when, the error's message)
-_failed: dict[tuple[Path, str], tuple[float, str]] = {}
+_failed: dict[tuple[Venv, str], tuple[float, str]] = {}
 _guard = threading.Lock()  # builds fail in threads of their own
 
 
@@ -107,20 +108,23 @@ def _as_retried(env: Mapping[str, str]) -> list[tuple[str, str]]:
     return sorted(items.items())
 
 
-def remember(venv: Path, inputs: str, message: str) -> None:
-    """Remember that the sync of `venv` with `inputs` (`sync_inputs`) failed with `message`."""
+def remember(venv: Venv, inputs: str, message: str, settings: NodeSettings | None = None) -> None:
+    """Remember that the sync of `venv` with `inputs` (`sync_inputs`) failed with `message`
+    (for as long as `settings`, else this process's, say)."""
     now = time.monotonic()
-    window = _remember_seconds()
+    window = _remember_seconds(settings)
     with _guard:
         for old in [k for k, (when, _) in _failed.items() if now - when >= window]:
             del _failed[old]
         _failed[(venv, inputs)] = (now, message)
 
 
-def recent(venv: Path, inputs: str) -> RememberedFailure | None:
+def recent(
+    venv: Venv, inputs: str, settings: NodeSettings | None = None
+) -> RememberedFailure | None:
     """The error of the last sync of `venv` with `inputs` if it failed less than
-    `_remember_seconds()` ago, with what to do to try again now; else None."""
-    window = _remember_seconds()
+    `_remember_seconds(settings)` ago, with what to do to try again now; else None."""
+    window = _remember_seconds(settings)
     with _guard:
         when, message = _failed.get((venv, inputs), (float("-inf"), ""))  # `remember` expires
     ago = time.monotonic() - when
@@ -131,11 +135,11 @@ def recent(venv: Path, inputs: str) -> RememberedFailure | None:
     )
 
 
-def _not_run_again(venv: Path, ago: float, window: float, ray_seconds: int | None) -> str:
+def _not_run_again(venv: Venv, ago: float, window: float, ray_seconds: int | None) -> str:
     ray_keeps = f"{ray_seconds}s" if ray_seconds is not None else "a while"
     return (
         f"(uv was not run again for this request: a request with the same build settings "
-        f"failed {ago:.0f}s ago with the error above, and a failed sync of {venv.name} is "
+        f"failed {ago:.0f}s ago with the error above, and a failed sync of {venv.key} is "
         f"remembered for {window:.0f}s. Ray answers an identical runtime_env with this error "
         f"for {ray_keeps} ({RAY_CACHE_ENV}): to try again at once, change the runtime_env's "
         'env_vars (e.g. add "RETRY": "1"), or lower it in the environment of `ray start`.)'

@@ -17,14 +17,14 @@ from ray_uv_plugin.env.key import VenvRequest
 from ray_uv_plugin.env.project import project_name
 from ray_uv_plugin.env.uv import UvSyncError
 from ray_uv_plugin.store import accounting, hashed, manifest, tree
-from ray_uv_plugin.store.layout import DIST_INFO, MARKER_FORMAT, site_packages, write_marker
+from ray_uv_plugin.store.layout import DIST_INFO, MARKER_FORMAT, Venv
 
 
-def _site_packages(venv: Path) -> str:
-    site = site_packages(venv)
+def _site_packages(venv: Venv) -> str:
+    site = venv.site_packages()
     if site is None:
-        raise UvSyncError(f"uv_project: uv made {venv} without a site-packages dir.")
-    return str(site.relative_to(venv))
+        raise UvSyncError(f"uv_project: uv made {venv.path} without a site-packages dir.")
+    return str(site.relative_to(venv.path))
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Bytecode:
 
 
 def write_manifest(
-    venv: Path,
+    venv: Venv,
     logger: logging.Logger,
     recorded: accounting.Recorded,
     compiled: Bytecode,
@@ -61,34 +61,35 @@ def write_manifest(
     is listed entry by entry, each file hashed unless the seed's rows prove its inode
     unchanged, and accounted for here."""
     start = time.perf_counter()
+    venv_path = venv.path
     if listed is None:
-        listed = tree.collect(venv)
-    clock = hashed.fs_clock(venv)
+        listed = tree.collect(venv_path)
+    clock = hashed.fs_clock(venv_path)
     site = _site_packages(venv)
     groups = manifest.split(listed.entries, site)
     seed = compiled.taken.source if compiled.taken is not None else None
-    records = seeding.record_digests(venv / site)
-    foreign = accounting.foreign_distributions(venv, locked)
+    records = seeding.record_digests(venv_path / site)
+    foreign = accounting.foreign_distributions(venv_path, locked)
     parts_of = owners_of(recorded, site)
     listings = compiled.taken.listings if compiled.taken is not None else {}
-    dev = _device(venv, site)
+    dev = _device(venv_path, site)
     kept = _kept(seed, groups, listed, parts_of.owners, records, set(foreign), clock, dev, listings)
     if seed is not None:  # its fragments, linked in and checked: else the part is listed
-        fragments = manifest.Fragments(venv)
+        fragments = manifest.Fragments(venv_path)
         for name in list(kept):
             shas = (seed.fragments[name], kept[name].rows)
             if not all(fragments.adopt(seed.path, sha) for sha in shas):
                 del kept[name]
-    fresh = Fresh(venv, listed, clock)
+    fresh = Fresh(venv_path, listed, clock)
     for name, paths in groups.items():
         if name not in kept:
             fresh.add(name, paths, seed)
     scanned = time.perf_counter()
     own = recorded if not kept else parts_of.without(recorded, kept)
-    checked = accounting.account(venv, fresh.files, own, compiled.paths, foreign, fresh.heads)
+    checked = accounting.account(venv_path, fresh.files, own, compiled.paths, foreign, fresh.heads)
     if checked.unaccounted:
         raise UvSyncError(
-            f"uv_project: the venv {venv.name} holds {accounting.unaccounted_note(checked)}"
+            f"uv_project: the venv {venv.key} holds {accounting.unaccounted_note(checked)}"
             + (
                 f" (and the dist-info dirs {', '.join(foreign)} are of no package of the lock)"
                 if foreign
@@ -111,7 +112,7 @@ def write_manifest(
         "uv_project %s: manifest of %d entries in %d parts, %d of them kept from the seed "
         "(%d entries), the rest listed (%.0f MB read, %d fragments written) in %.2fs, every "
         "file of those accounted for in %.2fs of it",
-        venv.name,
+        venv.key,
         len(listed.entries),
         len(groups),
         len(kept),
@@ -285,7 +286,7 @@ class Fresh:
         return 2 * len(self.parts)
 
 
-def _not_as_recorded(venv: Path, mismatches: list[str], uv_cache: Path | None) -> str:
+def _not_as_recorded(venv: Venv, mismatches: list[str], uv_cache: Path | None) -> str:
     """Why a venv whose files differ from their distribution's RECORD (`<path> (<dist-info>)`,
     or missing) is not made ready, and what to do. Ready means accounted for: such a file was
     most likely changed in uv's cache, through a hardlink of another venv (a job that wrote
@@ -297,7 +298,7 @@ def _not_as_recorded(venv: Path, mismatches: list[str], uv_cache: Path | None) -
     packages = sorted({match["name"] for o in owners if (match := DIST_INFO.match(o))})
     where = f"UV_CACHE_DIR={uv_cache} " if uv_cache is not None else ""
     return (
-        f"uv_project: the venv {venv.name} holds {len(mismatches)} files that differ from "
+        f"uv_project: the venv {venv.key} holds {len(mismatches)} files that differ from "
         f"their distribution's RECORD: {', '.join(mismatches[:shown])}{more}. Most likely "
         "they changed in this node's uv cache"
         + (f" ({uv_cache})" if uv_cache is not None else "")
@@ -310,18 +311,17 @@ def _not_as_recorded(venv: Path, mismatches: list[str], uv_cache: Path | None) -
 
 
 def write_marker_of(
-    venv: Path, request: VenvRequest, seconds: float, immutable: bool, listed: Mapping[str, Any]
+    venv: Venv, request: VenvRequest, seconds: float, immutable: bool, listed: Mapping[str, Any]
 ) -> None:
     """The marker: what the venv was built from and how (the key's inputs, the build's
     seconds, whether it is immutable), with what `write_manifest` listed."""
     import ray
 
     spec = request.spec
-    write_marker(
-        venv,
+    venv.write_marker(
         {
             "format": MARKER_FORMAT,
-            "key": venv.name,
+            "key": venv.key,
             "name": project_name(request.files),
             "project": str(request.files.path),
             "extras": ["*"] if spec.all_extras else list(spec.extras),

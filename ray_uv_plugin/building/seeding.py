@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ray_uv_plugin.store import hashed, manifest, tree
-from ray_uv_plugin.store.layout import DIST_INFO, MARKER, check_ready, read_marker
+from ray_uv_plugin.store.layout import DIST_INFO, MARKER, Venv
 
 CANDIDATES = 8  # the most recently built venvs of this interpreter that are weighed as seeds
 # Distributions in common below which a seed saves too little to be worth its checks.
@@ -125,7 +125,7 @@ def _candidates(root: Path, key: str, interpreter: str) -> Iterator[tuple[str, P
         if name == key or not (venv / MARKER).is_file():
             continue
         try:
-            meta = read_marker(venv)
+            meta = Venv.at(venv).read_marker()
         except (OSError, ValueError):
             continue
         inputs = (meta or {}).get("inputs")
@@ -170,17 +170,17 @@ def nearest(
     # Trusted and whole, but not marked used: a seed is only read, and a venv the node's
     # new keys keep seeding from must stay one that `gc` and the budget may remove (a seed
     # removed meanwhile costs a full build of what it would have given, never a failure).
-    if not check_ready(root, name, use=False):
+    if not Venv(root, name).check_ready(use=False):
         return None
     return name, path, meta
 
 
-def choose(root: Path, venv: Path, interpreter: str, records: dict[str, str]) -> Seed | None:
-    """The ready venv of `root` nearest to the new `venv` (just synced, without bytecode;
+def choose(venv: Venv, interpreter: str, records: dict[str, str]) -> Seed | None:
+    """The ready venv of the venv dir nearest to the new `venv` (just synced, without bytecode;
     `records`: its `record_digests`): the same interpreter and site-packages, an index of this
     node's (`store.hashed`), the most distributions alike; None where none shares
     `MIN_COMMON`."""
-    found = nearest(root, venv.name, interpreter, records.keys())
+    found = nearest(venv.root, venv.key, interpreter, records.keys())
     if found is None:
         return None
     name, path, meta = found
@@ -199,7 +199,7 @@ def choose(root: Path, venv: Path, interpreter: str, records: dict[str, str]) ->
         raise SeedError(f"the nearest venv {name} {e}") from None
     if found_parts is None:
         raise SeedError(f"the nearest venv {name} has a manifest of an earlier version")
-    if found_parts[0] != manifest.site_of(venv):
+    if found_parts[0] != manifest.site_of(venv.path):
         return None
     site, fragments = found_parts
     common = tuple(sorted(d for d, digest in records.items() if index.records.get(d) == digest))
@@ -363,10 +363,10 @@ def untrusted_seed(error: BaseException) -> bool:
     return isinstance(error, (ValueError, OSError, LookupError, TypeError))
 
 
-def has_candidates(root: Path, key: str, interpreter: str) -> bool:
-    """Whether `root` holds a ready venv that could seed `key` (a few marker reads): else the
-    build is one `uv sync`, as without seeding."""
+def has_candidates(venv: Venv, interpreter: str) -> bool:
+    """Whether the venv dir holds a ready venv that could seed `venv` (a few marker reads):
+    else the build is one `uv sync`, as without seeding."""
     try:
-        return next(_candidates(root, key, interpreter), None) is not None
+        return next(_candidates(venv.root, venv.key, interpreter), None) is not None
     except OSError:
         return False

@@ -18,6 +18,7 @@ from ray_uv_plugin.agent.ray_libraries import BY_NAME, LIBRARIES, Status, librar
 if TYPE_CHECKING:
     from ray_uv_plugin.env.project import ProjectFiles
     from ray_uv_plugin.env.spec import ParsedUvProject
+    from ray_uv_plugin.store.layout import Venv
 
 
 class CheckError(ValueError):
@@ -141,11 +142,11 @@ def run_check(
         outcome.seconds,
         library_status(outcome.path),
         wanted,
-        tuple(_node_notes(outcome.path, files.path)),
+        tuple(_node_notes(outcome.venv, files.path)),
     )
 
 
-def _node_notes(venv: Path, project: Path) -> list[str]:
+def _node_notes(venv: Venv, project: Path) -> list[str]:
     """What this node's set-up costs a venv (uv copies instead of hardlinking) or leaves it
     without (chattr +i, as root), each with its fix: what a build's setup log says, for a
     reused venv too."""
@@ -154,13 +155,12 @@ def _node_notes(venv: Path, project: Path) -> list[str]:
     from ray_uv_plugin.env.cache_split import cache_split_note
     from ray_uv_plugin.env.uv_env import sync_environment
     from ray_uv_plugin.store import freezing
-    from ray_uv_plugin.store.layout import read_marker
 
     notes = []
-    split = cache_split_note(sync_environment({}), venv.parent, project)
+    split = cache_split_note(sync_environment({}), venv.root, project)
     if split:
         notes.append(split)
-    if os.geteuid() == 0 and (read_marker(venv) or {}).get("immutable") is False:
+    if os.geteuid() == 0 and (venv.read_marker() or {}).get("immutable") is False:
         notes.append(freezing.unfrozen_note())
     return notes
 
@@ -169,9 +169,9 @@ def report_lines(result: CheckResult | FoundEnv) -> list[str]:
     """What `ray-uv check` prints: the packages the venv takes from the image (`from_image`),
     one line per library, then what to add."""
     from ray_uv_plugin.env.image import recorded
-    from ray_uv_plugin.store.layout import read_marker
+    from ray_uv_plugin.store.layout import Venv
 
-    lines = [f"  from the image: {line}" for line in recorded(read_marker(result.venv))]
+    lines = [f"  from the image: {line}" for line in recorded(Venv.at(result.venv).read_marker())]
     for s in result.statuses or []:
         asked = " (asked for)" if s.library.name in result.wanted else ""
         node = {True: "node's Ray has it", False: "node's Ray lacks it too", None: "no Ray here"}[

@@ -127,7 +127,7 @@ def _limit_lines(limits: dict[str, Any]) -> list[str]:
 def cmd_list(args: argparse.Namespace) -> int:
     from ray_uv_plugin.settings import VenvDirError
     from ray_uv_plugin.store import disk, inventory, trust
-    from ray_uv_plugin.store.layout import lock_path, venv_root
+    from ray_uv_plugin.store.layout import Venv, venv_root
 
     try:
         root = venv_root()
@@ -136,7 +136,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     inv = inventory.scan(root) if exists else inventory.Inventory()
     entries = inv.venvs
-    locks = [lock_path(root, e.key) for e in entries]
+    locks = [Venv(root, e.key).lock for e in entries]
     usage = disk.measure([e.path for e in entries] + locks)
     now = time.time()
     total = usage.size(*(e.path for e in entries))

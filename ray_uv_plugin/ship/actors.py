@@ -36,13 +36,7 @@ from ray_uv_plugin.ship.messages import (
 from ray_uv_plugin.store import outcomes, trust
 from ray_uv_plugin.store.build_lock import BuildLock, build_timeout, hold_shared
 from ray_uv_plugin.store.disk import NO_SPACE, disk_full, venv_size
-from ray_uv_plugin.store.layout import (
-    check_ready,
-    lock_path,
-    mark_not_whole,
-    remove_leftovers,
-    venv_root,
-)
+from ray_uv_plugin.store.layout import Venv, venv_root
 
 WATCH_INTERVAL = 1.0  # how often a receiver checks how long it has held the lock
 UNPACK_QUEUE = 2  # chunks a receiver holds, pulled but not yet unpacked, while it pulls the next
@@ -87,17 +81,18 @@ class VenvSender:
         self.key = key
         root = venv_root()
         trust.check_root(root)
+        venv = Venv(root, key)
         try:
-            self._lock_fd = hold_shared(lock_path(root, key))
+            self._lock_fd = hold_shared(venv.lock)
         except (BlockingIOError, FileNotFoundError) as e:
             raise ShipError(
                 f"{_where()}: the venv {key} to send is being built or removed here, or has no "
                 f"build lock ({e}): try again once `ray-uv list` shows it ready"
             ) from e
-        ready = check_ready(root, key)
+        ready = venv.check_ready()
         if not ready:
             raise ShipError(f"{_where()}: the venv {key} to send is not ready: {ready.why_not}")
-        self.venv = root / key
+        self._venv, self.venv = venv, venv.path
         self.marker = dict(ready.marker or {})  # as checked: no second read
         try:
             self.packer = archive.Packer(self.venv, chunk_bytes)
@@ -109,7 +104,7 @@ class VenvSender:
 
     def _drifted(self, e: archive.DriftError) -> ShipError:
         try:
-            mark_not_whole(self.venv, str(e))
+            self._venv.mark_not_whole(str(e))
             then = "it is rebuilt at its next use here"
         except OSError as error:
             then = f"it could not be marked for a rebuild ({error}): remove it with `ray-uv gc`"
@@ -232,19 +227,20 @@ class VenvReceiver:
         if why is not None:
             return OfferAnswer("refused", why)
         trust.make_root(self.root)
-        if check_ready(self.root, key):
+        venv = Venv(self.root, key)
+        if venv.check_ready():
             return OfferAnswer("reused")
-        lock = BuildLock(lock_path(self.root, key))
+        lock = BuildLock(venv.lock)
         if not lock.try_acquire():
             why = f"another build of {key} is running here ({lock.holder()})"
             return OfferAnswer("refused", why)
         self.lock, self.source = lock, source
-        if check_ready(self.root, key):  # built while we looked
+        if venv.check_ready():  # built while we looked
             self.abort()
             return OfferAnswer("reused")
         self.events = PhaseEvents(self.root, key)
         self.events.enter("ship bytes", "receiving", source=source.host)
-        remove_leftovers(self.root, key)
+        venv.remove_leftovers()
         self.unpacker = unpack.Unpacker(self.root, key, source.host, sender_venv=source.venv)
         self.unpacker.staged = delta.stage(self.root, self.unpacker.tmp, key, source)
         self.start = time.monotonic()
@@ -381,6 +377,6 @@ def is_ready(key: str) -> bool:
     try:
         root = venv_root()
         trust.check_root(root)
-        return bool(check_ready(root, key))
+        return bool(Venv(root, key).check_ready())
     except Exception:  # noqa: BLE001 - anything else is for the receiver to report
         return False

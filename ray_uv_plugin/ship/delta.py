@@ -49,7 +49,7 @@ from ray_uv_plugin.ship.archive import ArchiveError
 from ray_uv_plugin.ship.messages import Offer, OfferAnswer
 from ray_uv_plugin.store import freezing, manifest
 from ray_uv_plugin.store.build_lock import hold_shared
-from ray_uv_plugin.store.layout import lock_path, site_packages
+from ray_uv_plugin.store.layout import Venv, site_packages
 
 SEED_DIR = REFERENCE.rstrip("/")  # in a receive's tree: an own name, never a stream member
 MIN_BYTES = 512  # files this small are sent: a reference costs a tar header too
@@ -94,7 +94,7 @@ def stage(root: Path, tree: Path, key: str, source: Offer) -> Staged | None:
         return None
     name, path, meta = found
     try:
-        lock_fd = hold_shared(lock_path(root, name))
+        lock_fd = hold_shared(Venv(root, name).lock)
     except (BlockingIOError, FileNotFoundError):  # being rebuilt or removed: no seed
         return None
     try:

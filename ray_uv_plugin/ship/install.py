@@ -13,7 +13,7 @@ from ray_uv_plugin.ship import relocation
 from ray_uv_plugin.ship.archive import ArchiveError
 from ray_uv_plugin.store import accounting, freezing, hashed, manifest
 from ray_uv_plugin.store import tree as store_tree
-from ray_uv_plugin.store.layout import MARKER_FORMAT, site_packages, write_marker
+from ray_uv_plugin.store.layout import MARKER_FORMAT, Venv, site_packages
 
 # What a receiver keeps of the sender's marker (`meta`): what it checked before it took the venv
 # (`ray`, and `inputs`, which make the key here), what says how the venv was built, for
@@ -76,7 +76,8 @@ def install_received(
     checked = accounting.account(tree, files, recorded, compiled=None, heads=heads)
     if checked.unaccounted:  # RECORD hashes: the build's manifest, which its build checked
         raise ArchiveError(f"what arrived holds {accounting.unaccounted_note(checked)}")
-    venv = root / key
+    received = Venv(root, key)
+    venv = received.path
     if os.path.lexists(venv):  # not ready, or the caller would not have unpacked it
         freezing.remove_tree(venv)
     if relocation.relocate(tree, old, str(venv)):  # rewrote scripts in bin/: hashed again
@@ -89,8 +90,7 @@ def install_received(
     try:
         # Every file is the receiver's own (unpacked, copied from a seed, relocated): read-only.
         immutable = freezing.freeze(venv, {name for name, e in files.items() if e.kind == "file"})
-        write_marker(
-            venv,
+        received.write_marker(
             {
                 **{name: meta[name] for name in KEPT if name in meta},
                 "format": MARKER_FORMAT,
@@ -99,7 +99,7 @@ def install_received(
                 "immutable": immutable,
                 "manifest": own,
                 "hashed": index,
-            },
+            }
         )
     except BaseException:
         freezing.remove_tree(venv)

@@ -36,7 +36,7 @@ from pathlib import Path
 from ray_uv_plugin.settings import BUILD_TIMEOUT_ENV, VENV_DIR_MAX_BYTES_ENV, NodeSettings
 from ray_uv_plugin.store import disk, gc
 from ray_uv_plugin.store.build_lock import BuildLock, poll_delays
-from ray_uv_plugin.store.layout import BUDGET_LOCK
+from ray_uv_plugin.store.layout import BUDGET_LOCK, Venv
 from ray_uv_plugin.store.units import format_bytes
 
 ROUNDS = 3  # collect again while a chosen venv was used meanwhile and others may go instead
@@ -82,16 +82,18 @@ def _one_at_a_time(root: Path, venv: str, deadline: float) -> Iterator[None]:
         lock.release()
 
 
-def make_room(venv: Path, say: Callable[[str], None], deadline: float) -> None:
-    """Make the venv dir, with `venv` (built, not marked yet) in it, fit the budget; `say`
-    names each venv removed. Raises `OverBudget` if it cannot, `BudgetBusy` if another build
-    holds the budget's lock until `deadline` (the build's, `time.monotonic`): the caller, who
-    holds `venv`'s build lock, removes it."""
-    limit = venv_dir_budget()
+def make_room(
+    venv: Venv, say: Callable[[str], None], deadline: float, settings: NodeSettings | None = None
+) -> None:
+    """Make the venv dir, with `venv` (built, not marked yet) in it, fit the budget (of
+    `settings`, else this process's); `say` names each venv removed. Raises `OverBudget` if it
+    cannot, `BudgetBusy` if another build holds the budget's lock until `deadline` (the
+    build's, `time.monotonic`): the caller, who holds `venv`'s build lock, removes it."""
+    limit = venv_dir_budget(settings)
     if limit is None:
         return
-    root = venv.parent
-    with _one_at_a_time(root, venv.name, deadline):
+    root = venv.root
+    with _one_at_a_time(root, venv.key, deadline):
         start = time.perf_counter()  # this build's own check and removals, not its wait
         for _round in range(ROUNDS):
             report = gc.collect(root, max_size_bytes=limit, ready=_READY)
@@ -110,14 +112,14 @@ def make_room(venv: Path, say: Callable[[str], None], deadline: float) -> None:
     )
 
 
-def _over(venv: Path, limit: int, report: gc.GcReport) -> str:
-    _, alone = disk.venv_size(venv)
-    kept = [d for d in report.kept if d.entry.path != venv]
+def _over(venv: Venv, limit: int, report: gc.GcReport) -> str:
+    _, alone = disk.venv_size(venv.path)
+    kept = [d for d in report.kept if d.entry.path != venv.path]
     reasons = "; ".join(f"{d.entry.key}: {d.reason}" for d in kept[:5])
     more = f"; and {len(kept) - 5} more" if len(kept) > 5 else ""
     return (
-        f"uv_project: the venv dir {venv.parent} would take {format_bytes(report.remaining_bytes)} "
-        f"with the new venv {venv.name} ({format_bytes(alone)} on its own), over its budget "
+        f"uv_project: the venv dir {venv.root} would take {format_bytes(report.remaining_bytes)} "
+        f"with the new venv {venv.key} ({format_bytes(alone)} on its own), over its budget "
         f"of {format_bytes(limit)} ({VENV_DIR_MAX_BYTES_ENV}), and no more venvs can be removed"
         f"{f' ({reasons}{more})' if kept else ''}. Raise {VENV_DIR_MAX_BYTES_ENV} on the nodes, "
         "remove venvs you no longer need (`ray-uv list`, `ray-uv gc`), or retry once the jobs "

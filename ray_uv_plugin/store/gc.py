@@ -33,7 +33,7 @@ from pathlib import Path
 from ray_uv_plugin.store import holds, inventory, phases, trust
 from ray_uv_plugin.store.disk import DiskUsage, ReadyTrees, measure
 from ray_uv_plugin.store.inventory import BROKEN, BUILDING, INCOMPLETE, UNTRUSTED, Other, VenvEntry
-from ray_uv_plugin.store.layout import lock_path
+from ray_uv_plugin.store.layout import Venv
 from ray_uv_plugin.store.processes import Processes, processes
 from ray_uv_plugin.store.removal import (
     garbage_blocker,
@@ -233,7 +233,7 @@ def collect(
     procs = processes()
     inv = inventory.scan(root, procs.users_under(root))
     unseen = None if assume_unused else blind_spot(procs, root)
-    locks = {e.path: lock_path(root, e.key) for e in inv.venvs}
+    locks = {e.path: Venv(root, e.key).lock for e in inv.venvs}
     # What stays but is named like ours (e.g. a venv uv made without the plugin) may share
     # hardlinks with what goes; other things are not walked: they can be anything, and large.
     near = [o.path for o in inv.leftovers + inv.others if inventory.KEY_PREFIX.match(o.path.name)]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ray_uv_plugin.settings import VenvDirError
 from ray_uv_plugin.store import build_slots, holds, outcomes, phases, trust
-from ray_uv_plugin.store.layout import KEY_LENGTH, MARKER, SHIP_INFIX, lock_path, read_marker
+from ray_uv_plugin.store.layout import KEY_LENGTH, SHIP_INFIX, Venv
 from ray_uv_plugin.store.ownership import build_record, kind, lock_form, lock_held, lstat
 from ray_uv_plugin.store.processes import processes
 
@@ -164,9 +164,9 @@ def _homes() -> set[Path]:
     return {Path(os.path.realpath(h)) for h in homes if h}
 
 
-def _marker(venv: Path, key: str) -> tuple[dict | None, str | None, float | None]:
+def _marker(venv: Venv) -> tuple[dict | None, str | None, float | None]:
     """(metadata, what is wrong with the marker, its mtime); all None when there is none."""
-    st = lstat(venv / MARKER)
+    st = lstat(venv.marker)
     if st is None:
         return None, None, None
     if not stat.S_ISREG(st.st_mode):
@@ -174,10 +174,10 @@ def _marker(venv: Path, key: str) -> tuple[dict | None, str | None, float | None
     why = trust.why_untrusted(st, trust.trusted_gid())
     if why:
         return None, f"its marker is untrusted: {why}", st.st_mtime
-    meta = read_marker(venv)
+    meta = venv.read_marker()
     if meta is None:
         return None, "its marker is not a JSON object", st.st_mtime
-    if meta.get("key") != key:
+    if meta.get("key") != venv.key:
         return None, f"its marker names key {meta.get('key')!r}", st.st_mtime
     return meta, None, st.st_mtime
 
@@ -196,7 +196,8 @@ def _last_use(marker_mtime: float, lock: os.stat_result | None) -> float:
 
 
 def _venv(root: Path, key: str, users: Mapping[str, set[int]]) -> VenvEntry | Other | None:
-    path = root / key
+    venv = Venv(root, key)
+    path = venv.path
     st = lstat(path)
     if st is None:
         return None  # removed while we looked
@@ -207,8 +208,8 @@ def _venv(root: Path, key: str, users: Mapping[str, set[int]]) -> VenvEntry | Ot
     if why:
         note = f"{why} ({trust.describe(st)})"
         return VenvEntry(key, path, UNTRUSTED, None, st.st_mtime, pids, note, owner=st.st_uid)
-    lock_st = lstat(lock_path(root, key))
-    meta, problem, marker_mtime = _marker(path, key)
+    lock_st = lstat(venv.lock)
+    meta, problem, marker_mtime = _marker(venv)
     stamps = (marker_mtime, None if lock_st is None else lock_st.st_mtime)
     if meta is not None and marker_mtime is not None:
         last = _last_use(marker_mtime, lock_st)
@@ -219,13 +220,13 @@ def _venv(root: Path, key: str, users: Mapping[str, set[int]]) -> VenvEntry | Ot
         return VenvEntry(
             key, path, BROKEN, None, changed, pids, problem, not_ours, st.st_uid, frozen, stamps
         )
-    held = lock_held(lock_path(root, key))
+    held = lock_held(venv.lock)
     if held is None:
         note = "its build lock cannot be checked: maybe being built"
         return VenvEntry(key, path, BUILDING, None, changed, pids, note, owner=st.st_uid)
     if held:
         return VenvEntry(key, path, BUILDING, None, changed, pids, owner=st.st_uid)
-    if lstat(path / MARKER) is not None:  # a build wrote it, then let go of the lock
+    if lstat(venv.marker) is not None:  # a build wrote it, then let go of the lock
         return _venv(root, key, users)
     if not_ours:
         return Other(path, f"named like a venv, no marker, and {not_ours}")
@@ -263,7 +264,7 @@ def _trash(root: Path, name: str, inv: Inventory) -> None:
         inv.others.append(Other(path, f"untrusted: {why} ({trust.describe(st)})"))
     elif gc_pid is not None and _pid_alive(gc_pid):
         inv.leftovers.append(Other(path, f"trash of gc pid {match.group(2)}, still running"))
-    elif lock_held(lock_path(root, match.group(1))) is not False:
+    elif lock_held(Venv(root, match.group(1)).lock) is not False:
         inv.leftovers.append(Other(path, "its key's build lock is held"))
     elif st.st_uid != os.geteuid() and os.geteuid() != 0:
         inv.leftovers.append(

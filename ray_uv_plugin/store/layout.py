@@ -74,26 +74,13 @@ def venv_root(settings: NodeSettings | None = None) -> Path:
         return root  # as given: `trust.check_root`, which every use of it passes, says why
 
 
-def lock_path(root: Path, key: str) -> Path:
-    return root / f"{key}.lock"
-
-
-def read_marker(venv: Path) -> dict[str, Any] | None:
-    """The marker's metadata if it is a trusted regular file holding a JSON object; else None.
-    Never raises: `list` and `gc` read markers of every state."""
+def _read_marker(venv: Venv, touch: bool = False) -> dict[str, Any] | None:
     try:
-        return _read_marker(venv)
-    except (OSError, ValueError):
-        return None
-
-
-def _read_marker(venv: Path, touch: bool = False) -> dict[str, Any] | None:
-    try:
-        fd = trust.open_no_follow(venv / MARKER)
+        fd = trust.open_no_follow(venv.marker)
     except FileNotFoundError:
         return None
     try:
-        trust.check_fd(venv / MARKER, fd, "the venv's marker")
+        trust.check_fd(venv.marker, fd, "the venv's marker")
         data = os.read(fd, 1 << 20)
         if touch:
             try:
@@ -102,7 +89,7 @@ def _read_marker(venv: Path, touch: bool = False) -> dict[str, Any] | None:
                 # Another member's venv in a trusted-group venv dir: its lock file, which the
                 # group may write, records the use instead (`gc` reads the later of the two).
                 try:
-                    os.utime(lock_path(venv.parent, venv.name), follow_symlinks=False)
+                    os.utime(venv.lock, follow_symlinks=False)
                 except OSError:
                     pass  # a read-only shared venv dir: usable, its last use goes unrecorded
     finally:
@@ -118,7 +105,7 @@ def _read_marker(venv: Path, touch: bool = False) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class Readiness:
-    """What `check_ready` found: true for a ready venv, with the marker it read (a caller
+    """What `Venv.check_ready` found: true for a ready venv, with the marker it read (a caller
     needs no second read); else false, with why not."""
 
     marker: Mapping[str, Any] | None = None  # a ready venv's marker, as read
@@ -132,76 +119,138 @@ def _not_ready(why: str) -> Readiness:
     return Readiness(why_not=why)
 
 
-def check_ready(root: Path, key: str, use: bool = True) -> Readiness:
-    """Whether `<root>/<key>` is a ready venv we may use (then marked used, for `gc`, unless
-    `use` is False: a venv only read, as a seed is), with its marker; else why not: `absent`,
-    or what is wrong with it. Raises `UntrustedPathError` for what we must not touch."""
-    venv = root / key
-    try:
-        trust.check_dir(venv, "the venv")
-    except FileNotFoundError:
-        return _not_ready("absent")
-    try:
-        meta = _read_marker(venv, touch=use)
-    except trust.WrongTypeError:
-        return _not_ready("its marker is not a regular file")
-    except trust.UntrustedPathError:
-        raise
-    except (OSError, ValueError) as e:
-        return _not_ready(f"its marker is unreadable ({e})")
-    if meta is None:
-        return _not_ready("no marker (an unfinished build)")
-    if meta.get("key") != key or meta.get("format") != MARKER_FORMAT:
-        return _not_ready(
-            f"its marker names key {meta.get('key')!r}, format {meta.get('format')!r}"
-        )
-    if meta.get(NOT_WHOLE):
-        return _not_ready(f"it is not what its build made: {meta[NOT_WHOLE]}")
-    if meta.get(NOT_AS_RECORDED):
-        return _not_ready(
-            "its files differ from their distribution's RECORD (an earlier version made it ready)"
-        )
-    if not os.path.exists(venv / "bin" / "python"):
-        return _not_ready("bin/python is missing or its interpreter is gone")
-    site = meta.get("site_packages")
-    if not isinstance(site, str) or not os.path.isdir(venv / site):
-        return _not_ready(f"{site or 'site-packages'} is missing")
-    return Readiness(marker=meta)
+@dataclass(frozen=True)
+class Venv:
+    """One venv of a venv dir, `<root>/<key>`, and the paths it has there: its marker, its
+    build lock beside it, its site-packages. Functions take this, not a bare path from which
+    each works out the venv dir, the key and the marker again."""
+
+    root: Path  # the venv dir
+    key: str  # the venv's key: its dir's name
+
+    @classmethod
+    def at(cls, path: Path) -> Venv:
+        """The venv whose dir is `path` (`<root>/<key>`)."""
+        path = Path(path)
+        return cls(path.parent, path.name)
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.key
+
+    @property
+    def marker(self) -> Path:
+        return self.path / MARKER
+
+    @property
+    def lock(self) -> Path:
+        """The key's build lock (`build_lock`), beside the venv."""
+        return self.root / f"{self.key}.lock"
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+    def site_packages(self) -> Path | None:
+        """The venv's site-packages dir, if it has one (`site_packages`)."""
+        return site_packages(self.path)
+
+    def read_marker(self) -> dict[str, Any] | None:
+        """The marker's metadata if it is a trusted regular file holding a JSON object; else
+        None. Never raises: `list` and `gc` read markers of every state."""
+        try:
+            return _read_marker(self)
+        except (OSError, ValueError):
+            return None
+
+    def check_ready(self, use: bool = True) -> Readiness:
+        """Whether the venv is ready and we may use it (then marked used, for `gc`, unless
+        `use` is False: a venv only read, as a seed is), with its marker; else why not:
+        `absent`, or what is wrong with it. Raises `UntrustedPathError` for what we must not
+        touch."""
+        venv = self.path
+        try:
+            trust.check_dir(venv, "the venv")
+        except FileNotFoundError:
+            return _not_ready("absent")
+        try:
+            meta = _read_marker(self, touch=use)
+        except trust.WrongTypeError:
+            return _not_ready("its marker is not a regular file")
+        except trust.UntrustedPathError:
+            raise
+        except (OSError, ValueError) as e:
+            return _not_ready(f"its marker is unreadable ({e})")
+        if meta is None:
+            return _not_ready("no marker (an unfinished build)")
+        if meta.get("key") != self.key or meta.get("format") != MARKER_FORMAT:
+            return _not_ready(
+                f"its marker names key {meta.get('key')!r}, format {meta.get('format')!r}"
+            )
+        if meta.get(NOT_WHOLE):
+            return _not_ready(f"it is not what its build made: {meta[NOT_WHOLE]}")
+        if meta.get(NOT_AS_RECORDED):
+            return _not_ready(
+                "its files differ from their distribution's RECORD (an earlier version made it "
+                "ready)"
+            )
+        if not os.path.exists(self.python):
+            return _not_ready("bin/python is missing or its interpreter is gone")
+        site = meta.get("site_packages")
+        if not isinstance(site, str) or not os.path.isdir(venv / site):
+            return _not_ready(f"{site or 'site-packages'} is missing")
+        return Readiness(marker=meta)
+
+    def write_marker(self, meta: Mapping[str, Any]) -> None:
+        """Written last, then the venv's top dir is made read-only too."""
+        venv = self.path
+        tmp = venv / f"{MARKER}.tmp"
+        fd = trust.open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "w") as f:
+            json.dump(meta, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.marker)
+        os.chmod(venv, os.lstat(venv).st_mode & 0o7555)
+
+    def mark_not_whole(self, why: str) -> None:
+        """Record in the marker that the venv is not what its build made (a sender found it
+        changed since: `manifest`), so that its next use rebuilds it (`check_ready`), and says
+        why. Its top dir is read-only once marked (`write_marker`): opened for the marker's
+        rename."""
+        venv = self.path
+        meta = self.read_marker() or {"format": MARKER_FORMAT, "key": self.key}
+        os.chmod(venv, stat.S_IMODE(os.lstat(venv).st_mode) | stat.S_IWUSR)
+        try:
+            os.unlink(venv / f"{MARKER}.tmp")
+        except FileNotFoundError:
+            pass
+        self.write_marker({**meta, NOT_WHOLE: why})
+
+    def remove_leftovers(self) -> int:
+        """Remove what a receive of this key that died left behind (under its build lock)."""
+        removed = 0
+        for entry in os.scandir(self.root):
+            if entry.name.startswith(f"{self.key}{SHIP_INFIX}"):
+                freezing.remove_tree(Path(entry.path))
+                removed += 1
+        return removed
 
 
-def write_marker(venv: Path, meta: Mapping[str, Any]) -> None:
-    """Written last, then the venv's top dir is made read-only too."""
-    tmp = venv / f"{MARKER}.tmp"
-    fd = trust.open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    with os.fdopen(fd, "w") as f:
-        json.dump(meta, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, venv / MARKER)
-    os.chmod(venv, os.lstat(venv).st_mode & 0o7555)
+@dataclass(frozen=True)
+class VenvDir:
+    """The venv dir, `root`: each key's venv and lock in it."""
 
+    root: Path
 
-def mark_not_whole(venv: Path, why: str) -> None:
-    """Record in the marker that the venv is not what its build made (a sender found it
-    changed since: `manifest`), so that its next use rebuilds it (`check_ready`), and says why.
-    Its top dir is read-only once marked (`write_marker`): opened for the marker's rename."""
-    meta = read_marker(venv) or {"format": MARKER_FORMAT, "key": venv.name}
-    os.chmod(venv, stat.S_IMODE(os.lstat(venv).st_mode) | stat.S_IWUSR)
-    try:
-        os.unlink(venv / f"{MARKER}.tmp")
-    except FileNotFoundError:
-        pass
-    write_marker(venv, {**meta, NOT_WHOLE: why})
+    def venv(self, key: str) -> Venv:
+        return Venv(self.root, key)
 
+    def lock(self, key: str) -> Path:
+        return self.venv(key).lock
 
-def remove_leftovers(root: Path, key: str) -> int:
-    """Remove what a receive of `key` that died left behind (under the key's build lock)."""
-    removed = 0
-    for entry in os.scandir(root):
-        if entry.name.startswith(f"{key}{SHIP_INFIX}"):
-            freezing.remove_tree(Path(entry.path))
-            removed += 1
-    return removed
+    def check_ready(self, key: str, use: bool = True) -> Readiness:
+        return self.venv(key).check_ready(use)
 
 
 def site_packages(venv: Path) -> Path | None:

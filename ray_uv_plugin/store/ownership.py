@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 
 from ray_uv_plugin.store import build_lock, trust
-from ray_uv_plugin.store.layout import lock_path
+from ray_uv_plugin.store.layout import Venv
 
 # What `build_lock.BuildLock` writes into a lock it takes: `pid host`; a lock file may also be
 # empty (its maker died before writing). Anything else is somebody else's file.
@@ -137,7 +137,7 @@ def build_record(root: Path, key: str) -> tuple[str | None, float, bool]:
     lock before uv runs), or a tree frozen as only a finished build is (`_frozen_as_built`): a
     directory merely named like a key is somebody else's.
     """
-    lock = lock_path(root, key)
+    lock = Venv(root, key).lock
     st = lstat(lock)
     if st is None:
         if _frozen_as_built(root / key):

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_uv_plugin.store import trust
-from ray_uv_plugin.store.layout import KEY_LENGTH, PHASE_PREFIX, lock_path
+from ray_uv_plugin.store.layout import KEY_LENGTH, PHASE_PREFIX, Venv
 from ray_uv_plugin.store.ownership import lock_held
 
 RECORD = re.compile(rf"^{re.escape(PHASE_PREFIX)}(?P<key>[0-9a-f]{{{KEY_LENGTH}}})(?P<tmp>\.tmp)?$")
@@ -107,7 +107,7 @@ def read_record(root: Path, key: str) -> dict[str, Any] | None:
 def writer_alive(root: Path, key: str) -> bool:
     """Whether the key's build lock is held, by the record's writer or by whoever took the
     lock after it (who then writes its own record): what cannot be told counts as held."""
-    return lock_held(lock_path(root, key)) is not False
+    return lock_held(Venv(root, key).lock) is not False
 
 
 def remove_stale(root: Path, now: float | None = None) -> int:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ray_uv_plugin.store import freezing, inventory, trust
 from ray_uv_plugin.store.inventory import INCOMPLETE, Other, VenvEntry
-from ray_uv_plugin.store.layout import MARKER, lock_path
+from ray_uv_plugin.store.layout import MARKER, Venv
 from ray_uv_plugin.store.ownership import lock_form_problem, lstat
 from ray_uv_plugin.store.processes import processes
 
@@ -183,7 +183,7 @@ def _lock_open_file(path: Path, fd: int, mode: int) -> str | None:
 
 def remove_venv(root: Path, entry: VenvEntry) -> str | None:
     """Delete one venv (see the module docstring); None if removed, else why it was kept."""
-    lock = lock_path(root, entry.key)
+    lock = Venv(root, entry.key).lock
     fd, why = take_lock(lock, create=True)
     if fd is None:
         return why
@@ -205,7 +205,7 @@ def _used_since_scan(entry: VenvEntry, venv: Path, lock: Path, lock_mtime: float
 
 
 def _remove_locked(root: Path, entry: VenvEntry, fd: int, lock_mtime: float) -> str | None:
-    lock = lock_path(root, entry.key)
+    lock = Venv(root, entry.key).lock
     try:
         trust.check_dir(entry.path, "the venv")
     except FileNotFoundError:

@@ -1,7 +1,7 @@
 """Where one key stands in one venv dir: ready, queued, building, receiving, failed or absent.
 
 Read from the venv dir and the plugin's own records alone, never guessed: the venv's marker
-(`layout.check_ready`, without marking a use), the key's build lock (held while a build or a
+(`layout.Venv.check_ready`, without marking a use), the key's build lock (held while a build or a
 receive runs), the phase record its holder keeps (`phases`), and that holder's build-slot
 ticket. A record whose writer is gone (the lock free) says nothing, but a `failed` one, which
 its writer left as it gave up. `cluster.readiness` asks every node; `ray-uv status` shows it.
@@ -18,7 +18,7 @@ from typing import Any
 
 from ray_uv_plugin.store import phases
 from ray_uv_plugin.store.build_slots import TICKET, flock_held
-from ray_uv_plugin.store.layout import KEY_LENGTH, PHASE_PREFIX, check_ready
+from ray_uv_plugin.store.layout import KEY_LENGTH, PHASE_PREFIX, Venv
 
 # The names that show a key in a venv dir: its venv, its lock, its phase record.
 KEYED = re.compile(rf"^(?:{re.escape(PHASE_PREFIX)})?(?P<key>[0-9a-f]{{{KEY_LENGTH}}})(?:\.lock)?$")
@@ -54,7 +54,7 @@ def read_setup(root: Path, key: str, now: float | None = None) -> SetupState:
     """Where `key` stands in the venv dir `root`. Raises `trust`'s errors for a venv dir or
     venv we must not read, as every use of it does."""
     now = time.time() if now is None else now
-    ready = check_ready(root, key, use=False)
+    ready = Venv(root, key).check_ready(use=False)
     if ready:
         built = ready.marker.get("built") if ready.marker else None
         shipped = built if isinstance(built, dict) and built.get("how") == "shipped" else {}

@@ -36,7 +36,7 @@ from benchmarks.raylets import BIN
 from ray_uv_plugin.env.uv import find_uv
 from ray_uv_plugin.store import manifest
 from ray_uv_plugin.store.freezing import thaw
-from ray_uv_plugin.store.layout import write_marker
+from ray_uv_plugin.store.layout import Venv
 from tests.support.uvproject import write_project
 
 KEY = "0123456789abcdef"
@@ -130,7 +130,7 @@ def ready_venv(root: Path, key: str = KEY, project: Path | None = None) -> Path:
     (venv / SITE / "mod.py").write_text("x = 1\n")
     (venv / "bin/python").symlink_to(sys.executable)
     sha = manifest.write(venv, manifest.scan(venv))
-    write_marker(venv, {"format": 1, "key": key, "manifest": sha, "site_packages": SITE,
+    Venv.at(venv).write_marker({"format": 1, "key": key, "manifest": sha, "site_packages": SITE,
                         "project": str(project or root / "no-project")})  # fmt: skip
     return venv
 
@@ -176,7 +176,7 @@ def built_venv(root: Path, project: Path, key: str, *uv_args: str) -> Path:
          str(project), *uv_args], check=True, env=env, timeout=300,
     )  # fmt: skip
     sha = manifest.write(venv, manifest.scan(venv))
-    write_marker(venv, {"format": 1, "key": key, "manifest": sha, "project": str(project),
+    Venv.at(venv).write_marker({"format": 1, "key": key, "manifest": sha, "project": str(project),
                         "extras": [], "groups": []})  # fmt: skip
     return venv
 

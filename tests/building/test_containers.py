@@ -28,14 +28,7 @@ from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.env.uv_env import sync_environment
 from ray_uv_plugin.store import freezing, gc, inventory, outcomes, processes, removal
-from ray_uv_plugin.store.layout import (
-    MARKER,
-    MARKER_FORMAT,
-    check_ready,
-    lock_path,
-    read_marker,
-    write_marker,
-)
+from ray_uv_plugin.store.layout import MARKER, MARKER_FORMAT, Venv
 from tests.support.uvproject import write_project
 
 RAY_UV = str(Path(sys.executable).parent / "ray-uv")
@@ -58,8 +51,8 @@ def ready_venv(root: Path, key: str, days_idle: float) -> Path:
     venv = root / key
     (venv / "bin").mkdir(parents=True)
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\nuv = 0.13.9\nversion_info = 3.11.7\n")
-    lock_path(root, key).write_text("4242 node-a\n")
-    write_marker(venv, {"format": MARKER_FORMAT, "key": key, "project": "/p"})
+    Venv(root, key).lock.write_text("4242 node-a\n")
+    Venv.at(venv).write_marker({"format": MARKER_FORMAT, "key": key, "project": "/p"})
     age(venv, days_idle)
     return venv
 
@@ -120,8 +113,8 @@ def test_gc_in_a_pid_namespace_of_its_own_keeps_what_may_be_used_and_says_why(
     dead = root / ("b" * 16)  # a build that died two hours ago: never handed to a worker
     (dead / "bin").mkdir(parents=True)
     (dead / "pyvenv.cfg").write_text("uv = 0.13.9\n")
-    lock_path(root, dead.name).touch()
-    for path in (dead, lock_path(root, dead.name)):
+    Venv(root, dead.name).lock.touch()
+    for path in (dead, Venv(root, dead.name).lock):
         os.utime(path, (time.time() - 7200,) * 2)
     env = {"RAY_UV_PLUGIN_VENV_DIR": str(root)}
     in_container = ["unshare", "--pid", "--fork", "--mount-proc", RAY_UV, "gc"]
@@ -224,7 +217,7 @@ from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.building.ensure import ensure_venv
 from ray_uv_plugin.ship.install import install_received
-from ray_uv_plugin.store.layout import lock_path, read_marker
+from ray_uv_plugin.store.layout import Venv
 
 root, project, receiver = map(Path, sys.argv[1:4])
 log = io.StringIO()
@@ -241,13 +234,14 @@ chunks = [packer.next_chunk()]
 while not chunks[-1].last:
     chunks.append(packer.next_chunk())
 receiver.mkdir(mode=0o700)
-lock = BuildLock(lock_path(receiver, built.key))
+lock = BuildLock(Venv(receiver, built.key).lock)
 assert lock.try_acquire()
 unpacker = unpack.Unpacker(receiver, built.key, "test", sender_venv=str(built.path))
 for c in chunks:
     unpacker.add(c.index, c.sha256, c.data)
 tree = unpacker.finish(len(chunks), packer.total, packer.whole_sha256)
-install_received(receiver, built.key, tree, {**read_marker(built.path), "venv": str(built.path)})
+meta = Venv.at(built.path).read_marker()
+install_received(receiver, built.key, tree, {**meta, "venv": str(built.path)})
 lock.release()
 print(json.dumps({
     "can_change_immutable": freezing.can_change_immutable(),
@@ -282,8 +276,8 @@ def test_without_cap_linux_immutable_builds_reuse_ship_check_and_gc_work(
     assert unfrozen in result["log"], result["log"]
     assert "(securityContext.capabilities.add)." in result["log"]
     for venv in (root / result["key"], receiver / result["key"]):
-        assert check_ready(venv.parent, venv.name)
-        assert read_marker(venv)["immutable"] is False  # type: ignore[index]
+        assert Venv(venv.parent, venv.name).check_ready()
+        assert Venv.at(venv).read_marker()["immutable"] is False  # type: ignore[index]
         assert not removal.chattr_flags(venv / "lib") & IMMUTABLE_FLAG  # nothing half-frozen
         assert not os.stat(venv / "lib").st_mode & 0o222  # read-only still
         ran = run(str(venv / "bin" / "python"), "-c", "import six; print(six.__name__)")
@@ -318,7 +312,7 @@ def test_root_without_cap_linux_immutable_keeps_a_frozen_venv_whole(
     root = tmp_path / "venvs"
     venv = ensure_venv(parse_spec({}), load_project(project), root=root).path
     try:
-        if not read_marker(venv)["immutable"]:  # type: ignore[index]
+        if not Venv.at(venv).read_marker()["immutable"]:  # type: ignore[index]
             pytest.skip("this file system has no chattr +i")
         age(venv, 1)
         env = {"RAY_UV_PLUGIN_VENV_DIR": str(root)}
@@ -331,7 +325,7 @@ def test_root_without_cap_linux_immutable_keeps_a_frozen_venv_whole(
             out.stdout,
             re.MULTILINE,
         ), out.stdout
-        assert check_ready(root, venv.name)  # still whole and ready
+        assert Venv(root, venv.name).check_ready()  # still whole and ready
         dry = run(*NO_IMMUTABLE_CAP, RAY_UV, "gc", "--all", "--dry-run", env=env)
         assert f"Kept {venv.name}" in dry.stdout, dry.stdout  # a dry run promises no more
     finally:

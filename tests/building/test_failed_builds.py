@@ -26,6 +26,7 @@ from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.env.uv import UvResult, UvSyncError, find_uv, run_uv, sync_failure
 from ray_uv_plugin.settings import FAILED_BUILD_MEMO_ENV, UV_ENV_VAR, VENV_DIR_ENV
+from ray_uv_plugin.store.layout import Venv
 from tests.support.uvproject import CountingUv, tamper_hashes, write_project
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -206,7 +207,7 @@ def test_the_message_says_how_long_ray_keeps_the_failure_and_how_to_retry_now(
 
     monkeypatch.setattr(runtime_env_consts, RAY_CACHE_ENV, 123)
     monkeypatch.setenv(FAILED_BUILD_MEMO_ENV, "45")
-    venv = tmp_path / "venvs" / "0123456789abcdef"
+    venv = Venv(tmp_path / "venvs", "0123456789abcdef")
     failed_builds.remember(venv, "inputs", "uv_project: it failed")
     failure = failed_builds.recent(venv, "inputs")
     assert failure is not None and failure.first == "uv_project: it failed"
@@ -217,7 +218,7 @@ def test_the_message_says_how_long_ray_keeps_the_failure_and_how_to_retry_now(
         "(uv was not run again for this request: a request with the same build settings "
         "failed 0s ago with the error above" in message
     )
-    assert f"a failed sync of {venv.name} is remembered for 45s." in message
+    assert f"a failed sync of {venv.key} is remembered for 45s." in message
     assert (
         "Ray answers an identical runtime_env with this error for 123s "
         "(BAD_RUNTIME_ENV_CACHE_TTL_SECONDS)" in message
@@ -235,7 +236,7 @@ def test_a_bad_memo_setting_says_what_to_set(monkeypatch, value):
     with pytest.raises(
         ValueError, match=f"{FAILED_BUILD_MEMO_ENV}='{value}' must be a number of seconds >= 0"
     ):
-        failed_builds.recent(Path("/v/k"), "inputs")
+        failed_builds.recent(Venv(Path("/v"), "k"), "inputs")
 
 
 # --- in Ray: both caches, and the two ways to try again -----------------------------------------
@@ -304,7 +305,7 @@ def test_the_memo_holds_one_failure_per_venv_and_inputs_for_its_window(
 ) -> None:
     monkeypatch.setattr(failed_builds, "ray_failure_cache_seconds", lambda: 600)
     monkeypatch.setenv(FAILED_BUILD_MEMO_ENV, "60")
-    venv = tmp_path / "0123456789abcdef"
+    venv = Venv(tmp_path, "0123456789abcdef")
     failed_builds.remember(venv, "inputs-a", "uv_project: it failed")
     failure = failed_builds.recent(venv, "inputs-a")
     said = str(failure)
@@ -312,7 +313,7 @@ def test_the_memo_holds_one_failure_per_venv_and_inputs_for_its_window(
     assert "failed 0s ago" in said and "is remembered for 60s." in said
     assert "with this error for 600s" in said
     assert failed_builds.recent(venv, "inputs-b") is None  # other settings: built again
-    assert failed_builds.recent(tmp_path / "fedcba9876543210", "inputs-a") is None
+    assert failed_builds.recent(Venv(tmp_path, "fedcba9876543210"), "inputs-a") is None
     monkeypatch.setenv(FAILED_BUILD_MEMO_ENV, "0.05")
     time.sleep(0.1)
     assert failed_builds.recent(venv, "inputs-a") is None  # the window is over
@@ -320,5 +321,5 @@ def test_the_memo_holds_one_failure_per_venv_and_inputs_for_its_window(
 
 def test_a_zero_memo_remembers_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FAILED_BUILD_MEMO_ENV, "0")
-    failed_builds.remember(tmp_path / "v", "inputs", "uv_project: it failed")
-    assert failed_builds.recent(tmp_path / "v", "inputs") is None
+    failed_builds.remember(Venv(tmp_path, "v"), "inputs", "uv_project: it failed")
+    assert failed_builds.recent(Venv(tmp_path, "v"), "inputs") is None

@@ -25,7 +25,7 @@ from ray_uv_plugin.settings import MAX_BUILDS_ENV
 from ray_uv_plugin.store import outcomes, phases
 from ray_uv_plugin.store.build_lock import BuildLock
 from ray_uv_plugin.store.build_slots import BuildSlot
-from ray_uv_plugin.store.layout import lock_path
+from ray_uv_plugin.store.layout import Venv
 from ray_uv_plugin.store.setup_state import SetupState, read_setup
 from ray_uv_plugin.store.units import format_bytes
 from tests.support.slow_build import write_slow_package
@@ -211,7 +211,7 @@ def test_a_build_waiting_for_a_slot_is_queued_and_one_waiting_for_the_lock_says_
     # the lock held by someone else: the request says whom it waits for, and waits
     second = write_project(tmp_path / "proj2", ["six"], name=f"r{time.monotonic_ns()}")
     key2 = key_of(second)
-    held = BuildLock(lock_path(root, key2))
+    held = BuildLock(Venv(root, key2).lock)
     assert held.try_acquire()
     logger, lines = capturing_logger("lockwait")
     build = threading.Thread(

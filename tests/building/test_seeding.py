@@ -26,7 +26,7 @@ from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.env.uv import UvSyncError
 from ray_uv_plugin.store import accounting, freezing, gc, hashed, manifest
 from ray_uv_plugin.store import tree as store_tree
-from ray_uv_plugin.store.layout import MARKER, read_marker, site_packages, write_marker
+from ray_uv_plugin.store.layout import MARKER, Venv, site_packages
 from tests.support.uvproject import write_project, write_wheel
 
 pytestmark = pytest.mark.timeout(600)
@@ -109,7 +109,7 @@ def test_a_seeded_venv_is_what_a_fresh_sync_with_bytecode_gives(locks, tmp_path,
     before = manifest.scan(seed.path)
     caplog.set_level(logging.INFO, logger="test_seeding")
     seeded = build(b, root)
-    marker = read_marker(seeded.path)
+    marker = Venv.at(seeded.path).read_marker()
     assert marker is not None
     how = marker["built"]
     assert how["how"] == "seeded" and how["distributions"] >= len(SHARED) and how["files"] > 0
@@ -126,7 +126,7 @@ def test_a_seeded_venv_is_what_a_fresh_sync_with_bytecode_gives(locks, tmp_path,
         assert len(re.findall(line, caplog.text)) == 1, (step, caplog.text)
     assert hashed.load(seeded.path, marker["hashed"]) is not None
     fresh = build(b, tmp_path / "fresh")  # a venv dir with nothing to seed from
-    assert read_marker(fresh.path)["built"] == {"how": "full"}
+    assert Venv.at(fresh.path).read_marker()["built"] == {"how": "full"}
     assert seeded.key == fresh.key
     # The same files, byte for byte (but each venv's own path), the same RECORDs, and bytecode
     # that Python accepts for every module, the changed distribution's included.
@@ -136,13 +136,13 @@ def test_a_seeded_venv_is_what_a_fresh_sync_with_bytecode_gives(locks, tmp_path,
     assert accepted(seeded.path) == [] and accepted(fresh.path) == []
     assert any("tomli_w" in p and p.endswith(".pyc") for p in seeded_tree)
     # Frozen and marked the same way.
-    assert marker["immutable"] == read_marker(fresh.path)["immutable"]
+    assert marker["immutable"] == Venv.at(fresh.path).read_marker()["immutable"]
     assert not os.access(seeded.path / "lib", os.W_OK) or os.geteuid() == 0
     # Its manifest, the parts kept from the seed's included, is what the venv holds.
     assert manifest.load(seeded.path, marker["manifest"]) == manifest.scan(seeded.path)
     # The seed was only read.
     assert manifest.scan(seed.path) == before
-    assert manifest.load(seed.path, read_marker(seed.path)["manifest"]) == before
+    assert manifest.load(seed.path, Venv.at(seed.path).read_marker()["manifest"]) == before
 
 
 def test_a_damaged_seed_never_leaks_and_the_build_says_so(locks, tmp_path, caplog) -> None:
@@ -160,7 +160,7 @@ def test_a_damaged_seed_never_leaks_and_the_build_says_so(locks, tmp_path, caplo
     caplog.set_level(logging.INFO, logger="test_seeding")
     built = build(b, root)
     assert "full build" in caplog.text and seed.key in caplog.text
-    assert read_marker(built.path)["built"] == {"how": "full"}
+    assert Venv.at(built.path).read_marker()["built"] == {"how": "full"}
     new = Path(importlib.util.cache_from_source(str(site_packages(built.path) / "six.py")))
     assert new.read_bytes() != bytes(data)
     assert accepted(built.path) == []
@@ -176,7 +176,7 @@ def test_a_seed_fragment_that_is_not_its_name_s_is_not_kept(
     a, b = locks
     root = tmp_path / "venvs"
     seed = build(a, root)
-    meta = read_marker(seed.path)
+    meta = Venv.at(seed.path).read_marker()
     found = manifest.parts(seed.path, meta["manifest"])
     assert found is not None
     fragment = seed.path / manifest.PARTS / found[1]["idna"]
@@ -188,7 +188,7 @@ def test_a_seed_fragment_that_is_not_its_name_s_is_not_kept(
         fragment.unlink()
     caplog.set_level(logging.INFO, logger="test_seeding")
     seeded = build(b, root)
-    marker = read_marker(seeded.path)
+    marker = Venv.at(seeded.path).read_marker()
     assert marker["built"]["how"] == "seeded"
     kept = re.search(r"in (\d+) parts, (\d+) of them kept", caplog.text)
     assert kept and int(kept[2]) > 0, caplog.text  # the others were
@@ -210,7 +210,7 @@ def test_a_seed_is_not_marked_used_so_gc_and_the_budget_may_still_remove_it(
     hour_ago = time.time() - 3600
     os.utime(seed.path / MARKER, (hour_ago, hour_ago))
     seeded = build(b, root)
-    assert read_marker(seeded.path)["built"]["seed"] == seed.key
+    assert Venv.at(seeded.path).read_marker()["built"]["seed"] == seed.key
     assert abs((seed.path / MARKER).stat().st_mtime - hour_ago) < 1
     report = gc.collect(root, older_than_days=1 / 48)  # idle 30 min: the seed only
     assert [d.entry.key for d in report.removed] == [seed.key]
@@ -226,7 +226,7 @@ def test_a_seed_whose_index_cannot_be_used_gives_a_full_build(locks, tmp_path, c
     (seed.path / hashed.HASHED).unlink()
     caplog.set_level(logging.INFO, logger="test_seeding")
     built = build(b, root)
-    assert read_marker(built.path)["built"] == {"how": "full"}
+    assert Venv.at(built.path).read_marker()["built"] == {"how": "full"}
     assert f"the nearest venv {seed.key} has no index" in caplog.text
     assert "a full build instead" in caplog.text
     assert caplog.text.count("uv: Resolved") == 1, caplog.text  # nothing linked: no second sync
@@ -245,7 +245,7 @@ def test_when_the_compile_workers_fail_uv_compiles(locks, tmp_path, monkeypatch,
     caplog.set_level(logging.INFO, logger="test_seeding")
     seeded = build(b, root)
     assert "planted; uv compiles instead" in caplog.text
-    assert read_marker(seeded.path)["built"]["how"] == "seeded"
+    assert Venv.at(seeded.path).read_marker()["built"]["how"] == "seeded"
     assert accepted(seeded.path) == []
 
 
@@ -259,7 +259,7 @@ def test_a_seed_whose_marker_names_a_site_packages_outside_it_is_passed_over(
     a, b = locks
     root = tmp_path / "venvs"
     seed = build(a, root)
-    meta = read_marker(seed.path)
+    meta = Venv.at(seed.path).read_marker()
     own = seed.path / meta["site_packages"]
     elsewhere = tmp_path / "elsewhere" / "venv"
     shutil.copytree(own, elsewhere / meta["site_packages"], symlinks=True)
@@ -271,10 +271,10 @@ def test_a_seed_whose_marker_names_a_site_packages_outside_it_is_passed_over(
     assert seeding.seed_site(seed.path, {**meta, "site_packages": named}) is None
     os.chmod(seed.path, 0o755)  # the marker's dir, read-only once marked
     (seed.path / MARKER).unlink()
-    write_marker(seed.path, {**meta, "site_packages": named})
+    Venv.at(seed.path).write_marker({**meta, "site_packages": named})
     caplog.set_level(logging.INFO, logger="test_seeding")
     built = build(b, root)
-    assert read_marker(built.path)["built"] == {"how": "full"}
+    assert Venv.at(built.path).read_marker()["built"] == {"how": "full"}
     assert "seeded from" not in caplog.text
     assert accepted(built.path) == []
 
@@ -334,12 +334,12 @@ def test_a_seed_never_gives_bytecode_that_a_distribution_of_its_own_lock_install
     root = tmp_path / "venvs"
     build(z, root)
     seed = build(a, root)  # seeded from z's
-    assert read_marker(seed.path)["built"]["how"] == "seeded"
+    assert Venv.at(seed.path).read_marker()["built"]["how"] == "seeded"
     fresh_a = build(a, tmp_path / "fresh-a")
     for venv in (seed.path, fresh_a.path):
         assert (_planted(venv), _planted(venv, "-O")) == ("-", "by A"), venv
     seeded = build(b, root)
-    marker = read_marker(seeded.path)
+    marker = Venv.at(seeded.path).read_marker()
     assert marker["built"]["how"] == "seeded" and marker["built"]["seed"] == seed.key
     assert _planted(seeded.path) == _planted(seeded.path, "-O") == "-"
     site = site_packages(seeded.path)
@@ -360,7 +360,7 @@ def test_a_file_that_no_distribution_installed_nor_a_compile_step_made_fails_the
     project = write_project(tmp_path / "p", ["six==1.16.0", f"strayer @ {wheel.as_uri()}"])
     built = build(project, tmp_path / "venvs")
     assert not (built.path / "STRAY").exists()
-    assert read_marker(built.path)["accounted"] == {"bytecode": "plugin"}
+    assert Venv.at(built.path).read_marker()["accounted"] == {"bytecode": "plugin"}
 
     def fail(*args, **kwargs):
         raise bytecode.CompileError("a compile worker exited with 1: planted")
@@ -385,7 +385,7 @@ def test_a_seeded_venv_s_bytecode_is_read_only_and_uv_s_files_keep_their_mode(
     root = tmp_path / "venvs"
     seed = build(a, root)
     seeded = build(b, root)
-    assert read_marker(seeded.path)["built"]["how"] == "seeded"
+    assert Venv.at(seeded.path).read_marker()["built"]["how"] == "seeded"
     site = site_packages(seeded.path)
     assert site is not None
     pyc = Path(importlib.util.cache_from_source(str(site / "six.py")))

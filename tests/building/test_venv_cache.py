@@ -17,8 +17,8 @@ from ray_uv_plugin.building.ensure import ensure_venv
 from ray_uv_plugin.env.project import ProjectError, load_project
 from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.env.uv import UvSyncError
-from ray_uv_plugin.settings import UV_ENV_VAR
-from ray_uv_plugin.store.layout import MARKER, read_marker
+from ray_uv_plugin.settings import UV_ENV_VAR, VENV_DIR_MAX_BYTES_ENV, NodeSettings
+from ray_uv_plugin.store.layout import MARKER, Venv
 from tests.support.uvproject import CountingUv, write_project
 
 
@@ -49,7 +49,7 @@ def test_build_once_then_reuse_without_uv(project, tmp_path, counting_uv):
     assert first.built and counting_uv.syncs() == 1
     assert _python_can_import(first.path, "pyfiglet") and _python_can_import(first.path, "six")
     assert not _python_can_import(first.path, "pytest")  # nothing of the caller's environment
-    meta = read_marker(first.path)
+    meta = Venv.at(first.path).read_marker()
     assert meta["extras"] == ["fig"] and meta["ray"] == ray.__version__
     again = ensure_venv(spec, load_project(project), root=tmp_path / "venvs")
     assert (again.path, again.built) == (first.path, False)
@@ -58,6 +58,22 @@ def test_build_once_then_reuse_without_uv(project, tmp_path, counting_uv):
     other = ensure_venv(parse_spec({}), load_project(project), root=tmp_path / "venvs")
     assert other.path != first.path and not _python_can_import(other.path, "pyfiglet")
     assert counting_uv.syncs() == 2
+
+
+def test_a_request_builds_with_the_node_settings_it_was_handed(
+    project, tmp_path, counting_uv, monkeypatch
+):
+    """The node's settings are read once per request and handed on to its build: a budget no
+    venv fits, handed in, fails the build where this process's environment sets none."""
+    monkeypatch.delenv(VENV_DIR_MAX_BYTES_ENV, raising=False)
+    settings = NodeSettings(venv_dir_max_bytes="1K")
+    root = tmp_path / "venvs"
+    with pytest.raises(
+        UvSyncError, match=f"over its budget of 1.0KiB \\({VENV_DIR_MAX_BYTES_ENV}\\)"
+    ):
+        ensure_venv(parse_spec({}), load_project(project), root=root, settings=settings)
+    assert counting_uv.syncs() == 1
+    assert [p.name for p in root.iterdir() if p.is_dir()] == []  # the new venv was not kept
 
 
 def _ensure_in_child(project: str, root: str) -> str:
@@ -172,7 +188,7 @@ def test_a_ready_venv_that_is_no_longer_whole_is_rebuilt(project, tmp_path, coun
     assert again.built and again.path == first.path and counting_uv.syncs() == 2
     assert again.rebuilt_because is not None
     assert _python_can_import(again.path, "six")
-    assert read_marker(again.path)["key"] == first.key
+    assert Venv.at(again.path).read_marker()["key"] == first.key
 
 
 def test_bytecode_is_compiled_at_build_time_by_default(project, tmp_path, monkeypatch):
@@ -182,4 +198,4 @@ def test_bytecode_is_compiled_at_build_time_by_default(project, tmp_path, monkey
     outcome = ensure_venv(parse_spec({}), load_project(project), root=tmp_path / "venvs")
     site = next(outcome.path.glob("lib/python*/site-packages"))
     assert list((site / "__pycache__").glob("six.cpython-*.pyc"))
-    assert read_marker(outcome.path)["inputs"]["env"] == [["UV_COMPILE_BYTECODE", "1"]]
+    assert Venv.at(outcome.path).read_marker()["inputs"]["env"] == [["UV_COMPILE_BYTECODE", "1"]]

@@ -24,7 +24,7 @@ from ray.cluster_utils import Cluster
 
 from ray_uv_plugin.cluster.node_result import NodeResult
 from ray_uv_plugin.cluster.prepare import alive_nodes
-from ray_uv_plugin.store.layout import check_ready, read_marker
+from ray_uv_plugin.store.layout import Venv
 from tests.ship.test_ship import run_on
 from tests.support.raylets import Raylet
 from tests.support.uvproject import write_project
@@ -212,7 +212,7 @@ def test_a_node_that_joins_without_the_watch_builds_the_env(
     try:
         venv = Path(run_on(node.node_id, project, timeout=600)["venv"])
         assert venv.parent == late.venvs and late.uv.syncs() == 1
-        assert "shipped_from" not in read_marker(venv)
+        assert "shipped_from" not in Venv.at(venv).read_marker()
     finally:
         leave(cluster, node)
 
@@ -292,8 +292,8 @@ def test_nodes_that_join_receive_the_env_while_the_watch_runs(
         on_b = watch.wait_for(rf"\({node_b.node_id[:8]}\): uv_project \w+: ")
         assert re.search(r": shipped [\d.]+MiB in ", on_b), on_b
         key = on_b.split("uv_project ")[1].split(":")[0]
-        assert b.uv.syncs() == 0 and check_ready(b.venvs, key)
-        assert read_marker(b.venvs / key)["shipped_from"]
+        assert b.uv.syncs() == 0 and Venv(b.venvs, key).check_ready()
+        assert Venv.at(b.venvs / key).read_marker()["shipped_from"]
         assert run_on(node_b.node_id, project, timeout=600)["venv"] == str(b.venvs / key)
         assert b.uv.syncs() == 0  # the job's task on B ran in the received venv
         on_c = watch.wait_for(rf"\({node_c.node_id[:8]}\): uv_project \w+: ")

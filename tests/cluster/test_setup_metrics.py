@@ -18,7 +18,7 @@ import ray
 from ray_uv_plugin.cluster.setup_metrics import export_setup_metrics, samples
 from ray_uv_plugin.store import outcomes, phases
 from ray_uv_plugin.store.build_lock import BuildLock
-from ray_uv_plugin.store.layout import lock_path
+from ray_uv_plugin.store.layout import Venv
 from tests.store.test_setup_state import ready_venv
 
 # --- pure ------------------------------------------------------------------------------------
@@ -93,7 +93,7 @@ def test_the_nodes_endpoint_shows_each_keys_setup(ray_with_metrics: int) -> None
     root.mkdir(parents=True, exist_ok=True)
     ready, building = f"{time.monotonic_ns():016x}"[-16:], "9" * 16
     ready_venv(root, ready, {"how": "shipped", "from": "node-a", "bytes": 4096})
-    lock = BuildLock(lock_path(root, building))
+    lock = BuildLock(Venv(root, building).lock)
     assert lock.try_acquire()
     try:
         since = time.time() - 30

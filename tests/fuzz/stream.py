@@ -33,7 +33,7 @@ from ray_uv_plugin.ship.archive import ArchiveError
 from ray_uv_plugin.ship.install import install_received
 from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store import freezing, manifest
-from ray_uv_plugin.store.layout import MARKER_FORMAT, check_ready
+from ray_uv_plugin.store.layout import MARKER_FORMAT, Venv
 from tests.fuzz.harness import Case, Target, Violation, b64, bounded, refused_clearly, seeded, unb64
 
 KEY = "0123456789abcdef"
@@ -526,7 +526,7 @@ def _check_place(
     if after != place.before:
         changed = sorted(set(after.items()) ^ set(place.before.items()))[:3]
         raise Violation(f"the receive changed what is outside {root}/{KEY}: {changed}")
-    ready = check_ready(root, KEY)
+    ready = Venv(root, KEY).check_ready()
     if error is not None:
         if os.path.lexists(root / KEY):
             raise Violation(f"a refused receive ({error}) left {root / KEY}")

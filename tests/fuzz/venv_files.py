@@ -1,6 +1,6 @@
 """The files a venv dir holds beside a venv's own: its marker (`.ray-uv-ready`) and its
 build's manifest (`.ray-uv-ready.manifest`), as each reader takes them: the plugin's ready
-check (`layout.check_ready`), `read_marker`, `ray-uv list` (`inventory`), a sender
+check (`layout.Venv.check_ready`), `Venv.read_marker`, `ray-uv list` (`inventory`), a sender
 (`manifest.load`, `archive.Packer`) and the rebuild mark (`mark_not_whole`)."""
 
 from __future__ import annotations
@@ -16,14 +16,7 @@ from hypothesis import strategies as st
 
 from ray_uv_plugin.ship import archive
 from ray_uv_plugin.store import freezing, inventory, manifest
-from ray_uv_plugin.store.layout import (
-    MARKER,
-    NOT_AS_RECORDED,
-    NOT_WHOLE,
-    check_ready,
-    mark_not_whole,
-    read_marker,
-)
+from ray_uv_plugin.store.layout import MARKER, NOT_AS_RECORDED, NOT_WHOLE, Venv
 from ray_uv_plugin.store.trust import UntrustedPathError
 from tests.fuzz.harness import Case, Target, Violation, b64, refused_clearly, seeded, unb64
 
@@ -173,19 +166,19 @@ def check(case: Case) -> None:
 def _check(venv: Path) -> None:
     root = venv.parent
     try:
-        meta = read_marker(venv)
+        meta = Venv.at(venv).read_marker()
     except Exception as e:  # noqa: BLE001 - judged
         raise Violation(f"read_marker raised {type(e).__name__}: {e}") from e
     if meta is not None and not isinstance(meta, dict):
         raise Violation(f"read_marker gave {type(meta).__name__}")
     try:
-        why = check_ready(root, KEY).why_not
+        why = Venv(root, KEY).check_ready().why_not
     except UntrustedPathError:
         why = "untrusted"  # a symlink or FIFO in the marker's place: refused, as it should
     except Exception as e:  # noqa: BLE001 - judged
         raise Violation(f"check_ready raised {type(e).__name__}: {e}") from e
     if why is None:
-        meta = read_marker(venv) or {}
+        meta = Venv.at(venv).read_marker() or {}
         if (
             meta.get("key") != KEY
             or meta.get("format") != 1
@@ -200,12 +193,12 @@ def _check(venv: Path) -> None:
     if why is None:  # a sender streams only a venv that is ready
         _check_packer(venv)
     try:
-        mark_not_whole(venv, "fuzz")
+        Venv.at(venv).mark_not_whole("fuzz")
     except OSError:
         return  # what its callers expect where the marker is no file (they say so)
     except Exception as e:  # noqa: BLE001 - judged
         raise Violation(f"mark_not_whole raised {type(e).__name__}: {e}") from e
-    if check_ready(root, KEY):
+    if Venv(root, KEY).check_ready():
         raise Violation("a venv marked not whole is still ready")
 
 

@@ -16,7 +16,7 @@ import pytest
 import ray_uv_plugin
 from ray_uv_plugin.ops import cli, cli_make_ready
 from ray_uv_plugin.schema import SCHEMAS_ENV, schema_path
-from ray_uv_plugin.store.layout import MARKER, MARKER_FORMAT, read_marker, write_marker
+from ray_uv_plugin.store.layout import MARKER, MARKER_FORMAT, Venv
 from ray_uv_plugin.store.units import format_bytes
 from tests.store.test_gc import du_bytes, made_by_plugin
 
@@ -124,7 +124,7 @@ def fake_venv(
     (venv / "lib").mkdir(parents=True)
     (venv / "lib" / "blob").write_bytes(os.urandom(200_000))
     meta = {"key": key, "name": name, "project": project, "extras": extras, "groups": []}
-    write_marker(venv, {"format": MARKER_FORMAT, **meta})
+    Venv.at(venv).write_marker({"format": MARKER_FORMAT, **meta})
     t = time.time() - days_idle * 86400
     os.utime(venv / MARKER, (t, t))
     return venv
@@ -487,7 +487,7 @@ def test_list_says_how_each_venv_was_built(tmp_path: Path) -> None:
     for i, (key, built) in enumerate(how.items()):
         venv = fake_venv(tmp_path, key, f"/srv/p{i}", [], days_idle=i)
         if built is not None:
-            write_marker(venv, {**(read_marker(venv) or {}), "built": built})
+            Venv.at(venv).write_marker({**(Venv.at(venv).read_marker() or {}), "built": built})
     out = ray_uv("list", env=env).stdout
     rows = {line.split()[0]: line for line in out.splitlines() if line[:16] in how}
     assert " full " in rows["a" * 16]

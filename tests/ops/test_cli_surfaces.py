@@ -19,7 +19,7 @@ import pytest
 from ray_uv_plugin.ops import check, demo
 from ray_uv_plugin.settings import PLUGIN_CLASS, plugins_setting
 from ray_uv_plugin.store import trust
-from ray_uv_plugin.store.layout import MARKER, check_ready, lock_path
+from ray_uv_plugin.store.layout import MARKER, Venv
 from ray_uv_plugin.store.units import format_bytes
 from tests.ops.test_cli import RAY_UV, fake_venv, ray_uv
 from tests.store.test_gc import du_bytes, made_by_plugin
@@ -144,13 +144,13 @@ def test_only_a_venv_of_the_dir_is_to_be_removed(tmp_path: Path) -> None:
     venv = fake_venv(root, "0" * 16, "/srv/p", [], 1)
     venv.chmod(0o777)
     with pytest.raises(trust.UntrustedPathError) as info:
-        check_ready(root, venv.name)
+        Venv(root, venv.name).check_ready()
     assert f"refusing the venv {venv}: others can write it" in str(info.value)
     assert f"remove {venv} (one venv or build lock: the plugin makes it again)" in str(info.value)
     venv.chmod(0o755)
     (venv / MARKER).chmod(0o666)
     with pytest.raises(trust.UntrustedPathError) as info:
-        check_ready(root, venv.name)
+        Venv(root, venv.name).check_ready()
     assert f"refusing the venv's marker {venv / MARKER}" in str(info.value)
     assert f"remove {venv} (one venv" in str(info.value)
 
@@ -393,7 +393,7 @@ def test_list_json_uses_null_for_unknowns_and_utc_times(tmp_path: Path) -> None:
     broken = root / ("2" * 16)
     (broken / "lib").mkdir(parents=True)
     (broken / MARKER).write_text("[]")
-    lock_path(root, broken.name).write_text("")
+    Venv(root, broken.name).lock.write_text("")
     listed = json.loads(ray_uv("list", "--json", env={"RAY_UV_PLUGIN_VENV_DIR": str(root)}).stdout)
     by_key = {v["key"]: v for v in listed["venvs"]}
     unknown = by_key[broken.name]

@@ -39,7 +39,7 @@ from ray_uv_plugin.ship.options import QuietShipReporter, ShipOptions
 from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store.build_lock import is_held
 from ray_uv_plugin.store.disk import venv_size
-from ray_uv_plugin.store.layout import check_ready, read_marker
+from ray_uv_plugin.store.layout import Venv
 from tests.support.uvproject import CountingUv, write_project
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,11 +158,11 @@ def test_a_venv_streamed_to_another_venv_dir_works_there(built: Path, tmp_path: 
     assert size <= packer.total <= size * 1.1 + 10 * MiB, (size, packer.total)
     root = tmp_path / "venvs-b"
     tree = receive(root, built.name, chunks, packer.total, packer.whole_sha256)
-    install_received(root, built.name, tree, {**read_marker(built), "venv": str(built)})
-    assert check_ready(root, built.name)
+    install_received(root, built.name, tree, {**Venv.at(built).read_marker(), "venv": str(built)})
+    assert Venv(root, built.name).check_ready()
     assert not list(root.glob("*.ship-*"))
     works_where_it_is(root / built.name)
-    marker = read_marker(root / built.name)
+    marker = Venv.at(root / built.name).read_marker()
     assert marker["key"] == built.name and "venv" not in marker
 
 
@@ -323,11 +323,11 @@ def test_prepare_builds_once_and_ships_to_the_other_node(two_nodes, tmp_path: Pa
     assert shipped.shipped_bytes > 50 * MiB and shipped.key == results[0].key
     assert a.uv.syncs() == syncs_a + 1 and b.uv.syncs() == syncs_b  # B never ran uv sync
     venv = b.venvs / shipped.key
-    assert read_marker(venv)["shipped_from"]
+    assert Venv.at(venv).read_marker()["shipped_from"]
     # How each venv came to be: built on A, shipped to B with the bytes it took.
-    built = read_marker(venv)["built"]
+    built = Venv.at(venv).read_marker()["built"]
     assert built["how"] == "shipped" and built["bytes"] == shipped.shipped_bytes
-    assert read_marker(a.venvs / shipped.key)["built"]["how"] in ("full", "seeded")
+    assert Venv.at(a.venvs / shipped.key).read_marker()["built"]["how"] in ("full", "seeded")
     assert not list(b.venvs.glob("*.ship-*"))
     # A worker on B runs in the shipped venv, which works at B's path.
     assert run_on(shipped.node_id, project)["venv"] == str(venv)
@@ -423,7 +423,7 @@ def test_a_receiver_killed_mid_unpack_leaves_nothing_used(
     # Not used half-unpacked: B built its own, and says the receive failed and where.
     assert on_b.outcome == "built" and b.uv.syncs() == syncs_b + 1, results
     assert "not shipped: " in on_b.note and "chunk" in on_b.note, on_b.note
-    assert check_ready(b.venvs, on_b.key)
+    assert Venv(b.venvs, on_b.key).check_ready()
     assert not list(b.venvs.glob("*.ship-*"))  # the build removed the leftover
 
 
@@ -500,16 +500,16 @@ def test_a_driver_killed_mid_way_leaves_nothing_used(
     # take the lock once the receiver is gone and build the venv itself, whole.
     time.sleep(2)
     wait_free(lock)
-    why = check_ready(b.venvs, key).why_not
+    why = Venv(b.venvs, key).check_ready().why_not
     assert why in (None, "absent"), why  # never a half-received venv
     if why is None:
-        marker = read_marker(b.venvs / key) or {}
+        marker = Venv.at(b.venvs / key).read_marker() or {}
         assert "received_at" not in marker and marker.get("built_at"), marker
         time.sleep(5)  # so that the prepare below does not count that build as its own
     results = prepare_nodes(parse_spec({"project": str(project)}), live_nodes(), PREPARE)
     outcomes = [r.outcome for r in results]
     assert outcomes == ["reused", "shipped" if why == "absent" else "reused"], results
-    assert check_ready(b.venvs, key)
+    assert Venv(b.venvs, key).check_ready()
     assert not list(b.venvs.glob("*.ship-*"))
 
 
@@ -526,7 +526,7 @@ def test_the_cli_ships_and_reports_per_node(two_nodes, tmp_path: Path) -> None:
     nodes = json.loads(out.stdout)["nodes"]
     assert [n["outcome"] for n in nodes] == ["built", "shipped"], nodes
     # The earlier tests' venvs on B may seed it (`ship.delta`): only the difference is sent.
-    built = read_marker(b.venvs / nodes[1]["key"])["built"]
+    built = Venv.at(b.venvs / nodes[1]["key"]).read_marker()["built"]
     assert nodes[1]["bytes"] + built.get("reused_bytes", 0) > 50 * MiB
     assert nodes[1]["bytes"] == built["bytes"] and nodes[0]["key"] == nodes[1]["key"]
     assert "Prepared 2 nodes (1 built, 1 shipped, 0 reused)" in out.stderr
@@ -618,7 +618,7 @@ def test_the_building_node_dying_mid_way_fails_cleanly(
     assert failed.why.startswith(f"the source node {on_d.address} ({on_d.node_id[:8]}): "), failed
     assert "sending chunk 3" in failed.why or "receiving chunk" in failed.why, failed
     wait_free(b.venvs / f"{on_b.key}.lock")
-    assert check_ready(b.venvs, on_b.key).why_not == "absent"
+    assert Venv(b.venvs, on_b.key).check_ready().why_not == "absent"
     assert not list(b.venvs.glob("*.ship-*"))
     again = prepare_nodes(parse_spec(value), live_nodes(), PREPARE, chunk_bytes=4 * MiB)
     assert [r.outcome for r in again] == ["reused", "shipped"], again
@@ -684,7 +684,7 @@ def test_a_stalled_receiver_is_given_up_alone(two_nodes, tmp_path: Path) -> None
             for pid in stopped:
                 os.kill(pid, signal.SIGCONT)
             wait_free(lock, 60)
-        assert check_ready(c.venvs, key).why_not == "absent"
+        assert Venv(c.venvs, key).check_ready().why_not == "absent"
     finally:
         for pid in stopped:
             try:
@@ -718,7 +718,7 @@ def test_a_receiver_lets_go_of_the_lock_by_itself(two_nodes, tmp_path: Path) -> 
     (failed,) = results.values()
     assert failed.outcome == "failed", failed
     assert f"gave up after holding the build lock for 5s ({BUILD_TIMEOUT_ENV}" in failed.why
-    assert check_ready(b.venvs, key).why_not == "absent"
+    assert Venv(b.venvs, key).check_ready().why_not == "absent"
     assert not list(b.venvs.glob("*.ship-*"))
 
 
@@ -753,7 +753,7 @@ def test_a_venv_moved_while_it_is_sent_is_taken_by_no_node(
     assert failed.outcome == "failed", failed
     wait_free(a.venvs / f"{key}.lock")  # the sender is gone, and with it its shared lock
     wait_free(b.venvs / f"{key}.lock")
-    assert check_ready(b.venvs, key).why_not == "absent"
+    assert Venv(b.venvs, key).check_ready().why_not == "absent"
     assert not list(b.venvs.glob("*.ship-*"))
     again = prepare_nodes(
         parse_spec({"project": str(project)}), live_nodes(), PREPARE, chunk_bytes=4 * MiB
@@ -783,7 +783,7 @@ def test_a_venv_changed_after_its_build_is_sent_nowhere_and_rebuilt(
     syncs_a, syncs_b = a.uv.syncs(), b.uv.syncs()
     # prepare calls a venv "built" if its build ended within its probe's time + 1 s: let A's
     # build be older than that, so that A's outcome says what prepare did there (reused it).
-    time.sleep(max(0.0, read_marker(venv)["built_at"] + 2.0 - time.time()))
+    time.sleep(max(0.0, Venv.at(venv).read_marker()["built_at"] + 2.0 - time.time()))
     results = prepare_nodes(
         parse_spec({"project": str(project)}), live_nodes(), PREPARE, chunk_bytes=4 * MiB
     )
@@ -795,7 +795,7 @@ def test_a_venv_changed_after_its_build_is_sent_nowhere_and_rebuilt(
     assert "not sent, and it is rebuilt at its next use here" in on_b.note, on_b.note
     assert (b.venvs / key / rel).read_bytes() == original
     assert not list(b.venvs.glob("*.ship-*"))
-    why = check_ready(a.venvs, key).why_not
+    why = Venv(a.venvs, key).check_ready().why_not
     assert why and f"{rel} has other content now" in why, why
     assert b.uv.syncs() == syncs_b + 1 and a.uv.syncs() == syncs_a
     # The next setup on A (a worker already running there keeps its venv) rebuilds it.
@@ -803,7 +803,7 @@ def test_a_venv_changed_after_its_build_is_sent_nowhere_and_rebuilt(
         parse_spec({"project": str(project)}), load_project(project), root=a.venvs
     )
     assert rebuilt.key == key and rebuilt.built and rebuilt.rebuilt_because == why
-    assert six.read_bytes() == original and check_ready(a.venvs, key)
+    assert six.read_bytes() == original and Venv(a.venvs, key).check_ready()
 
 
 def test_a_venv_with_wheels_built_for_its_node_goes_only_to_the_same_hardware(
@@ -870,4 +870,4 @@ def test_shipping_runs_on_each_nodes_own_python_under_a_uv_run_job(
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
     nodes = json.loads(line.removeprefix("RESULT "))
     assert [n["outcome"] for n in nodes] == ["built", "shipped"], nodes
-    assert check_ready(b.venvs, nodes[1]["key"])
+    assert Venv(b.venvs, nodes[1]["key"]).check_ready()

@@ -27,7 +27,7 @@ from ray_uv_plugin.ship.messages import Offer, OfferAnswer
 from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store import freezing, manifest
 from ray_uv_plugin.store.build_lock import BuildLock
-from ray_uv_plugin.store.layout import lock_path, read_marker
+from ray_uv_plugin.store.layout import Venv
 from ray_uv_plugin.store.units import built_label
 from tests.ship.test_ship import live_nodes, run_on, two_nodes  # noqa: F401 - the cluster fixture
 from tests.support.uvproject import write_project
@@ -52,7 +52,7 @@ def ship_stream(venv: Path, root: Path, seeded: bool = False) -> tuple[Packer, d
     without Ray; with `seeded`, the receiver stages what it can from its nearest venv."""
     root.mkdir(mode=0o700, exist_ok=True)
     key = venv.name
-    lock = BuildLock(lock_path(root, key))  # as a receiver holds it (and a seed's is there)
+    lock = BuildLock(Venv(root, key).lock)  # as a receiver holds it (and a seed's is there)
     assert lock.try_acquire()
     packer = Packer(venv, 4 * MiB)
     unpacker = Unpacker(root, key, "test", sender_venv=str(venv))
@@ -79,7 +79,7 @@ def ship_stream(venv: Path, root: Path, seeded: bool = False) -> tuple[Packer, d
             chunk = packer.next_chunk()
         tree = unpacker.finish(count, packer.total, packer.whole_sha256)
         meta = {
-            **read_marker(venv),
+            **Venv.at(venv).read_marker(),
             "venv": str(venv),
             "built": delta.built("test", packer.total, unpacker.staged),
         }
@@ -95,7 +95,7 @@ def ship_stream(venv: Path, root: Path, seeded: bool = False) -> tuple[Packer, d
 def ready(venv: Path) -> bool:
     """A ready venv: marked with its key, and what is there is what its manifest lists (`tree`
     checks the latter)."""
-    marker = read_marker(venv)
+    marker = Venv.at(venv).read_marker()
     return bool(marker) and marker.get("key") == venv.name and "not_whole" not in marker
 
 
@@ -103,7 +103,7 @@ def tree(venv: Path) -> dict[str, tuple]:
     """Every entry of a venv as its manifest lists it, with a file's mtime (a `.pyc` checks
     its source's) but for the scripts that relocation rewrote when it was installed: what two
     venvs at one path must share to be the same."""
-    marker = read_marker(venv)
+    marker = Venv.at(venv).read_marker()
     files = manifest.load(venv, marker["manifest"])
     assert manifest.scan(venv) == files  # what is there is what the manifest says
     return {
@@ -143,9 +143,9 @@ def test_a_seeded_ship_sends_the_difference_and_gives_the_full_ships_venv(
     receiver = tmp_path / "receiver"
     whole_a, staged = ship_stream(a, receiver, seeded=True)
     assert staged is None  # nothing there yet: a full stream, as without seeding
-    assert "seed" not in read_marker(receiver / a.name)["built"]
+    assert "seed" not in Venv.at(receiver / a.name).read_marker()["built"]
     seeded, staged = ship_stream(b, receiver, seeded=True)
-    got, built = tree(receiver / b.name), read_marker(receiver / b.name)["built"]
+    got, built = tree(receiver / b.name), Venv.at(receiver / b.name).read_marker()["built"]
     assert ready(receiver / b.name)
     assert not list(receiver.glob("*.ship-*")) and not list(receiver.rglob(delta.SEED_DIR))
     full, expected = full_ship_tree(b, receiver)
@@ -164,14 +164,14 @@ def test_a_seeded_ship_sends_the_difference_and_gives_the_full_ships_venv(
     assert staged.reused_bytes > full.total * 0.8
     # The seed is as it was.
     assert manifest.scan(receiver / a.name) == manifest.load(
-        receiver / a.name, read_marker(receiver / a.name)["manifest"]
+        receiver / a.name, Venv.at(receiver / a.name).read_marker()["manifest"]
     )
 
 
 def largest_shared_file(a: Path, b: Path) -> str:
     """The largest file that venvs A and B have alike (a Ray extension module)."""
-    fa = manifest.load(a, read_marker(a)["manifest"])
-    fb = manifest.load(b, read_marker(b)["manifest"])
+    fa = manifest.load(a, Venv.at(a).read_marker()["manifest"])
+    fb = manifest.load(b, Venv.at(b).read_marker()["manifest"])
     same = [p for p, e in fa.items() if e.kind == "file" and fb.get(p) == e]
     return max(same, key=lambda p: fa[p].size)
 
@@ -263,15 +263,15 @@ def test_a_node_with_a_near_venv_is_sent_the_difference(two_nodes, tmp_path: Pat
     _, _, node_b = two_nodes
     project_a, project_b = two_locks(tmp_path)
     _, to_b = prepared(project_a)
-    first = read_marker(node_b.venvs / to_b.key)["built"]
+    first = Venv.at(node_b.venvs / to_b.key).read_marker()["built"]
     assert first["how"] == "shipped" and "seed" not in first  # no seed there: the whole venv
     _, seeded = prepared(project_b)
     venv = node_b.venvs / seeded.key
-    built = read_marker(venv)["built"]
+    built = Venv.at(venv).read_marker()["built"]
     assert seeded.shipped_bytes < to_b.shipped_bytes / 10, (seeded, to_b)
     assert built["bytes"] == seeded.shipped_bytes and built["seed"] == to_b.key
     assert built["reused_bytes"] > to_b.shipped_bytes * 0.8 and built["reused_files"] > 1000
-    assert built_label(read_marker(venv)).endswith(f"from seed {to_b.key})")
+    assert built_label(Venv.at(venv).read_marker()).endswith(f"from seed {to_b.key})")
     assert run_on(seeded.node_id, project_b)["venv"] == str(venv)
     got = tree(venv)
     # The same venv as a full ship: node B without the seed (nor B's venv) is sent it whole.
@@ -284,7 +284,7 @@ def test_a_node_with_a_near_venv_is_sent_the_difference(two_nodes, tmp_path: Pat
         chunk_bytes=8 * MiB,
     )
     assert [r.outcome for r in again] == ["reused", "shipped"], again
-    assert "seed" not in read_marker(venv)["built"]
+    assert "seed" not in Venv.at(venv).read_marker()["built"]
     assert again[1].shipped_bytes > seeded.shipped_bytes * 10
     assert tree(venv) == got
 
@@ -306,7 +306,7 @@ def test_a_damaged_seed_on_a_node_never_leaks(two_nodes, tmp_path: Path) -> None
     _, seeded = prepared(project_b)
     venv = node_b.venvs / seeded.key
     assert ready(node_b.venvs / seeded.key)
-    built = read_marker(venv)["built"]
+    built = Venv.at(venv).read_marker()["built"]
     assert built["seed"] == to_b.key  # the rest came from the seed; that file went over the link
     assert largest.stat().st_size < seeded.shipped_bytes < to_b.shipped_bytes / 2
     rel = largest.relative_to(seed)

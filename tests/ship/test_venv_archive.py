@@ -26,7 +26,7 @@ from ray_uv_plugin.ship.archive import ArchiveError, Packer
 from ray_uv_plugin.ship.install import install_received
 from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store import hashed, manifest
-from ray_uv_plugin.store.layout import MARKER_FORMAT, read_marker, write_marker
+from ray_uv_plugin.store.layout import MARKER_FORMAT, Venv
 
 KEY = "0123456789abcdef"
 OTHER_KEY = "fedcba9876543210"
@@ -237,7 +237,7 @@ def test_a_receiver_writes_its_own_site_packages_whatever_the_sender_s_marker_sa
         "name": "proj",
     }
     install_received(root, KEY, received, sent)
-    marker = read_marker(root / KEY)
+    marker = Venv.at(root / KEY).read_marker()
     assert marker["site_packages"] == SITE and marker["key"] == KEY and marker["name"] == "proj"
     assert "not_whole" not in marker and "venv" not in marker
     assert marker["hashed"] != sent["hashed"]  # its own index, of this node's inodes
@@ -403,7 +403,9 @@ def test_a_stream_that_differs_from_its_manifest_is_refused(tmp_path: Path) -> N
 
 def mark_built(venv: Path) -> Path:
     """Mark `venv` as a build does: its manifest, then the marker naming it."""
-    write_marker(venv, {"key": venv.name, "manifest": manifest.write(venv, manifest.scan(venv))})
+    Venv.at(venv).write_marker(
+        {"key": venv.name, "manifest": manifest.write(venv, manifest.scan(venv))}
+    )
     return venv
 
 
@@ -572,7 +574,9 @@ def test_a_relocated_venv_has_the_scripts_uv_writes_for_its_new_path(
     for c in chunks:
         unpacker.add(c.index, c.sha256, c.data)
     received = unpacker.finish(len(chunks), packer.total, packer.whole_sha256)
-    install_received(target_root, KEY, received, {**read_marker(source), "venv": str(source)})
+    install_received(
+        target_root, KEY, received, {**Venv.at(source).read_marker(), "venv": str(source)}
+    )
 
     assert bin_scripts(target_root / KEY) == expected
     out = subprocess.run(

@@ -32,7 +32,7 @@ from ray_uv_plugin.settings import (
 )
 from ray_uv_plugin.store import budget, disk
 from ray_uv_plugin.store.freezing import remove_tree
-from ray_uv_plugin.store.layout import BUDGET_LOCK, MARKER, MARKER_FORMAT, lock_path, write_marker
+from ray_uv_plugin.store.layout import BUDGET_LOCK, MARKER, MARKER_FORMAT, Venv
 from ray_uv_plugin.store.trust import UntrustedPathError
 from ray_uv_plugin.store.units import format_bytes
 from tests.store.test_build_slots import hold_slot, kill
@@ -86,7 +86,7 @@ def build(project: Path, root: Path, logger: logging.Logger | None = None) -> Pa
 def held(root: Path) -> int:
     """What the budget counts: the venvs and their locks, each inode once (`du -s` of them)."""
     venvs = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
-    paths = venvs + [lock_path(root, v.name) for v in venvs]
+    paths = venvs + [Venv(root, v.name).lock for v in venvs]
     return disk.measure(paths).size(*paths)
 
 
@@ -109,12 +109,12 @@ def test_a_build_over_the_budget_removes_the_least_recently_used_venv(
     age(b, 1)
     two = held(root)
     # What one more venv adds: its own files and dirs (the rest are hardlinks already counted).
-    own = two - disk.measure([a, lock_path(root, a.name)]).size(a, lock_path(root, a.name))
+    own = two - disk.measure([a, Venv(root, a.name).lock]).size(a, Venv(root, a.name).lock)
     limit = two + own // 2  # room for two venvs, not three
     monkeypatch.setenv(VENV_DIR_MAX_BYTES_ENV, str(limit))
     logger, lines = logger_with_lines()
     c = build(new, root, logger)
-    assert not a.exists() and not lock_path(root, a.name).exists()
+    assert not a.exists() and not Venv(root, a.name).lock.exists()
     assert b.exists() and (c / MARKER).exists()
     assert held(root) <= limit
     (removed,) = lines.having("removed venv")
@@ -216,7 +216,7 @@ def test_ready_venvs_are_walked_once_and_again_once_replaced(tmp_path, monkeypat
         for i in range(files):
             (path / "lib" / f"m{i}.py").write_bytes(bytes(5000))
         if ready:
-            write_marker(path, {"format": MARKER_FORMAT, "key": name})  # read-only, as ours
+            Venv.at(path).write_marker({"format": MARKER_FORMAT, "key": name})  # read-only, as ours
         return path
 
     ready, building = venv("ready", 3, True), venv("building", 2, False)
@@ -315,4 +315,4 @@ def test_a_budget_lock_that_is_no_file_is_refused_by_its_name(tmp_path, monkeypa
     os.mkfifo(root / BUDGET_LOCK)
     monkeypatch.setenv(VENV_DIR_MAX_BYTES_ENV, "1G")
     with pytest.raises(UntrustedPathError, match="the budget lock"):
-        budget.make_room(root / "0123456789abcdef", print, time.monotonic() + 5)
+        budget.make_room(Venv(root, "0123456789abcdef"), print, time.monotonic() + 5)

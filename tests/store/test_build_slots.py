@@ -26,7 +26,7 @@ from ray_uv_plugin.settings import MAX_BUILDS_ENV, UV_ENV_VAR, VENV_DIR_ENV, Ven
 from ray_uv_plugin.store import build_slots, outcomes
 from ray_uv_plugin.store.build_lock import BuildLock
 from ray_uv_plugin.store.build_slots import SlotTimeout, Standing, usable_cores
-from ray_uv_plugin.store.layout import lock_path
+from ray_uv_plugin.store.layout import Venv
 from ray_uv_plugin.store.setup_state import read_setup
 from tests.support.uvproject import CountingUv, project_variants, write_project
 
@@ -197,7 +197,7 @@ def test_a_cancelled_request_leaves_its_place_and_its_key(
         with pytest.raises(asyncio.TimeoutError):
             asyncio.run(give_up_soon())
         assert len(tickets(root)) == 1  # the holder's alone
-        key_lock = BuildLock(lock_path(root, first.key))
+        key_lock = BuildLock(Venv(root, first.key).lock)
         assert key_lock.try_acquire()  # the key is free for the next request
         key_lock.release()
     finally:

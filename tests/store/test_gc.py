@@ -35,7 +35,7 @@ from ray_uv_plugin.store import (
     units,
 )
 from ray_uv_plugin.store.inventory import BUILDING, INCOMPLETE, READY, UNTRUSTED, VenvEntry
-from ray_uv_plugin.store.layout import MARKER, MARKER_FORMAT, lock_path, write_marker
+from ray_uv_plugin.store.layout import MARKER, MARKER_FORMAT, Venv
 from tests.support.uvproject import write_project
 
 DAY = 86400.0
@@ -256,10 +256,10 @@ def made_by_plugin(root: Path, key: str, marker: dict | None = None, hours: floa
     venv = root / key
     (venv / "bin").mkdir(parents=True)
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\nuv = 0.13.9\nversion_info = 3.11.7\n")
-    lock_path(root, key).write_text("4242 node-a\n")
-    touched = [venv, lock_path(root, key)]
+    Venv(root, key).lock.write_text("4242 node-a\n")
+    touched = [venv, Venv(root, key).lock]
     if marker is not None:
-        write_marker(venv, {"format": MARKER_FORMAT, "key": key, **marker})
+        Venv.at(venv).write_marker({"format": MARKER_FORMAT, "key": key, **marker})
         touched.append(venv / MARKER)
     t = time.time() - hours * 3600
     for path in touched:
@@ -272,12 +272,12 @@ def test_scan_states_and_leftovers(tmp_path: Path, held_lock) -> None:
     ready, building, dead, fresh = "a" * 16, "b" * 16, "c" * 16, "f" * 16
     made_by_plugin(root, ready, {"project": "/p", "extras": ["x"], "groups": []}, hours=0)
     made_by_plugin(root, building)
-    held_lock(lock_path(root, building))
+    held_lock(Venv(root, building).lock)
     made_by_plugin(root, dead)  # no marker, lock free, unchanged for 2 hours: the build died
     made_by_plugin(root, fresh, hours=0)  # the same, but just now
     trash = f"{'d' * 16}.gc-{DEAD_PID}"
     (root / trash).mkdir()  # an interrupted gc
-    lock_path(root, "e" * 16).touch()  # lock of a venv that is gone
+    Venv(root, "e" * 16).lock.touch()  # lock of a venv that is gone
     (root / "not-a-venv").mkdir()
     inv = inventory.scan(root, users={})
     states = {e.key: e.state for e in inv.venvs}
@@ -305,7 +305,7 @@ def test_a_build_that_ends_while_scanned_is_ready_not_dead(
     venv = made_by_plugin(tmp_path, key)
 
     def build_ends(path: Path) -> bool:
-        write_marker(venv, {"format": MARKER_FORMAT, "key": key, "project": "/p"})
+        Venv.at(venv).write_marker({"format": MARKER_FORMAT, "key": key, "project": "/p"})
         return False
 
     monkeypatch.setattr(build_lock, "is_held", build_ends)
@@ -353,7 +353,7 @@ def test_gc_keeps_a_venv_that_a_ship_sender_is_reading(tmp_path: Path) -> None:
         "time.sleep(120)\n"
     )
     sender = subprocess.Popen(
-        [sys.executable, "-c", code, str(lock_path(tmp_path, venv.name))],
+        [sys.executable, "-c", code, str(Venv(tmp_path, venv.name).lock)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -378,9 +378,9 @@ def test_gc_leaves_lock_files_that_are_not_the_plugins_alone(tmp_path: Path) -> 
     precious = tmp_path / "precious.txt"
     precious.write_text("precious data\n")
     venv = made_by_plugin(tmp_path, "a" * 16, {"project": "/p"}, hours=999)
-    lock_path(tmp_path, venv.name).unlink()
-    os.link(precious, lock_path(tmp_path, venv.name))
-    orphans = [lock_path(tmp_path, "b" * 16), lock_path(tmp_path, "c" * 16)]
+    Venv(tmp_path, venv.name).lock.unlink()
+    os.link(precious, Venv(tmp_path, venv.name).lock)
+    orphans = [Venv(tmp_path, "b" * 16).lock, Venv(tmp_path, "c" * 16).lock]
     orphans[0].write_text("4242 node-a\n")
     orphans[1].touch()
     for dry_run in (True, False):
@@ -433,7 +433,7 @@ def test_gc_leaves_what_is_not_ours_alone(tmp_path: Path) -> None:
     (root / f"{'2' * 16}.lock").symlink_to(outside / "precious.txt")
     (root / f"{'3' * 16}.gc-{DEAD_PID}").symlink_to(victim)
     made_by_plugin(root, "4" * 16)
-    lock_path(root, "4" * 16).unlink()  # made by uv, but not by the plugin
+    Venv(root, "4" * 16).lock.unlink()  # made by uv, but not by the plugin
     made_by_plugin(root, "5" * 16)
     (root / ("5" * 16) / "pyvenv.cfg").write_text("home = /usr/bin\n")  # not by uv
     writable = made_by_plugin(root, "6" * 16, {"project": "/p"}, hours=999)
@@ -448,7 +448,7 @@ def test_gc_leaves_what_is_not_ours_alone(tmp_path: Path) -> None:
     foreign = None
     if os.geteuid() == 0:
         foreign = made_by_plugin(root, "7" * 16, {"project": "/p"}, hours=999)
-        for path in (foreign, foreign / MARKER, lock_path(root, foreign.name)):
+        for path in (foreign, foreign / MARKER, Venv(root, foreign.name).lock):
             os.chown(path, 65534, 65534, follow_symlinks=False)
         (root / f"{'8' * 16}.lock").touch()
         os.chown(root / f"{'8' * 16}.lock", 65534, 65534)
@@ -539,7 +539,7 @@ def test_trash_is_garbage_only_once_its_gc_is_gone(tmp_path: Path, held_lock) ->
             (trash / "lib" / "site" / "mod.py").write_text("x = 1\n")
             (trash / "lib" / "site").chmod(0o555)  # venvs are read-only once built
             (trash / "lib").chmod(0o555)
-        held_lock(lock_path(root, "b" * 16))
+        held_lock(Venv(root, "b" * 16).lock)
         report = gc.collect(root)
         assert report.garbage == [dead]
         assert {o.path: o.why for o in report.leftovers} == {
@@ -563,7 +563,7 @@ def test_a_dead_receivers_unpack_dir_is_garbage_once_its_lock_is_free(
     for tree in (receiving, dead):
         (tree / "bin").mkdir(parents=True)
         (tree / "bin").chmod(0o555)
-    held_lock(lock_path(root, "a" * 16))
+    held_lock(Venv(root, "a" * 16).lock)
     report = gc.collect(root)
     assert report.garbage == [dead]
     assert {o.path: o.why for o in report.leftovers} == {receiving: "its key's build lock is held"}
@@ -614,7 +614,7 @@ def test_gc_keeps_a_venv_in_use_and_frees_what_du_sees(project: Path, tmp_path: 
         report = gc.collect(root, older_than_days=7)
         assert keys(report.removed) == [idle.name]
         assert {d.entry.key: d.reason for d in report.kept}[used.name].startswith("in use by pid")
-        assert not idle.exists() and not lock_path(root, idle.name).exists()
+        assert not idle.exists() and not Venv(root, idle.name).lock.exists()
         assert used.exists()
         assert report.freed_bytes == du_before - du_bytes(root) > 0
         # The worker goes on importing from its venv after gc.
@@ -637,7 +637,7 @@ def test_dry_run_removes_nothing(project: Path, tmp_path: Path) -> None:
     age_venv(venv, 30)
     report = gc.collect(root, older_than_days=1, dry_run=True)
     assert keys(report.removed) == [venv.name]
-    assert report.freed_bytes == du_bytes(venv, lock_path(root, venv.name)) > 0
+    assert report.freed_bytes == du_bytes(venv, Venv(root, venv.name).lock) > 0
     assert (venv / MARKER).exists()
 
 
@@ -727,7 +727,7 @@ def kill_build(venv: Path, hours: float = 0) -> None:
     freezing.thaw(venv)
     (venv / MARKER).unlink(missing_ok=True)
     t = time.time() - hours * 3600
-    for path in (venv, lock_path(venv.parent, venv.name)):
+    for path in (venv, Venv(venv.parent, venv.name).lock):
         if path.exists():
             os.utime(path, (t, t))
 
@@ -739,7 +739,7 @@ def test_a_dead_build_goes_only_once_old_and_only_if_the_plugin_made_it(
     dead, orphan = build(project, root, "six"), build(project, root, "ini")
     kill_build(dead)
     kill_build(orphan)
-    lock_path(root, orphan.name).unlink()  # made by uv, but nothing says the plugin made it
+    Venv(root, orphan.name).lock.unlink()  # made by uv, but nothing says the plugin made it
     report = gc.collect(root)
     assert report.removed == []
     assert {d.entry.key: d.reason for d in report.kept} == {
@@ -751,7 +751,7 @@ def test_a_dead_build_goes_only_once_old_and_only_if_the_plugin_made_it(
     du_before = du_bytes(root)
     report = gc.collect(root)
     assert [(d.entry.key, d.reason) for d in report.removed] == [(dead.name, "unfinished build")]
-    assert not dead.exists() and not lock_path(root, dead.name).exists()
+    assert not dead.exists() and not Venv(root, dead.name).lock.exists()
     assert report.freed_bytes == du_before - du_bytes(root) > 0
     assert (orphan / "pyvenv.cfg").exists() and [o.path for o in report.others] == [orphan]
 
@@ -769,9 +769,9 @@ def test_gc_all_removes_what_rm_rf_by_root_leaves_of_a_venv(project: Path, tmp_p
     venv = build(project, root, "six")
     if not json.loads((venv / MARKER).read_text())["immutable"]:
         pytest.skip("this file system has no immutable flag")
-    by_hand = subprocess.run(["rm", "-rf", str(venv), str(lock_path(root, venv.name))])
+    by_hand = subprocess.run(["rm", "-rf", str(venv), str(Venv(root, venv.name).lock)])
     assert by_hand.returncode != 0 and venv.exists()
-    assert not (venv / MARKER).exists() and not lock_path(root, venv.name).exists()
+    assert not (venv / MARKER).exists() and not Venv(root, venv.name).lock.exists()
     report = gc.collect(root)  # without --all, as any dead build: after an hour
     assert report.removed == [] and report.others == []
     assert [d.reason for d in report.kept] == [
@@ -882,7 +882,7 @@ def test_a_read_only_member_of_the_trusted_group_lists_without_crashing(
         for name in filenames:
             os.chmod(os.path.join(dirpath, name), 0o640)
     for key in ("a" * 16, "b" * 16):
-        lock_path(root, key).chmod(0o600)
+        Venv(root, key).lock.chmod(0o600)
     before = snapshot(root)
     env = {"RAY_UV_PLUGIN_VENV_DIR": str(root), "RAY_UV_PLUGIN_TRUSTED_GROUP": str(gid)}
     out = as_user(other_user, user_dir, env, "list", "--json")
@@ -939,10 +939,10 @@ def member_venv(root: Path, key: str, owner: tuple[int, int], days_idle: float) 
     (venv / "lib" / "site-packages").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to("/bin/sh")
     chown_tree(venv, *owner)
-    os.chown(lock_path(root, key), *owner)
-    lock_path(root, key).chmod(0o660)
+    os.chown(Venv(root, key).lock, *owner)
+    Venv(root, key).lock.chmod(0o660)
     t = time.time() - days_idle * DAY
-    for path in (venv / MARKER, lock_path(root, key)):
+    for path in (venv / MARKER, Venv(root, key).lock):
         os.utime(path, (t, t))
     return venv
 
@@ -957,8 +957,8 @@ def test_a_members_reuse_of_roots_venv_is_a_use_that_gc_sees(
     venv = member_venv(root, "a" * 16, (0, gid), days_idle=30)
     env = {"RAY_UV_PLUGIN_VENV_DIR": str(root), "RAY_UV_PLUGIN_TRUSTED_GROUP": str(gid)}
     reuse = (
-        "import sys; from pathlib import Path; from ray_uv_plugin.store.layout import check_ready\n"
-        "print(bool(check_ready(Path(sys.argv[1]), sys.argv[2])))"
+        "import sys; from pathlib import Path; from ray_uv_plugin.store.layout import Venv\n"
+        "print(bool(Venv(Path(sys.argv[1]), sys.argv[2]).check_ready()))"
     )
     out = as_user(other_user, user_dir, env, str(root), venv.name, code=reuse)
     assert out.stdout == "True\n", out.stderr  # ready, and used
@@ -1015,10 +1015,10 @@ def test_a_dry_run_promises_only_what_the_real_run_does(other_user, user_dir: Pa
     uid, gid = other_user[1:]
     root = shared_venv_dir(user_dir, gid, mode=0o3770)
     roots_lock = member_venv(root, "a" * 16, (uid, gid), days_idle=30)
-    os.chown(lock_path(root, roots_lock.name), 0, gid)
+    os.chown(Venv(root, roots_lock.name).lock, 0, gid)
     immutable = member_venv(root, "b" * 16, (uid, gid), days_idle=30)
     mine = member_venv(root, "c" * 16, (uid, gid), days_idle=30)
-    orphans = {lock_path(root, "d" * 16): (0, gid), lock_path(root, "e" * 16): (uid, gid)}
+    orphans = {Venv(root, "d" * 16).lock: (0, gid), Venv(root, "e" * 16).lock: (uid, gid)}
     for orphan, owner in orphans.items():
         orphan.write_text("4242 node-a\n")
         os.chown(orphan, *owner)

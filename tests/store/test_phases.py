@@ -11,7 +11,7 @@ from pathlib import Path
 from ray_uv_plugin.store import phases
 from ray_uv_plugin.store.build_lock import BuildLock
 from ray_uv_plugin.store.inventory import scan
-from ray_uv_plugin.store.layout import lock_path
+from ray_uv_plugin.store.layout import Venv
 
 KEY = "0123456789abcdef"
 
@@ -58,7 +58,7 @@ def test_a_record_that_cannot_be_written_leaves_none(tmp_path: Path) -> None:
 
 def test_gc_removes_records_whose_writer_is_gone_and_keeps_a_recent_failure(tmp_path: Path) -> None:
     live, dead, failed, old = "a" * 16, "b" * 16, "c" * 16, "d" * 16
-    lock = BuildLock(lock_path(tmp_path, live))
+    lock = BuildLock(Venv(tmp_path, live).lock)
     assert lock.try_acquire()
     try:
         phases.write_record(tmp_path, live, {"state": "building", "phase": "install"})

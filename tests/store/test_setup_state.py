@@ -15,7 +15,7 @@ import pytest
 from ray_uv_plugin.store import phases
 from ray_uv_plugin.store.build_lock import BuildLock
 from ray_uv_plugin.store.build_slots import BuildSlot
-from ray_uv_plugin.store.layout import MARKER, MARKER_FORMAT, lock_path
+from ray_uv_plugin.store.layout import MARKER, MARKER_FORMAT, Venv
 from ray_uv_plugin.store.setup_state import SetupState, read_all, read_setup
 
 KEY = "0123456789abcdef"
@@ -36,7 +36,7 @@ def ready_venv(root: Path, key: str, built: dict | None) -> Path:
 
 @pytest.fixture
 def lock(tmp_path: Path):
-    held = BuildLock(lock_path(tmp_path, KEY))
+    held = BuildLock(Venv(tmp_path, KEY).lock)
     assert held.try_acquire()
     yield held
     held.release()
@@ -129,7 +129,7 @@ def test_queued_only_while_its_ticket_is_held(tmp_path: Path, lock) -> None:
 
 
 def test_a_failure_stays_until_the_next_try(tmp_path: Path) -> None:
-    held = BuildLock(lock_path(tmp_path, KEY))
+    held = BuildLock(Venv(tmp_path, KEY).lock)
     assert held.try_acquire()
     phases.write_record(
         tmp_path, KEY, {"state": "failed", "phase": "download", "cause": "no wheel for linux"}

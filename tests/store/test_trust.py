@@ -23,7 +23,7 @@ from ray_uv_plugin.env.project import load_project
 from ray_uv_plugin.env.spec import parse_spec
 from ray_uv_plugin.settings import TRUSTED_GROUP_ENV, VENV_DIR_ENV
 from ray_uv_plugin.store.build_lock import BuildLock, DiskFullError
-from ray_uv_plugin.store.layout import MARKER, lock_path, read_marker, venv_root
+from ray_uv_plugin.store.layout import MARKER, Venv, venv_root
 from ray_uv_plugin.store.trust import UntrustedPathError, check_root, make_root
 from tests.support.uvproject import write_project
 
@@ -109,7 +109,7 @@ def test_a_trusted_group_may_share_the_venv_dir(project, tmp_path, other_user, m
     monkeypatch.setenv(TRUSTED_GROUP_ENV, str(gid))
     outcome = ensure_venv(parse_spec({}), load_project(project), root=root)
     assert outcome.built
-    assert stat.S_IMODE(lock_path(root, outcome.key).stat().st_mode) == 0o660
+    assert stat.S_IMODE(Venv(root, outcome.key).lock.stat().st_mode) == 0o660
 
 
 @pytest.mark.parametrize("where", ["key", "marker"])
@@ -131,7 +131,7 @@ def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(project, tmp_
     root = private_root(tmp_path)
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
-    lock_path(root, key_of(project, root)).symlink_to(victim)
+    Venv(root, key_of(project, root)).lock.symlink_to(victim)
     with pytest.raises(UntrustedPathError, match="symlink"):
         ensure_venv(parse_spec({}), load_project(project), root=root)
     assert victim.read_text() == "precious\n"
@@ -141,13 +141,13 @@ def test_what_the_plugin_builds_is_private_and_read_only(project, tmp_path):
     root = tmp_path / "new" / "venvs"  # created by the plugin
     outcome = ensure_venv(parse_spec({}), load_project(project), root=root)
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
-    assert stat.S_IMODE(lock_path(root, outcome.key).stat().st_mode) == 0o600
+    assert stat.S_IMODE(Venv(root, outcome.key).lock.stat().st_mode) == 0o600
     for dirpath, _dirs, _files in os.walk(outcome.path):
         assert os.lstat(dirpath).st_mode & 0o222 == 0, dirpath
     marker = outcome.path / MARKER
     assert marker.stat().st_mode & 0o022 == 0
     # Nobody can add a package to it: modes stop other users than root, chattr +i root too.
-    if os.geteuid() != 0 or read_marker(outcome.path)["immutable"]:
+    if os.geteuid() != 0 or Venv.at(outcome.path).read_marker()["immutable"]:
         with pytest.raises(PermissionError):
             (outcome.path / "lib").joinpath("x").mkdir()
 
@@ -239,7 +239,7 @@ def test_our_symlink_is_followed_and_workers_get_the_resolved_path(
     run = subprocess.run([outcome.python, "-c", "print('ours')"], capture_output=True, text=True)
     assert run.stdout == "ours\n" and not pwned.exists()
     assert outcome.built and outcome.path == private / outcome.key
-    assert lock_path(private, outcome.key).exists() and (outcome.path / MARKER).exists()
+    assert Venv(private, outcome.key).lock.exists() and (outcome.path / MARKER).exists()
     link.unlink()
     link.symlink_to(private)
     request = make_request(parse_spec({}), load_project(project), {})
@@ -331,7 +331,7 @@ def test_a_build_into_a_new_nested_venv_dir_under_umask_002(project, tmp_path, u
     outcome = ensure_venv(parse_spec({}), load_project(project), root=tmp_path / "a" / "venvs")
     assert outcome.built
     assert stat.S_IMODE((tmp_path / "a").stat().st_mode) == 0o755
-    assert stat.S_IMODE(lock_path(outcome.path.parent, outcome.key).stat().st_mode) == 0o600
+    assert stat.S_IMODE(Venv(outcome.path.parent, outcome.key).lock.stat().st_mode) == 0o600
 
 
 @pytest.fixture

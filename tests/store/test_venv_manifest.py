@@ -29,17 +29,24 @@ from ray_uv_plugin.ship.archive import ArchiveError, DriftError, Packer
 from ray_uv_plugin.ship.install import install_received
 from ray_uv_plugin.ship.unpack import Unpacker
 from ray_uv_plugin.store import accounting, hashed, manifest
-from ray_uv_plugin.store.layout import (
-    MARKER,
-    NOT_AS_RECORDED,
-    check_ready,
-    mark_not_whole,
-    read_marker,
-    write_marker,
-)
+from ray_uv_plugin.store.layout import MARKER, NOT_AS_RECORDED, Venv, VenvDir
 from tests.support.uvproject import write_project
 
 KEY = "0123456789abcdef"
+
+
+def test_a_venv_names_its_files_where_they_have_always_been(tmp_path: Path) -> None:
+    """`<root>/<key>`, its marker inside, its build lock beside it: each path made in one place."""
+    venv = VenvDir(tmp_path).venv(KEY)
+    assert venv == Venv.at(tmp_path / KEY) and VenvDir(tmp_path).lock(KEY) == venv.lock
+    assert venv.path == tmp_path / KEY and venv.python == tmp_path / KEY / "bin" / "python"
+    assert venv.marker == tmp_path / KEY / ".ray-uv-ready" == venv.path / MARKER
+    assert venv.lock == tmp_path / f"{KEY}.lock"
+    assert venv.site_packages() is None  # none yet
+    (venv.path / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    assert venv.site_packages() == venv.path / "lib" / "python3.11" / "site-packages"
+
+
 MiB = 1024 * 1024
 
 
@@ -78,7 +85,7 @@ def walk(venv: Path) -> dict[str, tuple]:
 
 def test_a_build_writes_the_manifest_of_every_file_and_its_marker_names_it(built: Path) -> None:
     data = (built / manifest.MANIFEST).read_bytes()
-    marker = read_marker(built)
+    marker = Venv.at(built).read_marker()
     assert marker["manifest"] == hashlib.sha256(data).hexdigest()
     files = manifest.load(built, marker["manifest"])
     assert {path: tuple(entry) for path, entry in files.items()} == walk(built)
@@ -106,7 +113,7 @@ def test_a_compiled_build_lists_every_entry_it_made(
         project = write_project(tmp_path / name, ["six==1.16.0", f"idna=={idna}"])
         env = {"UV_COMPILE_BYTECODE": "1"}
         venv = ensure_venv(parse_spec({}), load_project(project), env, root=root).path
-        marker = read_marker(venv)
+        marker = Venv.at(venv).read_marker()
         files = manifest.load(venv, marker["manifest"])
         assert {path: tuple(entry) for path, entry in files.items()} == walk(venv), name
         assert any(path.endswith(".pyc") for path in files), name
@@ -153,7 +160,13 @@ def test_a_build_with_files_not_as_their_record_says_fails_naming_them(
     rel = str(six.relative_to(venv))
     with pytest.raises(UvSyncError) as e:
         write_manifest(
-            venv, logging.getLogger("test"), recorded, compiled, locked, None, lambda: tmp_path
+            Venv.at(venv),
+            logging.getLogger("test"),
+            recorded,
+            compiled,
+            locked,
+            None,
+            lambda: tmp_path,
         )
     said = str(e.value)
     assert re.search(
@@ -177,11 +190,11 @@ def test_a_marker_of_an_earlier_version_with_files_not_as_recorded_is_not_ready(
         '{"count": 1, "first": ["lib/python3.11/site-packages/six.py (six-1.17.0.dist-info)"]}}'
     )
     venv = fake_ready_venv(tmp_path, marker.encode(), b'{"files": {}, "format": 1}')
-    without = {k: v for k, v in read_marker(venv).items() if k != NOT_AS_RECORDED}
+    without = {k: v for k, v in Venv.at(venv).read_marker().items() if k != NOT_AS_RECORDED}
     (tmp_path / "other").mkdir()
     other = fake_ready_venv(tmp_path / "other", json.dumps(without).encode())
-    assert check_ready(other.parent, KEY, use=False)  # ready but for `not_as_recorded`
-    why = check_ready(tmp_path, KEY, use=False).why_not
+    assert Venv(other.parent, KEY).check_ready(use=False)  # ready but for `not_as_recorded`
+    why = Venv(tmp_path, KEY).check_ready(use=False).why_not
     assert (
         why
         == "its files differ from their distribution's RECORD (an earlier version made it ready)"
@@ -205,7 +218,9 @@ def small_venv(path: Path) -> Path:
     (site / "pkg" / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(b"pyc")
     (site / "big.bin").write_bytes(os.urandom(MiB))
     (path / "lib64").symlink_to("lib")
-    write_marker(path, {"key": path.name, "manifest": manifest.write(path, manifest.scan(path))})
+    Venv.at(path).write_marker(
+        {"key": path.name, "manifest": manifest.write(path, manifest.scan(path))}
+    )
     return path
 
 
@@ -264,7 +279,7 @@ CHANGES = {
         "has lost its manifest",
     ),
     "built-by-an-earlier-version": (
-        lambda v: write_marker(v, {"key": v.name}),
+        lambda v: Venv.at(v).write_marker({"key": v.name}),
         "has no manifest of its files \\(it was built by an earlier version",
     ),
 }
@@ -298,15 +313,17 @@ def test_a_venv_marked_not_whole_is_rebuilt_at_its_next_use(tmp_path: Path) -> N
     root = tmp_path / "venvs"
     root.mkdir(mode=0o700)
     venv = small_venv(root / KEY)
-    write_marker(venv, {**read_marker(venv), "format": 1, "site_packages": SITE})
-    ready = check_ready(root, KEY)
+    Venv.at(venv).write_marker({**Venv.at(venv).read_marker(), "format": 1, "site_packages": SITE})
+    ready = Venv(root, KEY).check_ready()
     # A value for a ready venv: the marker it read, so that callers read it once.
-    assert ready and ready.why_not is None and ready.marker == read_marker(venv)
-    mark_not_whole(venv, "lib/x.py has other content now")
-    not_ready = check_ready(root, KEY)
+    assert ready and ready.why_not is None and ready.marker == Venv.at(venv).read_marker()
+    Venv.at(venv).mark_not_whole("lib/x.py has other content now")
+    not_ready = Venv(root, KEY).check_ready()
     assert not not_ready and not_ready.marker is None
     assert not_ready.why_not == "it is not what its build made: lib/x.py has other content now"
-    assert read_marker(venv)["manifest"]  # the rest of the marker is kept, for `ray-uv list`
+    assert Venv.at(venv).read_marker()[
+        "manifest"
+    ]  # the rest of the marker is kept, for `ray-uv list`
     assert stat.S_IMODE(os.lstat(venv).st_mode) & 0o222 == 0  # read-only again
 
 
@@ -332,7 +349,7 @@ def test_a_receiver_installs_only_what_the_build_made(
     build, with the build's marker: the receiver's own list of what it unpacked is not the
     manifest that marker names, so nothing is installed."""
     venv = small_venv(tmp_path / "src" / KEY)
-    offered = {**read_marker(venv), "venv": str(venv)}  # what the sender's offer carries
+    offered = {**Venv.at(venv).read_marker(), "venv": str(venv)}  # what the sender's offer carries
     _same_size_other_bytes(venv)
     monkeypatch.setattr(manifest, "difference", lambda *args: None)  # a sender that does not check
     chunks, packer = pack(venv)
@@ -353,14 +370,14 @@ def test_a_received_venv_has_a_manifest_of_its_own_and_ships_on(
     root_b = tmp_path / "venvs-b"
     install_received(
         root_b, built.name, receive(root_b, chunks, packer, built.name),
-        {**read_marker(built), "venv": str(built)},
+        {**Venv.at(built).read_marker(), "venv": str(built)},
     )  # fmt: skip
     on_b = root_b / built.name
-    assert check_ready(root_b, built.name)
-    marker = read_marker(on_b)
+    assert Venv(root_b, built.name).check_ready()
+    marker = Venv.at(on_b).read_marker()
     files = manifest.load(on_b, marker["manifest"])
     assert {path: tuple(entry) for path, entry in files.items()} == walk(on_b)
-    theirs = manifest.load(built, read_marker(built)["manifest"])
+    theirs = manifest.load(built, Venv.at(built).read_marker()["manifest"])
     changed = sorted(p for p in files if files[p] != theirs[p])
     assert "bin/ray" in changed and all(p.startswith("bin/") for p in changed), changed
     # An index of its own, as a build's: this node's inodes, each part's rows the manifest's
@@ -380,7 +397,7 @@ def test_a_received_venv_has_a_manifest_of_its_own_and_ships_on(
         root_c, built.name, receive(root_c, chunks, packer, built.name),
         {**marker, "venv": str(on_b)},
     )  # fmt: skip
-    assert check_ready(root_c, built.name)
+    assert Venv(root_c, built.name).check_ready()
     assert (root_c / built.name / "bin" / "ray").read_text().startswith(f"#!{root_c}")
 
 
@@ -406,8 +423,10 @@ DEEP = b"[" * 50_000 + b"]" * 50_000
 def test_a_marker_nested_too_deep_is_unreadable_not_a_crash(tmp_path: Path) -> None:
     """read_marker promised never to raise, and raised RecursionError."""
     venv = fake_ready_venv(tmp_path, DEEP)
-    assert read_marker(venv) is None
-    assert "its marker is unreadable (nested too deep" in str(check_ready(tmp_path, KEY).why_not)
+    assert Venv.at(venv).read_marker() is None
+    assert "its marker is unreadable (nested too deep" in str(
+        Venv(tmp_path, KEY).check_ready().why_not
+    )
 
 
 @pytest.mark.parametrize(
@@ -461,12 +480,14 @@ def test_a_receiver_refuses_a_file_that_is_not_accounted_for(built: Path, tmp_pa
     shutil.copytree(built, venv, symlinks=True)
     stray = next(venv.glob("lib/python*/site-packages")) / "stray.py"
     stray.write_text("PLANTED = 1\n")
-    write_marker(venv, {**read_marker(venv), "manifest": manifest.write(venv, manifest.scan(venv))})
+    Venv.at(venv).write_marker(
+        {**Venv.at(venv).read_marker(), "manifest": manifest.write(venv, manifest.scan(venv))}
+    )
     chunks, packer = pack(venv, 8 * MiB)
     root = tmp_path / "dst"
     tree = receive(root, chunks, packer, built.name)
     with pytest.raises(ArchiveError, match="no distribution of the lock installed") as e:
-        install_received(root, built.name, tree, {**read_marker(venv), "venv": str(venv)})
+        install_received(root, built.name, tree, {**Venv.at(venv).read_marker(), "venv": str(venv)})
     assert str(stray.relative_to(venv)) in str(e.value)
     assert not os.path.lexists(root / built.name)
 

@@ -26,7 +26,7 @@ from ray_uv_plugin.cluster.options import PrepareOptions
 from ray_uv_plugin.cluster.prepare import prepare_nodes
 from ray_uv_plugin.cluster.readiness import NodeSetup, node_setups
 from ray_uv_plugin.env.spec import parse_spec
-from ray_uv_plugin.store.layout import read_marker
+from ray_uv_plugin.store.layout import Venv
 from tests.support.raylets import Raylet
 from tests.support.uvproject import write_project
 from tests.worker_groups.conftest import (
@@ -241,7 +241,7 @@ def test_prefer_places_anywhere_when_too_few_nodes_are_ready(
     assert any("the 1 node(s) with its env ready cannot hold it" in line for line in said), said
     # B received it from A, not built it (B's uv counts no project: the earlier tests' slow
     # builds on B may still be running under their own keys' locks)
-    assert read_marker(nodes.raylets["b"].venvs / ready.key)["shipped_from"]
+    assert Venv.at(nodes.raylets["b"].venvs / ready.key).read_marker()["shipped_from"]
 
 
 @needs_label_selectors
@@ -295,7 +295,7 @@ def placed_on_a_and_a_joined_node(
         cluster.shutdown()
     raylet = nodes.raylets[name]
     assert raylet.uv.syncs() == 0
-    assert read_marker(raylet.venvs / key)["shipped_from"]
+    assert Venv.at(raylet.venvs / key).read_marker()["shipped_from"]
 
 
 @needs_label_selectors
